@@ -1,0 +1,200 @@
+"""The one error tree of flowwarden.
+
+Every error flowwarden raises on purpose is a :class:`FlowWardenError`. Each carries the data an
+operator needs (stream name, token, cluster time, attempts) as attributes, and its message says
+what happened and what to do next. Nothing here retries or logs: callers decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+
+class FlowWardenError(Exception):
+    """Base of every error flowwarden raises on purpose."""
+
+
+class ConfigurationError(FlowWardenError, ValueError):
+    """A decorator, connector or store was configured with a value it cannot accept.
+
+    Raised at decoration or construction time, never while events flow.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        owner: str | None = None,
+        option: str | None = None,
+        value: Any = None,
+        allowed: Sequence[Any] | str | None = None,
+    ) -> None:
+        self.owner = owner
+        self.option = option
+        self.value = value
+        self.allowed = allowed
+        parts = []
+        if owner:
+            parts.append(owner)
+        if option:
+            parts.append(f"option {option!r}")
+        prefix = ": ".join([", ".join(parts), message]) if parts else message
+        if allowed is not None:
+            allowed_text = allowed if isinstance(allowed, str) else ", ".join(map(repr, allowed))
+            prefix = f"{prefix} (allowed: {allowed_text})"
+        super().__init__(prefix)
+
+
+class MissingDependencyError(FlowWardenError, ImportError):
+    """An optional extra is needed for what was asked; the message holds the pip line to run."""
+
+    def __init__(self, feature: str, extra: str, package: str) -> None:
+        self.feature = feature
+        self.extra = extra
+        self.package = package
+        super().__init__(
+            f"{feature} needs {package}, which is not installed. "
+            f'Install it with: pip install "flowwarden[{extra}]"'
+        )
+
+
+class CheckpointError(FlowWardenError):
+    """A checkpoint could not be read or written."""
+
+    def __init__(self, message: str, *, stream_id: str | None = None) -> None:
+        self.stream_id = stream_id
+        super().__init__(message)
+
+
+class FencedError(CheckpointError):
+    """A checkpoint write carried an epoch lower than the stored one.
+
+    A newer owner holds the stream (it acquired the lease after this instance lost it). The
+    fenced instance must stop processing the stream; nothing was written.
+    """
+
+    def __init__(self, stream_id: str, *, epoch: int, stored_epoch: int) -> None:
+        self.epoch = epoch
+        self.stored_epoch = stored_epoch
+        super().__init__(
+            f"stream {stream_id!r}: checkpoint write with epoch {epoch} refused, the store holds "
+            f"epoch {stored_epoch}: another instance owns this stream now. Stop processing it; "
+            "the owner continues from its own checkpoint.",
+            stream_id=stream_id,
+        )
+
+
+class CommitterClosedError(CheckpointError):
+    """A commit arrived after the committer was closed."""
+
+
+class CheckpointSaveFailedError(CheckpointError):
+    """Consecutive checkpoint saves failed; the stream stops rather than run unprotected."""
+
+    def __init__(self, stream_id: str, *, failures: int, last_error: BaseException) -> None:
+        self.failures = failures
+        self.last_error = last_error
+        super().__init__(
+            f"stream {stream_id!r}: {failures} consecutive checkpoint saves failed "
+            f"(last: {type(last_error).__name__}: {last_error}). The stream stops so it does not run "
+            "without a durable position; fix the checkpoint store and restart.",
+            stream_id=stream_id,
+        )
+
+
+class StreamError(FlowWardenError):
+    """A change stream could not go on."""
+
+    def __init__(self, message: str, *, stream: str | None = None) -> None:
+        self.stream = stream
+        super().__init__(message)
+
+
+class HistoryLostError(StreamError):
+    """The resume position fell out of the oplog (server code 286, ChangeStreamHistoryLost)."""
+
+    def __init__(
+        self,
+        stream: str,
+        *,
+        checkpoint_time: datetime | None,
+        oplog_start: datetime | None,
+        oplog_end: datetime | None,
+        server_message: str = "",
+    ) -> None:
+        self.checkpoint_time = checkpoint_time
+        self.oplog_start = oplog_start
+        self.oplog_end = oplog_end
+        self.server_message = server_message
+        window = (
+            f"{oplog_start.isoformat()} .. {oplog_end.isoformat()}"
+            if oplog_start and oplog_end
+            else "unknown (the oplog could not be read)"
+        )
+        at = checkpoint_time.isoformat() if checkpoint_time else "none"
+        super().__init__(
+            f"stream {stream!r}: the resume position is no longer in the oplog (history lost). "
+            f"Last checkpoint time: {at}; current oplog window: {window}. The checkpoint was left "
+            "untouched. To go on, choose a strategy with "
+            "@checkpoint(on_history_lost=OnHistoryLost.RESUME_FROM_OPLOG_START) (replay what is left "
+            "of the oplog) or OnHistoryLost.RESUME_FROM_NOW (skip the gap), or rewind the checkpoint "
+            "with `flowwarden checkpoints rewind`.",
+            stream=stream,
+        )
+
+
+class StreamInvalidatedError(StreamError):
+    """The watched collection or database was dropped or renamed."""
+
+    def __init__(self, stream: str, *, operation: str, token: dict[str, Any] | None) -> None:
+        self.operation = operation
+        self.token = token
+        super().__init__(
+            f"stream {stream!r} was invalidated by a {operation!r} of the watched namespace. "
+            "It stopped; set @change_stream(..., on_invalidate='restart') to start again after it.",
+            stream=stream,
+        )
+
+
+class HandlerError(StreamError):
+    """A handler kept failing and the retry policy said STOP."""
+
+    def __init__(
+        self,
+        stream: str,
+        *,
+        token: dict[str, Any] | None,
+        attempts: int,
+        cause: BaseException,
+    ) -> None:
+        self.token = token
+        self.attempts = attempts
+        self.cause = cause
+        super().__init__(
+            f"stream {stream!r}: handler failed {attempts} time(s) on event {token!r}: "
+            f"{type(cause).__name__}: {cause}. The checkpoint stays before this event; fix the handler "
+            "(or choose on_exhausted=OnError.SKIP / DEAD_LETTER) and restart.",
+            stream=stream,
+        )
+
+
+class LeaseLostError(StreamError):
+    """This instance no longer holds the single-leader lease of a stream."""
+
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointSaveFailedError",
+    "CommitterClosedError",
+    "ConfigurationError",
+    "FencedError",
+    "FlowWardenError",
+    "HandlerError",
+    "HistoryLostError",
+    "LeaseLostError",
+    "MissingDependencyError",
+    "StreamError",
+    "StreamInvalidatedError",
+]

@@ -1,0 +1,192 @@
+"""Change events and resume tokens.
+
+A :class:`ChangeEvent` is a thin view over the raw change document the server sent: nothing is
+copied or validated until a property is read, so building one costs a single object allocation on
+the hot path.
+
+Resume tokens are ``{"_data": "<hex>"}`` documents whose bytes are MongoDB KeyString encodings.
+Their byte order is the order of positions in the oplog, so comparing the hex strings compares
+positions. The first value encoded is the cluster time: type byte ``0x82`` (timestamp), then the
+4-byte big-endian seconds, then the 4-byte big-endian increment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from bson import Timestamp
+
+from flowwarden.errors import FlowWardenError
+
+ResumeToken = Mapping[str, Any]
+"""A resume token as the server sends it: ``{"_data": "<hex>"}``."""
+
+_KEYSTRING_TIMESTAMP = 0x82
+
+M = TypeVar("M")
+
+
+class InvalidTokenError(FlowWardenError, ValueError):
+    """A value is not a resume token flowwarden can read."""
+
+
+def token_data(token: ResumeToken) -> str:
+    """Return the ``_data`` hex string of a resume token, upper-cased for byte-wise comparison."""
+    try:
+        data = token["_data"]
+    except (KeyError, TypeError):
+        raise InvalidTokenError(
+            f"not a resume token: {token!r}; expected a document like {{'_data': '8263...'}} "
+            "(the _id of a change event or a postBatchResumeToken)"
+        ) from None
+    if not isinstance(data, str):
+        raise InvalidTokenError(
+            f"resume token _data must be a hex string, got {type(data).__name__}: {data!r}"
+        )
+    return data.upper()
+
+
+def token_cluster_time(token: ResumeToken) -> Timestamp:
+    """Decode the cluster time at the start of a resume token's ``_data``.
+
+    Works for tokens from MongoDB 4.2+ (KeyString v1 tokens, hex ``_data``) and for the tokens of
+    :class:`flowwarden.testing.EmbeddedReplicaSet`.
+    """
+    data = token_data(token)
+    try:
+        raw = bytes.fromhex(data[:18])
+    except ValueError:
+        raise InvalidTokenError(f"resume token _data is not hex: {data[:40]!r}") from None
+    if len(raw) < 9 or raw[0] != _KEYSTRING_TIMESTAMP:
+        raise InvalidTokenError(
+            f"resume token _data does not start with a KeyString timestamp (0x82): {data[:40]!r}"
+        )
+    seconds = int.from_bytes(raw[1:5], "big")
+    increment = int.from_bytes(raw[5:9], "big")
+    return Timestamp(seconds, increment)
+
+
+def timestamp_datetime(ts: Timestamp) -> datetime:
+    """The UTC wall-clock second of a cluster time (its increment orders events within it)."""
+    return datetime.fromtimestamp(ts.time, tz=timezone.utc)
+
+
+def token_datetime(token: ResumeToken | None) -> datetime | None:
+    """UTC datetime of a token's cluster time, or None for no token."""
+    if token is None:
+        return None
+    return timestamp_datetime(token_cluster_time(token))
+
+
+def compare_tokens(a: ResumeToken, b: ResumeToken) -> int:
+    """-1, 0 or 1 as token ``a`` is before, at or after token ``b`` in the oplog."""
+    da, db = token_data(a), token_data(b)
+    return (da > db) - (da < db)
+
+
+def newer_token(a: ResumeToken | None, b: ResumeToken | None) -> ResumeToken | None:
+    """The later of two optional tokens (None when both are None)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if compare_tokens(a, b) >= 0 else b
+
+
+class ChangeEvent:
+    """A change event, read lazily from the raw document the server sent.
+
+    The stored checkpoint position for an event is its :attr:`token`: resuming after it delivers
+    the next event, never this one again.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.raw = raw
+
+    @property
+    def token(self) -> dict[str, Any]:
+        """The event's resume token (its ``_id``)."""
+        token = self.raw.get("_id")
+        if not isinstance(token, Mapping):
+            raise InvalidTokenError(
+                "change event has no _id resume token; a pipeline stage must not remove or rewrite _id"
+            )
+        return dict(token)
+
+    @property
+    def operation_type(self) -> str:
+        return str(self.raw.get("operationType", ""))
+
+    @property
+    def cluster_time(self) -> Timestamp | None:
+        value = self.raw.get("clusterTime")
+        return value if isinstance(value, Timestamp) else None
+
+    @property
+    def wall_time(self) -> datetime | None:
+        value = self.raw.get("wallTime")
+        return value if isinstance(value, datetime) else None
+
+    @property
+    def namespace(self) -> tuple[str | None, str | None]:
+        """``(database, collection)``; collection is None for database-level events."""
+        ns = self.raw.get("ns") or {}
+        return ns.get("db"), ns.get("coll")
+
+    @property
+    def database(self) -> str | None:
+        return self.namespace[0]
+
+    @property
+    def collection(self) -> str | None:
+        return self.namespace[1]
+
+    @property
+    def document_key(self) -> Mapping[str, Any] | None:
+        return self.raw.get("documentKey")
+
+    @property
+    def full_document(self) -> Mapping[str, Any] | None:
+        return self.raw.get("fullDocument")
+
+    @property
+    def full_document_before_change(self) -> Mapping[str, Any] | None:
+        return self.raw.get("fullDocumentBeforeChange")
+
+    @property
+    def update_description(self) -> Mapping[str, Any] | None:
+        return self.raw.get("updateDescription")
+
+    def document(self, model: type[M]) -> M:
+        """The full document validated as a pydantic model (validation happens here, not earlier)."""
+        doc = self.full_document
+        if doc is None:
+            raise ValueError(
+                f"{self.operation_type} event has no fullDocument; use "
+                "@change_stream(full_document='updateLookup') for updates"
+            )
+        validate = getattr(model, "model_validate", None)
+        if validate is None:
+            raise TypeError(f"{model!r} is not a pydantic model")
+        result: M = validate(doc)
+        return result
+
+    def __repr__(self) -> str:
+        return f"ChangeEvent({self.operation_type!r}, ns={self.namespace!r}, key={self.document_key!r})"
+
+
+__all__ = [
+    "ChangeEvent",
+    "InvalidTokenError",
+    "ResumeToken",
+    "compare_tokens",
+    "newer_token",
+    "timestamp_datetime",
+    "token_cluster_time",
+    "token_data",
+    "token_datetime",
+]
