@@ -1,0 +1,89 @@
+"""Gathering events into batches for ``@on_batch`` and ``@on_dataframe`` methods.
+
+A batch is delivered when it holds ``max_events`` events or its oldest event has waited
+``max_wait_seconds``, whichever comes first. Its events count as finished only after the method
+returned, so whatever the method wrote (a parquet file, a table) is durable before the checkpoint
+moves past the batch.
+
+Sync batch methods, and the Arrow conversion of DataFrame batches, run in a worker thread: they
+may take seconds, and the event loop must keep renewing leases and saving heartbeats meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from flowwarden.config import SchemaMode
+from flowwarden.decorators import StreamSpec
+from flowwarden.events import ChangeEvent
+from flowwarden.runtime.invoke import Exhausted, Invoker
+
+Item = tuple[int, MutableMapping[str, Any]]
+
+
+class BatchDelivery:
+    """The pending batch of one stream and how to hand it to the method."""
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        invoker: Invoker,
+        spark_provider: Callable[[], Any] | None,
+    ) -> None:
+        method = spec.dataframe or spec.batch
+        assert method is not None
+        self.max_events: int = method.max_events
+        self.max_wait_seconds: float = method.max_wait_seconds
+        self._dataframe = spec.dataframe is not None
+        self._schema = spec.dataframe.schema if spec.dataframe is not None else None
+        self._mode = spec.dataframe.mode if spec.dataframe is not None else SchemaMode.PERMISSIVE
+        self._invoker = invoker
+        self._spark_provider = spark_provider
+        self._items: list[Item] = []
+        self._first_at = 0.0
+        self.malformed = 0
+        self.on_malformed: Callable[[list[Any]], Any] | None = None
+
+    def add(self, sequence: int, change: MutableMapping[str, Any]) -> None:
+        if not self._items:
+            self._first_at = time.monotonic()
+        self._items.append((sequence, change))
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def due(self) -> bool:
+        items = self._items
+        if not items:
+            return False
+        return len(items) >= self.max_events or time.monotonic() - self._first_at >= self.max_wait_seconds
+
+    def take(self) -> list[Item]:
+        items, self._items = self._items, []
+        return items
+
+    async def deliver(self, items: list[Item]) -> list[MutableMapping[str, Any]]:
+        """Hand the batch to the method (with its retry policy).
+
+        Returns the events a DROPMALFORMED DataFrame conversion left out, for the caller to
+        dead-letter or count; raises :class:`Exhausted` when the batch failed for good.
+        """
+        if not self._dataframe:
+            await self._invoker([ChangeEvent(change) for _, change in items])
+            return []
+        from flowwarden.spark import events_to_dataframe
+
+        spark = self._spark_provider() if self._spark_provider is not None else None
+        raws = [change for _, change in items]
+        try:
+            frame, malformed = await asyncio.to_thread(
+                events_to_dataframe, spark, raws, schema=self._schema, mode=self._mode
+            )
+        except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
+            raise Exhausted(error, 1) from error
+        await self._invoker(frame)
+        return [raws[m.index] for m in malformed]

@@ -1,0 +1,272 @@
+"""The connector process: runs every handler class's stream, each in its own task.
+
+One stream failing does not stop the others. A stop (SIGINT/SIGTERM under :meth:`Connector.run`,
+or :meth:`Connector.stop`) stops reading, lets in-flight handlers finish, flushes checkpoints and
+releases leases before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from flowwarden.config import OnError
+from flowwarden.decorators import StreamSpec, stream_spec
+from flowwarden.errors import ConfigurationError
+from flowwarden.runtime.dead_letter import DeadLetterWriter
+from flowwarden.runtime.lease import LOCKS_COLLECTION
+from flowwarden.runtime.status import StreamState, StreamStatus
+from flowwarden.runtime.stores import AsyncStore
+from flowwarden.runtime.stream import StreamRunner
+
+log = logging.getLogger("flowwarden.connector")
+
+DEFAULT_CHECKPOINT_DATABASE = "flowwarden"
+
+
+def redact_uri(uri: str) -> str:
+    """The URI with its password replaced by ``***``, for logs and errors."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparseable MongoDB URI>"
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Connector:
+    """Consumes the change streams of decorated handler classes.
+
+    ``uri_or_client``: a MongoDB URI, or a ``pymongo.AsyncMongoClient`` (or a motor client) that
+    the connector uses as given; a client must be used on the event loop that runs the connector
+    (:meth:`run_async`). ``checkpoint_store`` applies to every handler without its own
+    ``@checkpoint(store=...)``; by default checkpoints live in ``_fw_checkpoints`` of the stream's
+    database (``checkpoint_database`` for cluster streams).
+    """
+
+    def __init__(
+        self,
+        uri_or_client: Any,
+        handlers: Iterable[type],
+        *,
+        instance_id: str | None = None,
+        checkpoint_store: Any = None,
+        checkpoint_database: str = DEFAULT_CHECKPOINT_DATABASE,
+        spark: Any = None,
+        spark_master: str = "local[*]",
+        spark_app_name: str = "flowwarden",
+        spark_conf: Mapping[str, str] | None = None,
+    ) -> None:
+        if isinstance(uri_or_client, str):
+            self._uri: str | None = uri_or_client
+            self._given_client = None
+        else:
+            _check_async_client(uri_or_client)
+            self._uri = None
+            self._given_client = uri_or_client
+        self.specs: list[StreamSpec] = [stream_spec(h) for h in handlers]
+        if not self.specs:
+            raise ConfigurationError(
+                "needs at least one handler class", owner="Connector", option="handlers"
+            )
+        names = [s.name for s in self.specs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigurationError(
+                f"two handler classes share the stream name(s) {duplicates}; each stream needs its "
+                "own name (it keys the checkpoint): set @change_stream(name=...)",
+                owner="Connector",
+                option="handlers",
+            )
+        self.instance_id = instance_id or f"fw-{uuid.uuid4().hex[:12]}"
+        self._checkpoint_store = checkpoint_store
+        self._checkpoint_database = checkpoint_database
+        self._spark = spark
+        self._spark_master = spark_master
+        self._spark_app_name = spark_app_name
+        self._spark_conf = dict(spark_conf or {})
+        self._spark_lock = threading.Lock()
+        self._runners: list[StreamRunner] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._thread_error: BaseException | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # running
+
+    def run(self) -> None:
+        """Run until every stream ended or SIGINT/SIGTERM asks for a graceful stop."""
+        asyncio.run(self.run_async(handle_signals=True))
+
+    async def run_async(self, *, handle_signals: bool = False) -> None:
+        """Run on the current event loop until every stream ended or :meth:`stop` is called."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    self._loop.add_signal_handler(sig, self._request_stop)
+                except (NotImplementedError, RuntimeError):
+                    pass
+        client = self._given_client or _make_client(self._uri)
+        try:
+            self._runners = [self._runner(spec, client) for spec in self.specs]
+            log.info(
+                "flowwarden connector %s starting %d stream(s) on %s",
+                self.instance_id,
+                len(self._runners),
+                redact_uri(self._uri) if self._uri else type(client).__name__,
+            )
+            tasks = [asyncio.create_task(r.run(), name=f"flowwarden:{r.name}") for r in self._runners]
+            self._started.set()
+            stopper = asyncio.create_task(self._stop_event.wait())
+            pending: set[asyncio.Task[Any]] = set(tasks)
+            while pending:
+                done, _ = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+                if stopper in done:
+                    for runner in self._runners:
+                        runner.request_stop()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    break
+            stopper.cancel()
+        finally:
+            self._started.set()
+            if self._given_client is None:
+                await _maybe_await(client.close())
+            if handle_signals and self._loop is not None:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    try:
+                        self._loop.remove_signal_handler(sig)
+                    except (NotImplementedError, RuntimeError):
+                        pass
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Run in a background thread; returns once every stream task has started."""
+        if self._thread is not None:
+            raise RuntimeError("this connector was already started")
+
+        def main() -> None:
+            try:
+                asyncio.run(self.run_async())
+            except BaseException as error:  # reported by stop()
+                self._thread_error = error
+                self._started.set()
+
+        self._thread = threading.Thread(target=main, name="flowwarden-connector", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError(f"the connector did not start within {timeout}s")
+        if self._thread_error is not None:
+            raise self._thread_error
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop gracefully and wait up to ``timeout`` seconds for in-flight work and final saves."""
+        self._request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the connector did not stop within {timeout}s")
+            if self._thread_error is not None:
+                raise self._thread_error
+
+    def _request_stop(self) -> None:
+        loop, event = self._loop, self._stop_event
+        if loop is None or event is None:
+            return
+        if loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        else:
+            loop.call_soon_threadsafe(event.set)
+
+    def status(self) -> dict[str, StreamStatus]:
+        """Per-stream state; callable from any thread."""
+        if not self._runners:
+            return {
+                spec.name: StreamStatus(spec.name, StreamState.STARTING, None, None, None, 0, 0, 0, None, None)
+                for spec in self.specs
+            }
+        return {runner.name: runner.status() for runner in self._runners}
+
+    def stream_errors(self) -> dict[str, BaseException]:
+        """The error that ended each FAILED stream."""
+        return {r.name: r.error for r in self._runners if r.error is not None}
+
+    # ------------------------------------------------------------------------------------------
+    # wiring
+
+    def _database_for(self, spec: StreamSpec) -> str:
+        return spec.stream.database or self._checkpoint_database
+
+    def _runner(self, spec: StreamSpec, client: Any) -> StreamRunner:
+        from flowwarden.checkpoint import AsyncMongoCheckpointStore
+
+        db = client[self._database_for(spec)]
+        store = spec.checkpoint.store or self._checkpoint_store or AsyncMongoCheckpointStore(db)
+        dead_letters = None
+        if spec.retry.on_exhausted == OnError.DEAD_LETTER or spec.dead_letter is not None:
+            options = spec.dead_letter
+            assert options is not None
+            dlq_db = client[options.database] if options.database else db
+            dead_letters = DeadLetterWriter(dlq_db[options.collection], options.retention_days)
+        return StreamRunner(
+            spec,
+            client=client,
+            store=AsyncStore(store),
+            instance_id=self.instance_id,
+            locks_collection=db[LOCKS_COLLECTION],
+            dead_letters=dead_letters,
+            spark_provider=self._spark_session if spec.dataframe is not None else None,
+        )
+
+    def _spark_session(self) -> Any:
+        """The Spark session for DataFrame handlers, created on first use (thread-safe)."""
+        with self._spark_lock:
+            if self._spark is None:
+                from flowwarden.spark import get_or_create_session
+
+                self._spark = get_or_create_session(
+                    master=self._spark_master, app_name=self._spark_app_name, conf=self._spark_conf
+                )
+            return self._spark
+
+
+def _make_client(uri: str | None) -> Any:
+    from pymongo import AsyncMongoClient
+
+    assert uri is not None
+    return AsyncMongoClient(uri, tz_aware=True, appname="flowwarden")
+
+
+def _check_async_client(client: Any) -> None:
+    from pymongo import MongoClient
+
+    if isinstance(client, MongoClient):
+        raise ConfigurationError(
+            "got a synchronous pymongo.MongoClient; pass a MongoDB URI, a pymongo.AsyncMongoClient "
+            "or a motor client",
+            owner="Connector",
+            option="uri_or_client",
+        )
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value

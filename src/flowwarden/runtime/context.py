@@ -1,0 +1,32 @@
+"""What a handler method may receive as its optional ``ctx`` argument."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StreamContext:
+    """Per-call context: which stream, which attempt, a logger, and a way to save progress now.
+
+    One context object exists per stream; the runtime updates ``attempt`` before each call, so a
+    handler must not keep it across calls expecting the values to stay.
+    """
+
+    stream: str
+    logger: logging.Logger
+    attempt: int = 1
+    _save_requested: bool = field(default=False, repr=False)
+
+    def save_checkpoint_now(self) -> None:
+        """Ask for the checkpoint to be saved as soon as the current handler call returns.
+
+        The event being handled is not finished yet, so it cannot be saved from inside the call;
+        this never blocks and is safe from sync and async handlers alike.
+        """
+        self._save_requested = True
+
+    def _take_save_request(self) -> bool:
+        requested, self._save_requested = self._save_requested, False
+        return requested

@@ -1,0 +1,111 @@
+"""Calling a handler method under its retry policy.
+
+The one rule for what is retried: an exception is retried when it is an instance of the policy's
+``retry_on`` classes and of none of its ``no_retry_on`` classes, and attempts remain. Cancellation
+and ``BaseException``s that are not ``Exception`` (KeyboardInterrupt, SystemExit) are never caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from flowwarden.config import RetryPolicy, backoff_delay
+from flowwarden.runtime.context import StreamContext
+
+
+class Exhausted(Exception):
+    """A handler call failed for good: retries are used up or the error is not retryable."""
+
+    def __init__(self, error: BaseException, attempts: int) -> None:
+        super().__init__(f"{type(error).__name__}: {error} (after {attempts} attempt(s))")
+        self.error = error
+        self.attempts = attempts
+
+
+class Interrupted(Exception):
+    """The stream is stopping while a failed call waited for its next attempt."""
+
+
+def is_retryable(policy: RetryPolicy, error: BaseException) -> bool:
+    return isinstance(error, policy.retry_on) and not isinstance(error, policy.no_retry_on)
+
+
+class Invoker:
+    """Binds one handler method of one handler instance to its calling convention.
+
+    Sync methods run inline on the stream's event loop when the stream handles one event at a
+    time (no thread hop on the hot path), and in worker threads when ``threaded`` is set (streams
+    with ``max_concurrency > 1``), so that they really run side by side.
+    """
+
+    def __init__(
+        self,
+        bound: Callable[..., Any],
+        *,
+        is_async: bool,
+        wants_ctx: bool,
+        ctx: StreamContext,
+        policy: RetryPolicy,
+        stopping: asyncio.Event,
+        threaded: bool,
+    ) -> None:
+        self._bound = bound
+        self._is_async = is_async
+        self._wants_ctx = wants_ctx
+        self._ctx = ctx
+        self._policy = policy
+        self._stopping = stopping
+        self._threaded = threaded and not is_async
+
+    def _call_once(self, arg: Any) -> Awaitable[Any] | Any:
+        args = (arg, self._ctx) if self._wants_ctx else (arg,)
+        if self._threaded:
+            return asyncio.to_thread(self._bound, *args)
+        return self._bound(*args)
+
+    async def __call__(self, arg: Any) -> None:
+        """Call until success; raise :class:`Exhausted` or :class:`Interrupted` otherwise."""
+        policy = self._policy
+        attempt = 1
+        while True:
+            self._ctx.attempt = attempt
+            try:
+                result = self._call_once(arg)
+                if self._is_async or self._threaded or inspect.isawaitable(result):
+                    await result
+                return
+            except Exception as error:  # the retry rule is is_retryable(), applied right below
+                if attempt >= policy.max_attempts or not is_retryable(policy, error):
+                    raise Exhausted(error, attempt) from error
+                delay = backoff_delay(
+                    attempt,
+                    initial=policy.initial_delay_seconds,
+                    multiplier=policy.multiplier,
+                    maximum=policy.max_delay_seconds,
+                    jitter=policy.jitter,
+                )
+                self._ctx.logger.warning(
+                    "handler failed (attempt %d of %d), retrying in %.2fs: %s: %s",
+                    attempt,
+                    policy.max_attempts,
+                    delay,
+                    type(error).__name__,
+                    error,
+                )
+                if await _wait_or_stop(self._stopping, delay):
+                    raise Interrupted() from error
+                attempt += 1
+
+
+async def _wait_or_stop(stopping: asyncio.Event, delay: float) -> bool:
+    """Sleep ``delay`` seconds; True if the stream began stopping meanwhile."""
+    if stopping.is_set():
+        return True
+    try:
+        await asyncio.wait_for(stopping.wait(), delay)
+    except asyncio.TimeoutError:
+        return False
+    return True

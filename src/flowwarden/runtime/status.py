@@ -1,0 +1,32 @@
+"""Per-stream state as the connector reports it through ``Connector.status()``."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+
+class StreamState(str, enum.Enum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    STANDBY = "STANDBY"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    """A snapshot of one stream; cheap to build, safe to hand to another thread."""
+
+    name: str
+    state: StreamState
+    last_processed_time: datetime | None
+    last_seen_time: datetime | None
+    lag_seconds: float | None
+    events_processed: int
+    events_failed: int
+    restarts: int
+    last_error: str | None
+    reason: str | None

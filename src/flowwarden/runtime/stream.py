@@ -1,0 +1,782 @@
+"""One stream's life: open at the right position, read, dispatch, checkpoint, restart.
+
+The position rules this module keeps:
+
+- an event's token reaches the committer only after its handling finished (or it was skipped or
+  dead-lettered on purpose); the committer saves the highest contiguous one, so the stored
+  lastProcessedToken never passes an unfinished event;
+- a post-batch resume token reaches the committer as lastSeen only while nothing is in flight
+  (every event read so far has completed), so resuming after it skips nothing unhandled;
+- a restart re-opens from the store's checkpoint, never from memory, so what is replayed is exactly
+  the unsaved window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from datetime import datetime, timezone
+from typing import Any
+
+import bson
+from bson import Timestamp
+from bson.codec_options import CodecOptions
+from bson.errors import InvalidBSON
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+
+from flowwarden.checkpoint import Checkpoint, CheckpointCommitter
+from flowwarden.config import (
+    Deployment,
+    OnError,
+    OnHistoryLost,
+    OnInvalidate,
+    StartPosition,
+    backoff_delay,
+)
+from flowwarden.decorators import StreamSpec
+from flowwarden.errors import (
+    CheckpointSaveFailedError,
+    FencedError,
+    FlowWardenError,
+    HandlerError,
+    HistoryLostError,
+    StreamError,
+    StreamInvalidatedError,
+)
+from flowwarden.events import ChangeEvent, timestamp_datetime, token_datetime
+from flowwarden.runtime.batching import BatchDelivery
+from flowwarden.runtime.context import StreamContext
+from flowwarden.runtime.dead_letter import DeadLetterWriter
+from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
+from flowwarden.runtime.lease import LeaseManager
+from flowwarden.runtime.status import StreamState, StreamStatus
+from flowwarden.runtime.stores import AsyncStore
+
+# Server error codes with a meaning of their own to the runner.
+HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
+INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
+# Errors a re-open cannot fix: the operator must act (permissions, a pipeline the server rejects).
+FATAL_CODES = frozenset(
+    {
+        13,  # Unauthorized
+        18,  # AuthenticationFailed
+        280,  # ChangeStreamFatalError (e.g. a stage removed _id)
+        40324,  # unrecognized pipeline stage
+        40573,  # $changeStream only on a replica set / sharded cluster
+    }
+)
+
+_HISTORY_AUDIT_KEEP = 20
+
+
+class _HistoryLost(Exception):
+    def __init__(self, error: OperationFailure) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Stop(Exception):
+    """The stream ends on purpose (stop requested, invalidated with on_invalidate=stop)."""
+
+
+class _LostOwnership(Exception):
+    """The single-leader lease (or the checkpoint's epoch) says another instance owns the stream."""
+
+
+def is_restartable(error: BaseException) -> bool:
+    """The one rule for which stream errors re-open the stream (with backoff) instead of failing it.
+
+    Network and server-selection failures, and server errors other than the fatal codes above, are
+    transient from the stream's point of view: PyMongo has already spent its one automatic resume on
+    them. Checkpoint-store failures are restartable too: the stream re-opens from whatever is saved.
+    """
+    if isinstance(error, OperationFailure):
+        return error.code not in FATAL_CODES
+    if isinstance(error, (ConnectionFailure, PyMongoError)):
+        return True
+    return isinstance(error, CheckpointSaveFailedError)
+
+
+class StreamRunner:
+    """Runs one handler class's change stream until stopped, restarting it through failures."""
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        client: Any,
+        store: AsyncStore,
+        instance_id: str,
+        locks_collection: Any,
+        dead_letters: DeadLetterWriter | None,
+        spark_provider: Callable[[], Any] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._client = client
+        self._store = store
+        self._instance_id = instance_id
+        self._dead_letters = dead_letters
+        self._spark_provider = spark_provider
+        self.log = logger or logging.getLogger(f"flowwarden.stream.{spec.name}")
+        self._stopping = asyncio.Event()
+        self._handler = spec.handler_class()
+        self._ctx = StreamContext(stream=self.name, logger=self.log)
+        self._lease = (
+            LeaseManager(
+                locks_collection, self.name, instance_id, spec.stream.lease_ttl_seconds
+            )
+            if spec.stream.deployment == Deployment.SINGLE_LEADER
+            else None
+        )
+        opts = spec.stream
+        self._concurrency = opts.max_concurrency
+        self._event_invokers: dict[str, Invoker] = {}
+        self._fallback_invoker: Invoker | None = None
+        self._batch: BatchDelivery | None = None
+        self._build_dispatch()
+
+        # Status, read from other threads through status(): plain attributes, replaced whole.
+        self.state = StreamState.STARTING
+        self.reason: str | None = None
+        self.last_error: str | None = None
+        self.error: BaseException | None = None
+        self.events_processed = 0
+        self.events_failed = 0
+        self.restarts = 0
+        self._committer: CheckpointCommitter | None = None
+        self._last_processed_time: datetime | None = None
+        self._last_seen_time: datetime | None = None
+        self._first_run = True
+        self._forced_start: dict[str, Any] | None = None
+        self._history_audit: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # wiring
+
+    def _invoker(self, method: Any) -> Invoker:
+        return Invoker(
+            getattr(self._handler, method.name),
+            is_async=method.is_async,
+            wants_ctx=method.wants_ctx,
+            ctx=self._ctx,
+            policy=self.spec.retry,
+            stopping=self._stopping,
+            # Batch methods may run for seconds (Spark jobs): keep the loop free for heartbeats.
+            threaded=self._concurrency > 1 or method.kind != "event",
+        )
+
+    def _build_dispatch(self) -> None:
+        spec = self.spec
+        if spec.batch is not None or spec.dataframe is not None:
+            self._batch = BatchDelivery(
+                spec,
+                invoker=self._invoker(spec.batch or spec.dataframe),
+                spark_provider=self._spark_provider,
+            )
+            return
+        for operation, method in spec.event_handlers.items():
+            if operation != "*":  # the on_change method: kept as the fallback below
+                self._event_invokers[operation] = self._invoker(method)
+        if spec.fallback is not None:
+            self._fallback_invoker = self._invoker(spec.fallback)
+
+    # ------------------------------------------------------------------------------------------
+    # status and control
+
+    def request_stop(self) -> None:
+        """Ask the stream to stop: no new reads; in-flight handlers finish; checkpoints flush."""
+        self._stopping.set()
+
+    def status(self) -> StreamStatus:
+        processed, seen = self._last_processed_time, self._last_seen_time
+        newest = max((t for t in (processed, seen) if t is not None), default=None)
+        lag = None
+        if newest is not None and self.state == StreamState.RUNNING:
+            lag = max(0.0, (datetime.now(timezone.utc) - newest).total_seconds())
+        return StreamStatus(
+            name=self.name,
+            state=self.state,
+            last_processed_time=processed,
+            last_seen_time=seen,
+            lag_seconds=lag,
+            events_processed=self.events_processed,
+            events_failed=self.events_failed,
+            restarts=self.restarts,
+            last_error=self.last_error,
+            reason=self.reason,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # the outer loop: leases, restarts, final state
+
+    async def run(self) -> None:
+        """Run until stopped. Never raises for stream failures: they end in state FAILED."""
+        consecutive_failures = 0
+        try:
+            while not self._stopping.is_set():
+                if self._lease is not None and not await self._wait_for_lease():
+                    break
+                renewer = asyncio.create_task(self._renew_lease()) if self._lease else None
+                try:
+                    await self._run_once()
+                    consecutive_failures = 0
+                    if self._forced_start is not None:
+                        continue  # history-lost strategy chosen: re-open at once
+                    break
+                except _Stop:
+                    break
+                except _LostOwnership:
+                    self.log.warning("stream %s: lost ownership to another instance; standing by", self.name)
+                    self.state = StreamState.STANDBY
+                    continue
+                except _HistoryLost as lost:
+                    await self._on_history_lost(lost.error)
+                    continue
+                except BaseException as error:
+                    if isinstance(error, asyncio.CancelledError):
+                        raise
+                    if not is_restartable(error):
+                        raise
+                    consecutive_failures += 1
+                    if not await self._backoff(error, consecutive_failures):
+                        raise
+                finally:
+                    if renewer is not None:
+                        renewer.cancel()
+                        await asyncio.gather(renewer, return_exceptions=True)
+        except Exception as error:
+            self._fail(error)
+        finally:
+            if self._lease is not None and self._lease.lease is not None:
+                try:
+                    await self._lease.release()
+                except PyMongoError as error:
+                    self.log.warning("stream %s: could not release its lease: %s", self.name, error)
+        if self.state not in (StreamState.FAILED,):
+            if self.state != StreamState.STOPPED:
+                self.state = StreamState.STOPPED
+            self.reason = self.reason or "stopped"
+
+    def _fail(self, error: BaseException) -> None:
+        self.state = StreamState.FAILED
+        self.error = error
+        self.last_error = f"{type(error).__name__}: {error}"
+        self.reason = self.last_error
+        self.log.error("stream %s failed: %s", self.name, self.last_error)
+
+    async def _backoff(self, error: BaseException, failures: int) -> bool:
+        """Wait before re-opening after a transient error; False when restarts are used up."""
+        opts = self.spec.stream
+        if opts.max_restarts is not None and failures > opts.max_restarts:
+            return False
+        self.restarts += 1
+        self.state = StreamState.RESTARTING
+        self.last_error = f"{type(error).__name__}: {error}"
+        delay = backoff_delay(
+            failures,
+            initial=opts.restart_initial_delay_seconds,
+            multiplier=2.0,
+            maximum=opts.restart_max_delay_seconds,
+            jitter=0.2,
+        )
+        self.log.warning(
+            "stream %s: %s; re-opening from the last saved checkpoint in %.1fs (restart %d)",
+            self.name,
+            self.last_error,
+            delay,
+            self.restarts,
+        )
+        try:
+            await asyncio.wait_for(self._stopping.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+        return True
+
+    async def _wait_for_lease(self) -> bool:
+        """Stand by until this instance holds the stream's lease; False if stopped meanwhile."""
+        assert self._lease is not None
+        while not self._stopping.is_set():
+            try:
+                if await self._lease.try_acquire() is not None:
+                    self.log.info(
+                        "stream %s: lease acquired (epoch %d)", self.name, self._lease.lease.epoch  # type: ignore[union-attr]
+                    )
+                    return True
+            except PyMongoError as error:
+                self.last_error = f"lease: {type(error).__name__}: {error}"
+            self.state = StreamState.STANDBY
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self._lease.renew_interval)
+            except asyncio.TimeoutError:
+                pass
+        return False
+
+    async def _renew_lease(self) -> None:
+        """Keep the lease; when it cannot be kept, make the reader stop."""
+        assert self._lease is not None
+        while True:
+            await asyncio.sleep(self._lease.renew_interval)
+            try:
+                renewed = await self._lease.renew()
+            except PyMongoError as error:
+                self.log.warning("stream %s: lease renewal failed: %s", self.name, error)
+                renewed = self._lease.held()
+            if not renewed or not self._lease.held():
+                self._lost_lease = True
+                return
+
+    # ------------------------------------------------------------------------------------------
+    # one open stream
+
+    async def _run_once(self) -> None:
+        self._lost_lease = False
+        checkpoint = await self._store.load(self.name)
+        epoch = self._lease.lease.epoch if self._lease and self._lease.lease else (
+            checkpoint.epoch if checkpoint else 0
+        )
+        committer = CheckpointCommitter(
+            self._store.raw,
+            self.name,
+            save_every_n=self.spec.checkpoint.save_every_n,
+            save_interval_seconds=self.spec.checkpoint.save_interval_seconds,
+            epoch=epoch,
+            instance_id=self._instance_id,
+            initial=checkpoint,
+        )
+        self._committer = committer
+        if self._history_audit is not None:
+            committer.set_metadata("historyLost", self._history_audit)
+        self.events_processed = checkpoint.events_processed if checkpoint else 0
+        if checkpoint is not None:
+            self._last_processed_time = checkpoint.last_processed_at
+            self._last_seen_time = checkpoint.last_seen_at
+        try:
+            start, save_initial = await self._start_options(checkpoint)
+            stream = await self._open(start)
+            self.state = StreamState.RUNNING
+            self._first_run = False
+            try:
+                await self._consume(stream, committer, save_initial)
+            finally:
+                await _close_stream(stream)
+        except OperationFailure as error:
+            if error.code == HISTORY_LOST:
+                await self._drain_and_close(committer)
+                raise _HistoryLost(error) from error
+            await self._drain_and_close(committer)
+            raise
+        except FencedError as error:
+            await self._drain_and_close(committer)
+            if self._lease is not None:
+                self._lease.lease = None
+                raise _LostOwnership() from error
+            raise
+        except BaseException:
+            await self._drain_and_close(committer)
+            raise
+        else:
+            await self._drain_and_close(committer)
+
+    async def _drain_and_close(self, committer: CheckpointCommitter) -> None:
+        """Let in-flight handlers finish, then save the contiguous frontier and close the committer."""
+        await self._wait_in_flight()
+        try:
+            await committer.close(timeout=10.0)
+        except FencedError:
+            raise
+        except FlowWardenError as error:
+            self.log.warning("stream %s: final checkpoint save failed: %s", self.name, error)
+        self._refresh_times(committer)
+
+    def _refresh_times(self, committer: CheckpointCommitter) -> None:
+        token = committer.last_saved_token
+        if token is not None:
+            self._last_processed_time = token_datetime(token)
+
+    # ------------------------------------------------------------------------------------------
+    # start position
+
+    async def _start_options(self, checkpoint: Checkpoint | None) -> tuple[dict[str, Any], bool]:
+        """Watch options for this open, and whether the opening position must be saved at once."""
+        if self._forced_start is not None:
+            start, self._forced_start = self._forced_start, None
+            return start, True
+        options = self.spec.checkpoint
+        position = options.start_position
+        ignore_checkpoint = position == StartPosition.LATEST and self._first_run
+        token = None if checkpoint is None or ignore_checkpoint else checkpoint.resume_token
+        if token is not None:
+            return {"resume_after": token}, False
+        if position == StartPosition.EARLIEST and not ignore_checkpoint:
+            oldest = await self._oplog_edge(1)
+            if oldest is None:
+                raise StreamError(
+                    f"stream {self.name!r}: start_position=EARLIEST needs to read local.oplog.rs, "
+                    "which this user cannot; grant read on 'local' or choose another start_position",
+                    stream=self.name,
+                )
+            return {"start_at_operation_time": oldest}, True
+        if position == StartPosition.AT_TIME:
+            start_at = options.start_at
+            if isinstance(start_at, datetime):
+                start_at = Timestamp(start_at, 0)
+            return {"start_at_operation_time": start_at}, True
+        return {}, True
+
+    async def _oplog_edge(self, direction: int) -> Timestamp | None:
+        """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read."""
+        try:
+            doc = await self._client["local"]["oplog.rs"].find_one(
+                {}, projection={"ts": 1}, sort=[("$natural", direction)]
+            )
+        except OperationFailure as error:
+            self.log.warning("stream %s: cannot read the oplog: %s", self.name, error)
+            return None
+        if doc is None or not isinstance(doc.get("ts"), Timestamp):
+            return None
+        ts: Timestamp = doc["ts"]
+        return ts
+
+    def _watch_target(self, codec_options: CodecOptions[Any] | None = None) -> Any:
+        opts = self.spec.stream
+        if opts.database is None:
+            target = self._client
+        elif opts.collection is None:
+            target = self._client[opts.database]
+        else:
+            target = self._client[opts.database][opts.collection]
+        if codec_options is not None:
+            target = target.with_options(codec_options=codec_options) if target is not self._client else target
+        return target
+
+    async def _open(self, start: Mapping[str, Any], codec_options: CodecOptions[Any] | None = None) -> Any:
+        opts = self.spec.stream
+        kwargs: dict[str, Any] = dict(start)
+        kwargs["pipeline"] = list(self.spec.pipeline)
+        if opts.full_document != "default":
+            kwargs["full_document"] = opts.full_document
+        if opts.full_document_before_change != "off":
+            kwargs["full_document_before_change"] = opts.full_document_before_change
+        if opts.batch_size is not None:
+            kwargs["batch_size"] = opts.batch_size
+        kwargs["max_await_time_ms"] = self._await_ms()
+        kwargs["comment"] = f"flowwarden:{self.name}"
+        if opts.show_expanded_events:
+            kwargs["show_expanded_events"] = True
+        target = self._watch_target(codec_options)
+        try:
+            return await _maybe_await(target.watch(**kwargs))
+        except OperationFailure as error:
+            if error.code == INVALID_RESUME_TOKEN and "resume_after" in kwargs:
+                # The token is an invalidate notification's: only startAfter may start after it.
+                kwargs["start_after"] = kwargs.pop("resume_after")
+                return await _maybe_await(target.watch(**kwargs))
+            raise
+
+    def _await_ms(self) -> int:
+        """getMore's maxAwaitTimeMS: short enough for batch deadlines and a prompt stop."""
+        wait = self.spec.stream.max_await_time_ms
+        if self._batch is not None:
+            wait = min(wait, max(10, int(self._batch.max_wait_seconds * 1000)))
+        return wait
+
+    # ------------------------------------------------------------------------------------------
+    # history lost
+
+    async def _on_history_lost(self, error: OperationFailure) -> None:
+        strategy = self.spec.checkpoint.on_history_lost
+        checkpoint = await self._store.load(self.name)
+        lost_from = None
+        if checkpoint is not None:
+            lost_from = checkpoint.last_processed_at or checkpoint.last_seen_at
+        oldest = await self._oplog_edge(1)
+        newest = await self._oplog_edge(-1)
+        if strategy == OnHistoryLost.FAIL:
+            raise HistoryLostError(
+                self.name,
+                checkpoint_time=lost_from,
+                oplog_start=timestamp_datetime(oldest) if oldest else None,
+                oplog_end=timestamp_datetime(newest) if newest else None,
+                server_message=str(error),
+            ) from error
+        if strategy == OnHistoryLost.RESUME_FROM_OPLOG_START and oldest is not None:
+            self._forced_start = {"start_at_operation_time": oldest}
+            lost_to = timestamp_datetime(oldest)
+        else:
+            if strategy == OnHistoryLost.RESUME_FROM_OPLOG_START:
+                self.log.warning(
+                    "stream %s: the oplog cannot be read; RESUME_FROM_OPLOG_START falls back to now",
+                    self.name,
+                )
+            self._forced_start = {}
+            lost_to = datetime.now(timezone.utc)
+        audit = {
+            "at": datetime.now(timezone.utc),
+            "strategy": str(strategy),
+            "lostFrom": lost_from,
+            "lostTo": lost_to,
+            "serverMessage": str(error),
+        }
+        self._history_audit = audit
+        self.log.warning(
+            "stream %s: history lost; events between %s and %s were not delivered (strategy %s)",
+            self.name,
+            lost_from.isoformat() if lost_from else "the beginning",
+            lost_to.isoformat(),
+            strategy,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # reading and dispatching
+
+    async def _consume(self, stream: Any, committer: CheckpointCommitter, save_initial: bool) -> None:
+        self._sequence = 0
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._key_tails: dict[bytes, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(self._concurrency) if self._concurrency > 1 else None
+        self._task_error: BaseException | None = None
+        position: Mapping[str, Any] | None = None
+        stopping = self._stopping
+        batch = self._batch
+        while True:
+            if self._task_error is not None:
+                raise self._task_error
+            if stopping.is_set() or self._lost_lease:
+                if self._lost_lease:
+                    raise _LostOwnership()
+                return
+            failed = committer.failure
+            if failed is not None:
+                raise failed
+            try:
+                change = await stream.try_next()
+            except InvalidBSON as error:
+                await self._poison(committer, position, error)
+                return  # re-opened by the outer loop from the checkpoint, past the poison event
+            if change is None:
+                if batch is not None and batch.due():
+                    await self._deliver_batch(committer)
+                if not stream.alive:
+                    # The server closed the stream after an invalidate event.
+                    return
+                token = stream.resume_token
+                if token is not None and self._idle():
+                    position = token
+                    committer.observe_seen(token)
+                    self._last_seen_time = token_datetime(token)
+                    if save_initial:
+                        await committer.flush_seen()
+                        save_initial = False
+                continue
+            token = change.get("_id")
+            self._sequence += 1
+            position = token
+            if batch is not None:
+                batch.add(self._sequence, change)
+                if batch.due():
+                    await self._deliver_batch(committer)
+            elif self._slots is None:
+                await self._handle_event(self._sequence, change, committer)
+            else:
+                await self._spawn(self._sequence, change, committer)
+            if change.get("operationType") == "invalidate":
+                await self._on_invalidate(change)
+                return
+
+    def _idle(self) -> bool:
+        if self._in_flight:
+            return False
+        return self._batch is None or self._batch.empty()
+
+    async def _on_invalidate(self, change: Mapping[str, Any]) -> None:
+        await self._wait_in_flight()
+        if self.spec.stream.on_invalidate == OnInvalidate.RESTART:
+            self.log.warning("stream %s: invalidated; restarting after the invalidate event", self.name)
+            self._forced_start = {"start_after": change["_id"]}
+            return
+        error = StreamInvalidatedError(self.name, operation="drop or rename", token=change.get("_id"))
+        self.reason = str(error)
+        self.state = StreamState.STOPPED
+        self.log.warning("%s", error)
+        raise _Stop()
+
+    async def _wait_in_flight(self) -> None:
+        in_flight = getattr(self, "_in_flight", None)
+        if in_flight:
+            await asyncio.gather(*list(in_flight), return_exceptions=True)
+
+    # per-event dispatch ------------------------------------------------------------------------
+
+    async def _handle_event(
+        self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter
+    ) -> None:
+        invoker = self._event_invokers.get(change.get("operationType", ""), self._fallback_invoker)
+        token = change["_id"]
+        if invoker is not None:
+            try:
+                await invoker(ChangeEvent(change))
+            except Exhausted as exhausted:
+                await self._give_up([change], exhausted.error, exhausted.attempts)
+            except Interrupted:
+                return  # stopping: this event stays unfinished, the checkpoint stays before it
+        await committer.commit(sequence, token)
+        self.events_processed += 1
+        if self._ctx._take_save_request():
+            await committer.flush()
+
+    async def _spawn(self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter) -> None:
+        """Start handling an event concurrently, keeping per-documentKey order."""
+        assert self._slots is not None
+        await self._slots.acquire()
+        key_doc = change.get("documentKey")
+        key = bson.encode(key_doc) if isinstance(key_doc, Mapping) else None
+        before: asyncio.Task[None] | None
+        if key is None:
+            # Not a document event (drop, rename...): a barrier after everything before it.
+            before = None
+            await self._wait_in_flight()
+        else:
+            before = self._key_tails.get(key)
+        task = asyncio.create_task(self._run_after(before, sequence, change, committer))
+        self._in_flight.add(task)
+        if key is not None:
+            self._key_tails[key] = task
+        task.add_done_callback(lambda t: self._task_done(t, key))
+
+    async def _run_after(
+        self,
+        before: asyncio.Task[None] | None,
+        sequence: int,
+        change: MutableMapping[str, Any],
+        committer: CheckpointCommitter,
+    ) -> None:
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        await self._handle_event(sequence, change, committer)
+
+    def _task_done(self, task: asyncio.Task[None], key: bytes | None) -> None:
+        self._in_flight.discard(task)
+        if key is not None and self._key_tails.get(key) is task:
+            del self._key_tails[key]
+        assert self._slots is not None
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None and self._task_error is None:
+            self._task_error = task.exception()
+            self._stopping_for_error()
+
+    def _stopping_for_error(self) -> None:
+        # A failed handler task ends the read loop at its next turn; nothing to do here but let
+        # the loop see _task_error (kept as a method so the intent is named).
+        return
+
+    # batch dispatch ----------------------------------------------------------------------------
+
+    async def _deliver_batch(self, committer: CheckpointCommitter) -> None:
+        assert self._batch is not None
+        items = self._batch.take()
+        if not items:
+            return
+        try:
+            await self._batch.deliver(items)
+        except Exhausted as exhausted:
+            await self._give_up([change for _, change in items], exhausted.error, exhausted.attempts)
+        except Interrupted:
+            return
+        for sequence, change in items:
+            await committer.commit(sequence, change["_id"])
+        self.events_processed += len(items)
+        if self._ctx._take_save_request():
+            await committer.flush()
+
+    # giving up ---------------------------------------------------------------------------------
+
+    async def _give_up(self, changes: list[Mapping[str, Any]], error: BaseException, attempts: int) -> None:
+        """Apply on_exhausted to events whose handling failed for good.
+
+        Returns when the events may count as finished (skipped or dead-lettered); raises when the
+        stream must stop with the checkpoint still before them.
+        """
+        policy = self.spec.retry.on_exhausted
+        token = changes[0].get("_id") if changes else None
+        if policy == OnError.STOP:
+            self.events_failed += len(changes)
+            raise HandlerError(self.name, token=token, attempts=attempts, cause=error) from error
+        self.events_failed += len(changes)
+        if policy == OnError.SKIP:
+            self.log.warning(
+                "stream %s: skipping %d event(s) from %r after %d attempt(s): %s: %s",
+                self.name,
+                len(changes),
+                token,
+                attempts,
+                type(error).__name__,
+                error,
+            )
+            return
+        assert self._dead_letters is not None
+        try:
+            for change in changes:
+                await self._dead_letters.write(
+                    stream=self.name, event=change, token=change.get("_id"), error=error, attempts=attempts
+                )
+        except PyMongoError as dlq_error:
+            raise HandlerError(self.name, token=token, attempts=attempts, cause=error) from dlq_error
+        self.log.warning(
+            "stream %s: %d event(s) from %r dead-lettered after %d attempt(s): %s",
+            self.name,
+            len(changes),
+            token,
+            attempts,
+            error,
+        )
+
+    async def _poison(
+        self, committer: CheckpointCommitter, position: Mapping[str, Any] | None, error: InvalidBSON
+    ) -> None:
+        """An event the driver cannot decode: read it once more leniently and give up on it.
+
+        Retrying the decode cannot help, so the retry policy's on_exhausted applies at once: STOP
+        leaves the checkpoint before the event; SKIP and DEAD_LETTER move past it.
+        """
+        await self._wait_in_flight()
+        if self._batch is not None and not self._batch.empty():
+            await self._deliver_batch(committer)
+        start: dict[str, Any] = {"resume_after": position} if position is not None else {}
+        lenient = CodecOptions(tz_aware=True, unicode_decode_error_handler="backslashreplace")
+        stream = await self._open(start, codec_options=lenient)
+        try:
+            change = None
+            while change is None and not self._stopping.is_set():
+                change = await stream.try_next()
+        finally:
+            await _close_stream(stream)
+        if change is None:
+            return
+        self._sequence += 1
+        await self._give_up([change], error, attempts=1)
+        await committer.commit(self._sequence, change["_id"])
+        await committer.flush()
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _close_stream(stream: Any) -> None:
+    try:
+        await _maybe_await(stream.close())
+    except PyMongoError:
+        pass
+
+
+def _jitter() -> float:
+    return random.random()
+
+
+_now = time.monotonic
