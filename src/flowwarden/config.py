@@ -177,14 +177,21 @@ def _choices(enum: type[_Choice]) -> str:
     return ", ".join(repr(member.value) for member in enum)
 
 
-def _coerce_choice(enum: type[_Choice], value: Any) -> Any:
+def _coerce_choice(enum: type[_Choice], value: Any, option: str) -> _Choice:
     # Strict mode would refuse the string "single_leader" for Deployment; accept names and values.
-    if isinstance(value, str) and not isinstance(value, enum):
+    if isinstance(value, enum):
+        return value
+    if isinstance(value, str):
         try:
             return enum(value)
         except ValueError:
-            return value
-    return value
+            pass
+    raise OptionProblem(
+        f"{value!r} is not a {enum.__name__}",
+        option=option,
+        value=value,
+        allowed=_choices(enum) + f" (or {enum.__name__}.<NAME>)",
+    )
 
 
 def _check_database_name(value: str | None, option: str) -> str | None:
@@ -341,13 +348,13 @@ class ChangeStreamOptions(_Options):
 
     @field_validator("deployment", mode="before")
     @classmethod
-    def _deployment(cls, value: Any) -> Any:
-        return _coerce_choice(Deployment, value)
+    def _deployment(cls, value: Any, info: ValidationInfo) -> Any:
+        return _coerce_choice(Deployment, value, info.field_name or "")
 
     @field_validator("on_invalidate", mode="before")
     @classmethod
-    def _on_invalidate(cls, value: Any) -> Any:
-        return _coerce_choice(OnInvalidate, value)
+    def _on_invalidate(cls, value: Any, info: ValidationInfo) -> Any:
+        return _coerce_choice(OnInvalidate, value, info.field_name or "")
 
     @field_validator("operation_types", mode="before")
     @classmethod
@@ -503,13 +510,13 @@ class CheckpointOptions(_Options):
 
     @field_validator("start_position", mode="before")
     @classmethod
-    def _start_position(cls, value: Any) -> Any:
-        return _coerce_choice(StartPosition, value)
+    def _start_position(cls, value: Any, info: ValidationInfo) -> Any:
+        return _coerce_choice(StartPosition, value, info.field_name or "")
 
     @field_validator("on_history_lost", mode="before")
     @classmethod
-    def _on_history_lost(cls, value: Any) -> Any:
-        return _coerce_choice(OnHistoryLost, value)
+    def _on_history_lost(cls, value: Any, info: ValidationInfo) -> Any:
+        return _coerce_choice(OnHistoryLost, value, info.field_name or "")
 
     @field_validator("start_at")
     @classmethod
@@ -840,8 +847,8 @@ class RetryPolicy(_Options):
 
     @field_validator("on_exhausted", mode="before")
     @classmethod
-    def _on_exhausted(cls, value: Any) -> Any:
-        return _coerce_choice(OnError, value)
+    def _on_exhausted(cls, value: Any, info: ValidationInfo) -> Any:
+        return _coerce_choice(OnError, value, info.field_name or "")
 
     @model_validator(mode="after")
     def _consistent(self) -> RetryPolicy:
@@ -983,8 +990,8 @@ class DataFrameOptions(BatchOptions):
 
     @field_validator("mode", mode="before")
     @classmethod
-    def _mode(cls, value: Any) -> Any:
-        return _coerce_choice(SchemaMode, value)
+    def _mode(cls, value: Any, info: ValidationInfo) -> Any:
+        return _coerce_choice(SchemaMode, value, info.field_name or "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1019,7 +1026,8 @@ def _configuration_error(
             f"{decorator}: {cause.message}{more}",
             owner=owner,
             option=cause.option,
-            value=cause.value,
+            # The value as the user wrote it, not as a validator normalized it.
+            value=values.get(cause.option, cause.value),
             allowed=cause.allowed,
         )
     location = first.get("loc") or ()
