@@ -1026,8 +1026,7 @@ def _configuration_error(
             f"{decorator}: {cause.message}{more}",
             owner=owner,
             option=cause.option,
-            # The value as the user wrote it, not as a validator normalized it.
-            value=values.get(cause.option, cause.value),
+            value=cause.value,
             allowed=cause.allowed,
         )
     location = first.get("loc") or ()
