@@ -1,0 +1,228 @@
+"""The checkpoint value and its ``_fw_checkpoints`` document form.
+
+A :class:`Checkpoint` is an immutable snapshot of one stream's position. It holds two resume
+tokens: ``last_processed_token`` (the ``_id`` of the newest event whose handling completed with no
+gap before it) and ``last_seen_token`` (a post-batch token observed while nothing was in flight).
+Both are positions AFTER work that is done, so resuming from the newer of the two never skips an
+event. This module only converts values; it never talks to a store.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from bson import Timestamp
+
+from flowwarden.errors import CheckpointError
+from flowwarden.events import (
+    InvalidTokenError,
+    ResumeToken,
+    newer_token,
+    timestamp_datetime,
+    token_data,
+    token_datetime,
+)
+
+# Field names of the _fw_checkpoints document. The first six are shared with FlowWarden for Java,
+# so either implementation can read the other's checkpoints.
+F_ID = "_id"
+F_INSTANCE = "instanceId"
+F_SEEN_TOKEN = "lastSeenToken"
+F_SEEN_AT = "lastSeenTimestamp"
+F_PROCESSED_TOKEN = "lastProcessedToken"
+F_PROCESSED_AT = "lastProcessedTimestamp"
+F_EVENTS = "eventsProcessed"
+F_EPOCH = "epoch"
+F_UPDATED_AT = "updatedAt"
+F_METADATA = "metadata"
+
+DEFAULT_COLLECTION = "_fw_checkpoints"
+
+
+class SaveResult(enum.Enum):
+    """What a checkpoint write did."""
+
+    STORED = "stored"
+    """The position moved forward and was written."""
+
+    IGNORED = "ignored"
+    """The stored position is the same or newer: nothing was written."""
+
+
+def utc_now() -> datetime:
+    """Now, as an aware UTC datetime truncated to milliseconds (BSON datetime precision).
+
+    Truncating here keeps a checkpoint equal to itself after a round trip through any store.
+    """
+    now = datetime.now(timezone.utc)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def copy_token(token: ResumeToken | None) -> dict[str, Any] | None:
+    """A plain-dict copy of a resume token, checked to carry a string ``_data``.
+
+    The token is kept exactly as the server sent it (the server parses it back on resume); only
+    comparisons normalise ``_data`` with :func:`flowwarden.events.token_data`.
+    """
+    if token is None:
+        return None
+    token_data(token)
+    return dict(token)
+
+
+def token_time(token: ResumeToken | None) -> datetime | None:
+    """The UTC datetime stored next to a token: its cluster time, None when it has none."""
+    try:
+        return token_datetime(token)
+    except InvalidTokenError:
+        # A token whose _data does not start with a cluster time (not one the server made) still
+        # orders by _data; it just has no timestamp to show.
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """One stream's stored position, built with keywords; every field but ``stream_id`` defaults.
+
+    ``last_processed_token`` is the position AFTER the last handled event: resuming after it
+    delivers the next event, never that one again. ``last_seen_token`` is a post-batch token taken
+    while nothing was in flight; it lets idle and heavily filtered streams resume near the oplog's
+    end. ``last_processed_at`` / ``last_seen_at`` default to the UTC time of the token's cluster
+    time. Tokens and metadata are copied on construction, so a checkpoint never shares mutable
+    state with its caller.
+    """
+
+    stream_id: str
+    instance_id: str | None = None
+    last_processed_token: ResumeToken | None = None
+    last_processed_at: datetime | None = None
+    last_seen_token: ResumeToken | None = None
+    last_seen_at: datetime | None = None
+    events_processed: int = 0
+    epoch: int = 0
+    updated_at: datetime | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stream_id, str) or not self.stream_id:
+            raise ValueError(f"Checkpoint.stream_id must be a non-empty string, got {self.stream_id!r}")
+        processed = copy_token(self.last_processed_token)
+        seen = copy_token(self.last_seen_token)
+        # Frozen dataclass: the normalised copies are installed the one way frozen allows.
+        object.__setattr__(self, "last_processed_token", processed)
+        object.__setattr__(self, "last_seen_token", seen)
+        if self.last_processed_at is None:
+            object.__setattr__(self, "last_processed_at", token_time(processed))
+        if self.last_seen_at is None:
+            object.__setattr__(self, "last_seen_at", token_time(seen))
+        object.__setattr__(self, "metadata", dict(self.metadata))
+
+    @property
+    def resume_token(self) -> dict[str, Any] | None:
+        """The token to resume after: the newer of the processed and the seen token."""
+        token = newer_token(self.last_processed_token, self.last_seen_token)
+        return None if token is None else dict(token)
+
+    def to_document(self) -> dict[str, Any]:
+        """The ``_fw_checkpoints`` document for this checkpoint."""
+        return {
+            F_ID: self.stream_id,
+            F_INSTANCE: self.instance_id,
+            F_SEEN_TOKEN: copy_token(self.last_seen_token),
+            F_SEEN_AT: self.last_seen_at,
+            F_PROCESSED_TOKEN: copy_token(self.last_processed_token),
+            F_PROCESSED_AT: self.last_processed_at,
+            F_EVENTS: self.events_processed,
+            F_EPOCH: self.epoch,
+            F_UPDATED_AT: self.updated_at,
+            F_METADATA: dict(self.metadata),
+        }
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any]) -> Checkpoint:
+        """Read a ``_fw_checkpoints`` document; FlowWarden-for-Java documents load too.
+
+        Missing fields take their defaults (a Java document has no epoch, count or metadata).
+        A document that cannot be a checkpoint raises :class:`CheckpointError` rather than
+        yielding a made-up position.
+        """
+        stream_id = document.get(F_ID)
+        try:
+            if not isinstance(stream_id, str):
+                raise ValueError(f"_id must be the stream name (a string), got {stream_id!r}")
+            metadata = document.get(F_METADATA) or {}
+            if not isinstance(metadata, Mapping):
+                raise ValueError(f"metadata must be a document, got {type(metadata).__name__}")
+            instance = document.get(F_INSTANCE)
+            return cls(
+                stream_id=stream_id,
+                instance_id=None if instance is None else str(instance),
+                last_processed_token=_read_token(document.get(F_PROCESSED_TOKEN), F_PROCESSED_TOKEN),
+                last_processed_at=_read_time(document.get(F_PROCESSED_AT), F_PROCESSED_AT),
+                last_seen_token=_read_token(document.get(F_SEEN_TOKEN), F_SEEN_TOKEN),
+                last_seen_at=_read_time(document.get(F_SEEN_AT), F_SEEN_AT),
+                events_processed=_read_int(document.get(F_EVENTS), F_EVENTS),
+                epoch=_read_int(document.get(F_EPOCH), F_EPOCH),
+                updated_at=_read_time(document.get(F_UPDATED_AT), F_UPDATED_AT),
+                metadata=dict(metadata),
+            )
+        except (ValueError, TypeError) as exc:
+            sid = stream_id if isinstance(stream_id, str) else None
+            raise CheckpointError(
+                f"checkpoint document {stream_id!r} is not readable: {exc}. Fix or delete it "
+                "(`flowwarden checkpoints delete`); flowwarden will not guess a position.",
+                stream_id=sid,
+            ) from exc
+
+
+def _read_token(value: Any, name: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a resume token document, got {type(value).__name__}")
+    return copy_token(value)
+
+
+def _read_int(value: Any, name: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        # Int64 subclasses int; a float or string here means someone else wrote the field.
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _read_time(value: Any, name: str) -> datetime | None:
+    """A stored timestamp as an aware UTC datetime.
+
+    BSON dates come back naive unless the client was built with ``tz_aware=True``; they are UTC
+    either way. Java documents may hold a BSON Timestamp or epoch milliseconds.
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+    if isinstance(value, Timestamp):
+        return timestamp_datetime(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+    if isinstance(value, str):
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return _read_time(parsed, name)
+    raise ValueError(f"{name} must be a date, got {type(value).__name__}")
+
+
+__all__ = [
+    "DEFAULT_COLLECTION",
+    "Checkpoint",
+    "SaveResult",
+    "copy_token",
+    "token_time",
+    "utc_now",
+]

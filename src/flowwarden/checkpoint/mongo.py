@@ -1,0 +1,341 @@
+"""Checkpoint stores in a MongoDB collection (``_fw_checkpoints`` by default), sync and asyncio.
+
+Every save is ONE conditional single-document update with upsert: the filter admits the write
+only when the stored epoch is not higher and the stored token is older, so no read-modify-write
+race exists. When the filter does not match an existing document, the upsert's insert collides on
+``_id`` (duplicate key, code 11000); the store then reads the document once to tell the caller
+why: a higher epoch (FencedError) or a same-or-newer position (IGNORED). Two racing first
+inserts resolve the same way, so a stream never has two documents.
+
+Tokens are compared on ``_data``: upper-case hex of KeyString bytes, whose string order is the
+oplog order. Writes use majority write concern by default, so a saved checkpoint survives a
+failover; reads go to the primary so a restart never resumes from a stale copy.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+from typing import Any
+
+from pymongo import ReadPreference, WriteConcern
+from pymongo.collection import Collection
+from pymongo.database import Database
+from pymongo.errors import DuplicateKeyError, PyMongoError
+
+from flowwarden.checkpoint.model import (
+    DEFAULT_COLLECTION,
+    F_EPOCH,
+    F_EVENTS,
+    F_ID,
+    F_INSTANCE,
+    F_METADATA,
+    F_PROCESSED_AT,
+    F_PROCESSED_TOKEN,
+    F_SEEN_AT,
+    F_SEEN_TOKEN,
+    F_UPDATED_AT,
+    Checkpoint,
+    SaveResult,
+    copy_token,
+    token_time,
+    utc_now,
+)
+from flowwarden.checkpoint.transitions import check_epoch, is_newer, require_processed_token
+from flowwarden.errors import CheckpointError
+from flowwarden.events import ResumeToken, token_data
+
+MAJORITY = WriteConcern(w="majority")
+
+# A duplicate key followed by a read that finds the write would now match means another writer
+# (a rewind or delete) changed the document between the two calls; the write is tried again,
+# a few times at most, since each retry needs yet another concurrent change to fail again.
+_CONFLICT_ATTEMPTS = 5
+
+
+# -- the conditional writes, shared by the sync and the async store --------------------------------
+
+
+def _epoch_allows(epoch: int) -> dict[str, Any]:
+    # A missing epoch (a FlowWarden-for-Java document) counts as epoch 0.
+    return {"$or": [{F_EPOCH: {"$lte": epoch}}, {F_EPOCH: None}]}
+
+
+def _token_older_than(field: str, data: str) -> dict[str, Any]:
+    # {field: None} matches a null or missing token, i.e. "no position yet".
+    return {"$or": [{f"{field}._data": {"$lt": data}}, {field: None}]}
+
+
+def _save_write(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    data = require_processed_token(checkpoint)
+    query = {
+        F_ID: checkpoint.stream_id,
+        "$and": [_epoch_allows(checkpoint.epoch), _token_older_than(F_PROCESSED_TOKEN, data)],
+    }
+    update = {
+        "$set": {
+            F_INSTANCE: checkpoint.instance_id,
+            F_PROCESSED_TOKEN: copy_token(checkpoint.last_processed_token),
+            F_PROCESSED_AT: checkpoint.last_processed_at,
+            F_EVENTS: checkpoint.events_processed,
+            F_EPOCH: checkpoint.epoch,
+            F_UPDATED_AT: utc_now(),
+            F_METADATA: dict(checkpoint.metadata),
+        },
+        "$setOnInsert": {F_SEEN_TOKEN: None, F_SEEN_AT: None},
+    }
+    return query, update
+
+
+def _seen_write(stream_id: str, token: ResumeToken, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    seen = copy_token(token)
+    query = {
+        F_ID: stream_id,
+        "$and": [_epoch_allows(epoch), _token_older_than(F_SEEN_TOKEN, token_data(token))],
+    }
+    update = {
+        "$set": {
+            F_SEEN_TOKEN: seen,
+            F_SEEN_AT: token_time(seen),
+            F_EPOCH: epoch,
+            F_UPDATED_AT: utc_now(),
+        },
+        "$setOnInsert": {
+            F_INSTANCE: None,
+            F_PROCESSED_TOKEN: None,
+            F_PROCESSED_AT: None,
+            F_EVENTS: 0,
+            F_METADATA: {},
+        },
+    }
+    return query, update
+
+
+def _rewind_write(stream_id: str, token: ResumeToken | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    processed = copy_token(token)
+    update = {
+        "$set": {
+            F_PROCESSED_TOKEN: processed,
+            F_PROCESSED_AT: token_time(processed),
+            F_SEEN_TOKEN: None,
+            F_SEEN_AT: None,
+            F_UPDATED_AT: utc_now(),
+        },
+        "$setOnInsert": {F_INSTANCE: None, F_EVENTS: 0, F_EPOCH: 0, F_METADATA: {}},
+    }
+    return {F_ID: stream_id}, update
+
+
+def _conflict_result(
+    current: Checkpoint | None, stream_id: str, token: ResumeToken, epoch: int, seen: bool
+) -> SaveResult | None:
+    """Why a conditional upsert collided: IGNORED, FencedError, or None to try the write again."""
+    if current is None:
+        return None  # deleted since the collision; the next insert will succeed
+    check_epoch(current, stream_id, epoch)
+    stored = current.last_seen_token if seen else current.last_processed_token
+    if not is_newer(token, stored):
+        return SaveResult.IGNORED
+    return None
+
+
+def _read(document: Mapping[str, Any] | None) -> Checkpoint | None:
+    return None if document is None else Checkpoint.from_document(document)
+
+
+def _failure(action: str, stream_id: str | None, exc: PyMongoError) -> CheckpointError:
+    where = f"stream {stream_id!r}: " if stream_id else ""
+    return CheckpointError(
+        f"{where}checkpoint {action} failed: {type(exc).__name__}: {exc}. Check that MongoDB is "
+        "reachable and the user may read and write the checkpoint collection.",
+        stream_id=stream_id,
+    )
+
+
+def _gave_up(stream_id: str) -> CheckpointError:
+    return CheckpointError(
+        f"stream {stream_id!r}: the checkpoint document kept changing under a conditional write "
+        f"({_CONFLICT_ATTEMPTS} attempts); another process is rewinding or deleting it. Stop the "
+        "other writer and try again.",
+        stream_id=stream_id,
+    )
+
+
+def _collection_options(write_concern: WriteConcern | None) -> dict[str, Any]:
+    options: dict[str, Any] = {"read_preference": ReadPreference.PRIMARY}
+    if write_concern is not None:
+        options["write_concern"] = write_concern
+    return options
+
+
+# -- sync -------------------------------------------------------------------------------------------
+
+
+class MongoCheckpointStore:
+    """A :class:`~flowwarden.checkpoint.CheckpointStore` in ``database[collection]`` (PyMongo, blocking).
+
+    ``write_concern`` defaults to majority; pass ``None`` to use the database's own.
+    """
+
+    def __init__(
+        self,
+        database: Database[Any],
+        collection: str = DEFAULT_COLLECTION,
+        *,
+        write_concern: WriteConcern | None = MAJORITY,
+    ) -> None:
+        self.collection: Collection[Any] = database.get_collection(
+            collection, **_collection_options(write_concern)
+        )
+
+    def load(self, stream_id: str) -> Checkpoint | None:
+        try:
+            document = self.collection.find_one({F_ID: stream_id})
+        except PyMongoError as exc:
+            raise _failure("load", stream_id, exc) from exc
+        return _read(document)
+
+    def save(self, checkpoint: Checkpoint) -> SaveResult:
+        query, update = _save_write(checkpoint)
+        assert checkpoint.last_processed_token is not None
+        return self._conditional(
+            checkpoint.stream_id, query, update, checkpoint.last_processed_token, checkpoint.epoch, seen=False
+        )
+
+    def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        query, update = _seen_write(stream_id, token, epoch)
+        return self._conditional(stream_id, query, update, token, epoch, seen=True)
+
+    def delete(self, stream_id: str) -> bool:
+        try:
+            return self.collection.delete_one({F_ID: stream_id}).deleted_count == 1
+        except PyMongoError as exc:
+            raise _failure("delete", stream_id, exc) from exc
+
+    def list(self) -> builtins.list[Checkpoint]:
+        try:
+            documents = builtins.list(self.collection.find({}, sort=[(F_ID, 1)]))
+        except PyMongoError as exc:
+            raise _failure("list", None, exc) from exc
+        return [Checkpoint.from_document(document) for document in documents]
+
+    def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
+        query, update = _rewind_write(stream_id, token)
+        try:
+            self.collection.update_one(query, update, upsert=token is not None)
+        except PyMongoError as exc:
+            raise _failure("rewind", stream_id, exc) from exc
+
+    def _conditional(
+        self,
+        stream_id: str,
+        query: dict[str, Any],
+        update: dict[str, Any],
+        token: ResumeToken,
+        epoch: int,
+        *,
+        seen: bool,
+    ) -> SaveResult:
+        for _ in range(_CONFLICT_ATTEMPTS):
+            try:
+                self.collection.update_one(query, update, upsert=True)
+                return SaveResult.STORED
+            except DuplicateKeyError:
+                result = _conflict_result(self.load(stream_id), stream_id, token, epoch, seen)
+                if result is not None:
+                    return result
+            except PyMongoError as exc:
+                raise _failure("save", stream_id, exc) from exc
+        raise _gave_up(stream_id)
+
+    def __repr__(self) -> str:
+        return f"MongoCheckpointStore({self.collection.full_name!r})"
+
+
+# -- asyncio ----------------------------------------------------------------------------------------
+
+
+class AsyncMongoCheckpointStore:
+    """An :class:`~flowwarden.checkpoint.AsyncCheckpointStore` in ``database[collection]``.
+
+    ``database`` is a PyMongo ``AsyncDatabase`` or a motor ``AsyncIOMotorDatabase``: both have the
+    same method names and return awaitables. ``write_concern`` defaults to majority.
+    """
+
+    def __init__(
+        self,
+        database: Any,
+        collection: str = DEFAULT_COLLECTION,
+        *,
+        write_concern: WriteConcern | None = MAJORITY,
+    ) -> None:
+        self.collection: Any = database.get_collection(collection, **_collection_options(write_concern))
+
+    async def load(self, stream_id: str) -> Checkpoint | None:
+        try:
+            document = await self.collection.find_one({F_ID: stream_id})
+        except PyMongoError as exc:
+            raise _failure("load", stream_id, exc) from exc
+        return _read(document)
+
+    async def save(self, checkpoint: Checkpoint) -> SaveResult:
+        query, update = _save_write(checkpoint)
+        assert checkpoint.last_processed_token is not None
+        return await self._conditional(
+            checkpoint.stream_id, query, update, checkpoint.last_processed_token, checkpoint.epoch, seen=False
+        )
+
+    async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        query, update = _seen_write(stream_id, token, epoch)
+        return await self._conditional(stream_id, query, update, token, epoch, seen=True)
+
+    async def delete(self, stream_id: str) -> bool:
+        try:
+            result = await self.collection.delete_one({F_ID: stream_id})
+        except PyMongoError as exc:
+            raise _failure("delete", stream_id, exc) from exc
+        return bool(result.deleted_count == 1)
+
+    async def list(self) -> builtins.list[Checkpoint]:
+        documents: builtins.list[Mapping[str, Any]] = []
+        try:
+            async for document in self.collection.find({}, sort=[(F_ID, 1)]):
+                documents.append(document)
+        except PyMongoError as exc:
+            raise _failure("list", None, exc) from exc
+        return [Checkpoint.from_document(document) for document in documents]
+
+    async def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
+        query, update = _rewind_write(stream_id, token)
+        try:
+            await self.collection.update_one(query, update, upsert=token is not None)
+        except PyMongoError as exc:
+            raise _failure("rewind", stream_id, exc) from exc
+
+    async def _conditional(
+        self,
+        stream_id: str,
+        query: dict[str, Any],
+        update: dict[str, Any],
+        token: ResumeToken,
+        epoch: int,
+        *,
+        seen: bool,
+    ) -> SaveResult:
+        for _ in range(_CONFLICT_ATTEMPTS):
+            try:
+                await self.collection.update_one(query, update, upsert=True)
+                return SaveResult.STORED
+            except DuplicateKeyError:
+                result = _conflict_result(await self.load(stream_id), stream_id, token, epoch, seen)
+                if result is not None:
+                    return result
+            except PyMongoError as exc:
+                raise _failure("save", stream_id, exc) from exc
+        raise _gave_up(stream_id)
+
+    def __repr__(self) -> str:
+        return f"AsyncMongoCheckpointStore({self.collection.full_name!r})"
+
+
+__all__ = ["AsyncMongoCheckpointStore", "MongoCheckpointStore"]

@@ -1,0 +1,96 @@
+"""The checkpoint store SPI: one sync and one async protocol with the same six methods.
+
+Every implementation keeps these rules (the contract suite in
+:mod:`flowwarden.checkpoint.contract` pins each one):
+
+* never regresses: a processed position older than or equal to the stored one writes nothing and
+  returns :attr:`SaveResult.IGNORED`; only :meth:`rewind` moves a checkpoint backwards;
+* fencing: a ``save`` or ``save_seen`` whose epoch is lower than the stored epoch raises
+  :class:`~flowwarden.errors.FencedError` and writes nothing;
+* ``save_seen`` moves only the lastSeen pair, ``save`` only the lastProcessed pair and the
+  bookkeeping (instance, count, epoch, metadata, updatedAt);
+* atomic: each write is one conditional write, so racing writers (threads, tasks, processes)
+  never leave two records or a regressed position behind;
+* reads never invent a position: a load that fails raises
+  :class:`~flowwarden.errors.CheckpointError`; ``None`` means "no checkpoint stored".
+
+Transient failures should surface as :class:`~flowwarden.errors.CheckpointError` (or
+``OSError``): the committer retries those at its next trigger and treats anything else as a bug.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Protocol, runtime_checkable
+
+from flowwarden.checkpoint.model import Checkpoint, SaveResult
+from flowwarden.events import ResumeToken
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """A blocking checkpoint store (the committer calls it from a worker thread).
+
+    A store whose calls never block (such as :class:`InMemoryCheckpointStore`) may set the class
+    attribute ``nonblocking = True``; the committer then calls it inline on the event loop.
+    """
+
+    def load(self, stream_id: str) -> Checkpoint | None:
+        """The stored checkpoint, or None when the stream has none. Raises CheckpointError on failure."""
+        ...
+
+    def save(self, checkpoint: Checkpoint) -> SaveResult:
+        """Write ``checkpoint`` if its processed token is newer than the stored one.
+
+        Writes the lastProcessed pair, instance id, events count, epoch, metadata and updatedAt in
+        one conditional write; the lastSeen pair on the checkpoint is not written (``save_seen``
+        owns it). ``checkpoint.last_processed_token`` must be set (ValueError otherwise).
+        Returns IGNORED when the stored token is the same or newer; raises FencedError when the
+        stored epoch is higher than ``checkpoint.epoch``.
+        """
+        ...
+
+    def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        """Move the lastSeen pair forward to ``token``, creating the record if missing.
+
+        Never touches lastProcessed. IGNORED when the stored seen token is the same or newer;
+        FencedError when the stored epoch is higher than ``epoch``.
+        """
+        ...
+
+    def delete(self, stream_id: str) -> bool:
+        """Remove the stream's checkpoint; True when there was one."""
+        ...
+
+    def list(self) -> builtins.list[Checkpoint]:
+        """Every stored checkpoint, ordered by stream id."""
+        ...
+
+    def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
+        """Set the processed position to ``token`` and clear the seen pair: the only move backwards.
+
+        ``None`` clears both tokens, so the stream's ``start_position`` applies at its next start.
+        The epoch, count and metadata are kept. A missing record is created when ``token`` is given.
+        Stop the stream first: a running owner keeps saving its own, newer positions.
+        """
+        ...
+
+
+@runtime_checkable
+class AsyncCheckpointStore(Protocol):
+    """The asyncio form of :class:`CheckpointStore`: same methods and rules, awaited."""
+
+    async def load(self, stream_id: str) -> Checkpoint | None: ...
+
+    async def save(self, checkpoint: Checkpoint) -> SaveResult: ...
+
+    async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult: ...
+
+    async def delete(self, stream_id: str) -> bool: ...
+
+    async def list(self) -> builtins.list[Checkpoint]: ...
+
+    async def rewind(self, stream_id: str, token: ResumeToken | None) -> None: ...
+
+
+__all__ = ["AsyncCheckpointStore", "CheckpointStore"]

@@ -1,0 +1,111 @@
+"""The store rules as pure functions over checkpoint values.
+
+Stores that hold their records in this process (memory, file) run these under their own lock;
+the MongoDB stores express the same rules as one conditional update. Keeping the rules in one
+place is what makes those stores agree with the contract suite. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from flowwarden.checkpoint.model import Checkpoint, SaveResult
+from flowwarden.errors import FencedError
+from flowwarden.events import ResumeToken, token_data
+
+
+def require_processed_token(checkpoint: Checkpoint) -> str:
+    """The normalised ``_data`` of the checkpoint's processed token; ValueError when it has none."""
+    if checkpoint.last_processed_token is None:
+        raise ValueError(
+            f"stream {checkpoint.stream_id!r}: save() needs last_processed_token; "
+            "use save_seen() for a seen token or rewind() to clear a position"
+        )
+    return token_data(checkpoint.last_processed_token)
+
+
+def check_epoch(current: Checkpoint | None, stream_id: str, epoch: int) -> None:
+    """Raise FencedError when the stored epoch is higher than ``epoch``."""
+    if current is not None and current.epoch > epoch:
+        raise FencedError(stream_id, epoch=epoch, stored_epoch=current.epoch)
+
+
+def is_newer(token: ResumeToken, stored: ResumeToken | None) -> bool:
+    return stored is None or token_data(token) > token_data(stored)
+
+
+def apply_save(
+    current: Checkpoint | None, checkpoint: Checkpoint, now: datetime
+) -> tuple[SaveResult, Checkpoint]:
+    """The record after ``save(checkpoint)``, and whether it changed.
+
+    Fencing is checked before the position, so a stale owner learns it is fenced even when its
+    position happens to be old too.
+    """
+    require_processed_token(checkpoint)
+    assert checkpoint.last_processed_token is not None
+    check_epoch(current, checkpoint.stream_id, checkpoint.epoch)
+    stored_token = None if current is None else current.last_processed_token
+    if not is_newer(checkpoint.last_processed_token, stored_token):
+        assert current is not None
+        return SaveResult.IGNORED, current
+    return SaveResult.STORED, Checkpoint(
+        stream_id=checkpoint.stream_id,
+        instance_id=checkpoint.instance_id,
+        last_processed_token=checkpoint.last_processed_token,
+        last_processed_at=checkpoint.last_processed_at,
+        last_seen_token=None if current is None else current.last_seen_token,
+        last_seen_at=None if current is None else current.last_seen_at,
+        events_processed=checkpoint.events_processed,
+        epoch=checkpoint.epoch,
+        updated_at=now,
+        metadata=checkpoint.metadata,
+    )
+
+
+def apply_save_seen(
+    current: Checkpoint | None, stream_id: str, token: ResumeToken, epoch: int, now: datetime
+) -> tuple[SaveResult, Checkpoint]:
+    """The record after ``save_seen(stream_id, token, epoch)``, and whether it changed."""
+    token_data(token)
+    check_epoch(current, stream_id, epoch)
+    if current is None:
+        return SaveResult.STORED, Checkpoint(
+            stream_id=stream_id, last_seen_token=dict(token), epoch=epoch, updated_at=now
+        )
+    if not is_newer(token, current.last_seen_token):
+        return SaveResult.IGNORED, current
+    return SaveResult.STORED, replace(
+        current, last_seen_token=dict(token), last_seen_at=None, epoch=epoch, updated_at=now
+    )
+
+
+def apply_rewind(
+    current: Checkpoint | None, stream_id: str, token: ResumeToken | None, now: datetime
+) -> Checkpoint | None:
+    """The record after ``rewind(stream_id, token)``; None when there is still no record."""
+    if token is not None:
+        token_data(token)
+    if current is None:
+        if token is None:
+            return None
+        return Checkpoint(stream_id=stream_id, last_processed_token=dict(token), updated_at=now)
+    return replace(
+        current,
+        last_processed_token=None if token is None else dict(token),
+        last_processed_at=None,
+        last_seen_token=None,
+        last_seen_at=None,
+        updated_at=now,
+    )
+
+
+__all__ = [
+    "apply_rewind",
+    "apply_save",
+    "apply_save_seen",
+    "check_epoch",
+    "is_newer",
+    "require_processed_token",
+]
