@@ -58,7 +58,9 @@ def _wait_for(connector: Connector, stream: str, processed: int, timeout: float 
         if status.last_error and status.state.value == "FAILED":
             raise RuntimeError(f"demo stream failed: {status.last_error}")
         time.sleep(0.1)
-    raise TimeoutError(f"the connector processed {connector.status()[stream].events_processed} of {processed}")
+    raise TimeoutError(
+        f"the connector processed {connector.status()[stream].events_processed} of {processed}"
+    )
 
 
 def _spark_handler(output: Path) -> type:
@@ -106,7 +108,9 @@ def run_demo(*, events: int = 2000, output: str = "out/demo", use_spark: bool = 
     else:
         handler = _plain_handler(seen)
     stream = ""
-    with EmbeddedReplicaSet() as rs, pymongo.MongoClient(rs.uri) as client:
+    rs = EmbeddedReplicaSet()
+    client: pymongo.MongoClient[Any]
+    with rs, pymongo.MongoClient(rs.uri) as client:
         print(f"EmbeddedReplicaSet (test double) at {rs.uri}", file=sys.stderr)
         total = 0
         for run in (1, 2):

@@ -74,9 +74,7 @@ class Connector:
             self._given_client = uri_or_client
         self.specs: list[StreamSpec] = [stream_spec(h) for h in handlers]
         if not self.specs:
-            raise ConfigurationError(
-                "needs at least one handler class", owner="Connector", option="handlers"
-            )
+            raise ConfigurationError("needs at least one handler class", owner="Connector", option="handlers")
         names = [s.name for s in self.specs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -199,7 +197,9 @@ class Connector:
         """Per-stream state; callable from any thread."""
         if not self._runners:
             return {
-                spec.name: StreamStatus(spec.name, StreamState.STARTING, None, None, None, 0, 0, 0, None, None)
+                spec.name: StreamStatus(
+                    spec.name, StreamState.STARTING, None, None, None, 0, 0, 0, None, None
+                )
                 for spec in self.specs
             }
         return {runner.name: runner.status() for runner in self._runners}

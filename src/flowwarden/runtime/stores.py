@@ -34,6 +34,9 @@ class AsyncStore:
         result: Checkpoint | None = await self._call("load", stream_id)
         return result
 
+    async def save(self, checkpoint: Checkpoint) -> Any:
+        return await self._call("save", checkpoint)
+
     async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> Any:
         return await self._call("save_seen", stream_id, token, epoch)
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
-import time
 from collections.abc import Callable, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any
@@ -128,9 +126,7 @@ class StreamRunner:
         self._handler = spec.handler_class()
         self._ctx = StreamContext(stream=self.name, logger=self.log)
         self._lease = (
-            LeaseManager(
-                locks_collection, self.name, instance_id, spec.stream.lease_ttl_seconds
-            )
+            LeaseManager(locks_collection, self.name, instance_id, spec.stream.lease_ttl_seconds)
             if spec.stream.deployment == Deployment.SINGLE_LEADER
             else None
         )
@@ -305,7 +301,9 @@ class StreamRunner:
             try:
                 if await self._lease.try_acquire() is not None:
                     self.log.info(
-                        "stream %s: lease acquired (epoch %d)", self.name, self._lease.lease.epoch  # type: ignore[union-attr]
+                        "stream %s: lease acquired (epoch %d)",
+                        self.name,
+                        self._lease.lease.epoch,  # type: ignore[union-attr]
                     )
                     return True
             except PyMongoError as error:
@@ -337,8 +335,10 @@ class StreamRunner:
     async def _run_once(self) -> None:
         self._lost_lease = False
         checkpoint = await self._store.load(self.name)
-        epoch = self._lease.lease.epoch if self._lease and self._lease.lease else (
-            checkpoint.epoch if checkpoint else 0
+        epoch = (
+            self._lease.lease.epoch
+            if self._lease and self._lease.lease
+            else (checkpoint.epoch if checkpoint else 0)
         )
         committer = CheckpointCommitter(
             self._store.raw,
@@ -350,6 +350,7 @@ class StreamRunner:
             initial=checkpoint,
         )
         self._committer = committer
+        self._loaded_metadata = dict(checkpoint.metadata) if checkpoint else {}
         if self._history_audit is not None:
             committer.set_metadata("historyLost", self._history_audit)
         self.events_processed = checkpoint.events_processed if checkpoint else 0
@@ -452,7 +453,9 @@ class StreamRunner:
         else:
             target = self._client[opts.database][opts.collection]
         if codec_options is not None:
-            target = target.with_options(codec_options=codec_options) if target is not self._client else target
+            target = (
+                target.with_options(codec_options=codec_options) if target is not self._client else target
+            )
         return target
 
     async def _open(self, start: Mapping[str, Any], codec_options: CodecOptions[Any] | None = None) -> Any:
@@ -532,6 +535,29 @@ class StreamRunner:
             strategy,
         )
 
+    async def _persist_history_audit(self, committer: CheckpointCommitter, token: Mapping[str, Any]) -> None:
+        """Write the history-lost audit entry at the new opening position.
+
+        Metadata travels only with a stored processed position, and an idle stream may not store
+        one for a long time; so the opening post-batch token (nothing before it is unfinished: the
+        gap was given up on purpose) is saved as the processed position together with the audit.
+        """
+        if self._history_audit is None:
+            return
+        saved = await self._store.save(
+            Checkpoint(
+                stream_id=self.name,
+                instance_id=self._instance_id,
+                last_processed_token=dict(token),
+                last_processed_at=token_datetime(token),
+                events_processed=self.events_processed,
+                epoch=committer.epoch,
+                metadata={**self._loaded_metadata, "historyLost": self._history_audit},
+            )
+        )
+        self.log.info("stream %s: history-lost audit entry saved (%s)", self.name, saved)
+        self._history_audit = None
+
     # ------------------------------------------------------------------------------------------
     # reading and dispatching
 
@@ -571,7 +597,10 @@ class StreamRunner:
                     committer.observe_seen(token)
                     self._last_seen_time = token_datetime(token)
                     if save_initial:
-                        await committer.flush_seen()
+                        # A first run's (or a re-positioned run's) opening position is made durable
+                        # now, not at the next heartbeat: a crash before any event must not lose it.
+                        await committer.flush()
+                        await self._persist_history_audit(committer, token)
                         save_initial = False
                 continue
             token = change.get("_id")
@@ -630,7 +659,9 @@ class StreamRunner:
         if self._ctx._take_save_request():
             await committer.flush()
 
-    async def _spawn(self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter) -> None:
+    async def _spawn(
+        self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter
+    ) -> None:
         """Start handling an event concurrently, keeping per-documentKey order."""
         assert self._slots is not None
         await self._slots.acquire()
@@ -667,13 +698,8 @@ class StreamRunner:
         assert self._slots is not None
         self._slots.release()
         if not task.cancelled() and task.exception() is not None and self._task_error is None:
+            # The read loop raises it at its next turn.
             self._task_error = task.exception()
-            self._stopping_for_error()
-
-    def _stopping_for_error(self) -> None:
-        # A failed handler task ends the read loop at its next turn; nothing to do here but let
-        # the loop see _task_error (kept as a method so the intent is named).
-        return
 
     # batch dispatch ----------------------------------------------------------------------------
 
@@ -748,7 +774,9 @@ class StreamRunner:
         if self._batch is not None and not self._batch.empty():
             await self._deliver_batch(committer)
         start: dict[str, Any] = {"resume_after": position} if position is not None else {}
-        lenient = CodecOptions(tz_aware=True, unicode_decode_error_handler="backslashreplace")
+        lenient: CodecOptions[Any] = CodecOptions(
+            tz_aware=True, unicode_decode_error_handler="backslashreplace"
+        )
         stream = await self._open(start, codec_options=lenient)
         try:
             change = None
@@ -773,10 +801,3 @@ async def _close_stream(stream: Any) -> None:
         await _maybe_await(stream.close())
     except PyMongoError:
         pass
-
-
-def _jitter() -> float:
-    return random.random()
-
-
-_now = time.monotonic

@@ -1,0 +1,255 @@
+"""Failures: lost history, dropped connections, server errors, failing handlers, invalidation."""
+
+from __future__ import annotations
+
+import time
+
+import pymongo
+import pytest
+
+from flowwarden import (
+    ChangeEvent,
+    HandlerError,
+    HistoryLostError,
+    OnError,
+    OnHistoryLost,
+    StreamState,
+    change_stream,
+    checkpoint,
+    dead_letter_queue,
+    on_change,
+    retry_policy,
+)
+from flowwarden.testing import EmbeddedReplicaSet
+
+from .conftest import checkpoint_doc, running, wait_until
+from .handlers import recording_handler
+
+# ------------------------------------------------------------------------------------------------
+# history lost
+
+
+def _lose_history(strategy: OnHistoryLost):
+    """Run once, stop, write past the oplog's window, restart with ``strategy``."""
+    rs = EmbeddedReplicaSet(oplog_max_events=20)
+    rs.start()
+    client = pymongo.MongoClient(rs.uri)
+    orders = client.shop.orders
+    first, _ = recording_handler("shop", on_history_lost=strategy)
+    with running(rs.uri, [first]):
+        wait_until(lambda: checkpoint_doc(client, "shop", "orders"), what="initial checkpoint")
+        orders.insert_many([{"_id": i} for i in range(3)])
+        wait_until(lambda: (checkpoint_doc(client, "shop", "orders") or {}).get("eventsProcessed") == 3)
+    stored = checkpoint_doc(client, "shop", "orders")
+    orders.insert_many([{"_id": i} for i in range(3, 40)])  # 37 entries: the window keeps 20
+    return rs, client, stored
+
+
+@pytest.mark.embedded_only
+def test_history_lost_fail_names_the_window_and_leaves_the_checkpoint():
+    rs, client, stored = _lose_history(OnHistoryLost.FAIL)
+    try:
+        handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.FAIL)
+        with running(rs.uri, [handler]) as connector:
+            wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
+            error = connector.stream_errors()["orders"]
+        assert isinstance(error, HistoryLostError)
+        message = str(error)
+        assert "orders" in message and "RESUME_FROM_OPLOG_START" in message and "RESUME_FROM_NOW" in message
+        assert error.oplog_start is not None and error.checkpoint_time is not None
+        assert seen == []
+        after = checkpoint_doc(client, "shop", "orders")
+        assert after["lastProcessedToken"] == stored["lastProcessedToken"]
+    finally:
+        client.close()
+        rs.stop()
+
+
+@pytest.mark.embedded_only
+def test_history_lost_resume_from_oplog_start_replays_what_is_left():
+    rs, client, _ = _lose_history(OnHistoryLost.RESUME_FROM_OPLOG_START)
+    try:
+        handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_OPLOG_START)
+        with running(rs.uri, [handler]):
+            wait_until(lambda: len(seen) >= 20, what="the surviving oplog entries")
+            time.sleep(0.2)
+        assert seen == [("insert", i) for i in range(20, 40)]
+        audit = checkpoint_doc(client, "shop", "orders")["metadata"]["historyLost"]
+        assert audit["strategy"] == "RESUME_FROM_OPLOG_START"
+        assert audit["lostFrom"] is not None and audit["lostTo"] is not None
+    finally:
+        client.close()
+        rs.stop()
+
+
+@pytest.mark.embedded_only
+def test_history_lost_resume_from_now_skips_the_gap():
+    rs, client, _ = _lose_history(OnHistoryLost.RESUME_FROM_NOW)
+    try:
+        handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_NOW)
+        with running(rs.uri, [handler]) as connector:
+            wait_until(
+                lambda: "historyLost" in (checkpoint_doc(client, "shop", "orders") or {}).get("metadata", {}),
+                what="the audit entry",
+            )
+            assert connector.status()["orders"].state == StreamState.RUNNING
+            client.shop.orders.insert_one({"_id": 100})
+            wait_until(lambda: seen, what="the next event")
+        assert seen == [("insert", 100)]
+        audit = checkpoint_doc(client, "shop", "orders")["metadata"]["historyLost"]
+        assert audit["strategy"] == "RESUME_FROM_NOW"
+    finally:
+        client.close()
+        rs.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# connections and server errors
+
+
+@pytest.mark.embedded_only
+def test_dropped_connections_lose_nothing(rs, client, db_name):
+    orders = client[db_name]["orders"]
+    handler, seen = recording_handler(db_name)
+    with running(rs.uri, [handler]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        for start in range(0, 60, 20):
+            orders.insert_many([{"_id": i} for i in range(start, start + 20)])
+            rs.drop_connections()
+        wait_until(lambda: len({k for _, k in seen}) == 60, what="all 60 events")
+    assert sorted({k for _, k in seen}) == list(range(60))
+
+
+def _fail_getmore(client, times: int, code: int, labels: list[str]) -> None:
+    client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": times},
+        data={"failCommands": ["getMore"], "errorCode": code, "errorLabels": labels, "appName": "flowwarden"},
+    )
+
+
+def test_resumable_getmore_error_is_resumed_by_the_driver(mongodb_uri, client, db_name):
+    orders = client[db_name]["orders"]
+    handler, seen = recording_handler(db_name)
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        _fail_getmore(client, 1, 6, ["ResumableChangeStreamError"])  # HostUnreachable
+        orders.insert_many([{"_id": i} for i in range(10)])
+        wait_until(lambda: len(seen) >= 10, what="10 events")
+        assert connector.status()["orders"].restarts == 0
+    assert seen == [("insert", i) for i in range(10)]
+
+
+def test_non_resumable_error_reopens_from_the_checkpoint(mongodb_uri, client, db_name):
+    orders = client[db_name]["orders"]
+    handler, seen = recording_handler(
+        db_name, stream={"restart_initial_delay_seconds": 0.05, "restart_max_delay_seconds": 0.1}
+    )
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        orders.insert_many([{"_id": i} for i in range(5)])
+        wait_until(lambda: len(seen) >= 5)
+        _fail_getmore(client, 2, 2, [])  # BadValue, no resumable label: the driver gives up
+        orders.insert_many([{"_id": i} for i in range(5, 10)])
+        wait_until(lambda: len({k for _, k in seen}) == 10, what="all events after the restart")
+        status = connector.status()["orders"]
+        assert status.restarts >= 1
+        assert status.state == StreamState.RUNNING
+    assert sorted({k for _, k in seen}) == list(range(10))
+    assert seen[:5] == [("insert", i) for i in range(5)]
+
+
+# ------------------------------------------------------------------------------------------------
+# failing handlers
+
+
+def failing_handler(db: str, on_exhausted: OnError, poison: int, calls: list[int]) -> type:
+    @change_stream("orders", db, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(
+        max_attempts=3, initial_delay_seconds=0.01, max_delay_seconds=0.02, on_exhausted=on_exhausted
+    )
+    @dead_letter_queue(retention_days=7)
+    class Flaky:
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            key = event.document_key["_id"]
+            calls.append(key)
+            if key == poison:
+                raise ValueError(f"cannot handle order {key}")
+
+    return Flaky
+
+
+def test_poison_event_with_stop_fails_the_stream_before_the_event(mongodb_uri, client, db_name):
+    calls: list[int] = []
+    handler = failing_handler(db_name, OnError.STOP, poison=3, calls=calls)
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
+        wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
+        error = connector.stream_errors()["orders"]
+    assert isinstance(error, HandlerError) and error.attempts == 3
+    assert calls == [0, 1, 2, 3, 3, 3]
+    doc = checkpoint_doc(client, db_name, "orders")
+    assert doc["eventsProcessed"] == 3  # 0, 1, 2: the checkpoint stays before the poison event
+
+
+def test_poison_event_with_skip_advances(mongodb_uri, client, db_name):
+    calls: list[int] = []
+    handler = failing_handler(db_name, OnError.SKIP, poison=3, calls=calls)
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
+        wait_until(lambda: (checkpoint_doc(client, db_name, "orders") or {}).get("eventsProcessed") == 6)
+        status = connector.status()["orders"]
+    assert calls == [0, 1, 2, 3, 3, 3, 4, 5]
+    assert status.events_failed == 1 and status.state == StreamState.STOPPED
+
+
+def test_poison_event_with_dead_letter_parks_it_and_advances(mongodb_uri, client, db_name):
+    calls: list[int] = []
+    handler = failing_handler(db_name, OnError.DEAD_LETTER, poison=3, calls=calls)
+    with running(mongodb_uri, [handler]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
+        wait_until(lambda: (checkpoint_doc(client, db_name, "orders") or {}).get("eventsProcessed") == 6)
+    letters = list(client[db_name]["_fw_dlq"].find())
+    assert len(letters) == 1
+    letter = letters[0]
+    assert letter["stream"] == "orders"
+    assert letter["event"]["documentKey"] == {"_id": 3}
+    assert letter["token"] == letter["event"]["_id"]
+    assert letter["errorType"] == "builtins.ValueError"
+    assert "cannot handle order 3" in letter["message"] and "Traceback" in letter["traceback"]
+    assert letter["attempts"] == 3 and letter["clusterTime"] is not None and letter["failedAt"]
+    ttl = [i for i in client[db_name]["_fw_dlq"].list_indexes() if "expireAfterSeconds" in i]
+    assert ttl and ttl[0]["expireAfterSeconds"] == 7 * 86400
+
+
+# ------------------------------------------------------------------------------------------------
+# invalidation
+
+
+def test_drop_of_the_watched_collection_stops_the_stream(mongodb_uri, client, db_name):
+    handler, seen = recording_handler(db_name)
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_one({"_id": 1})
+        client[db_name].orders.drop()
+        wait_until(lambda: connector.status()["orders"].state == StreamState.STOPPED, what="STOPPED")
+        assert "invalidated" in connector.status()["orders"].reason
+    assert [op for op, _ in seen] == ["insert", "drop", "invalidate"]
+
+
+def test_restart_after_invalidate_when_configured(mongodb_uri, client, db_name):
+    handler, seen = recording_handler(db_name, stream={"on_invalidate": "restart"})
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_one({"_id": 1})
+        client[db_name].orders.drop()
+        wait_until(lambda: ("invalidate", None) in seen, what="the invalidate event")
+        client[db_name].orders.insert_one({"_id": 2})
+        wait_until(lambda: ("insert", 2) in seen, what="the insert after the restart")
+        assert connector.status()["orders"].state == StreamState.RUNNING

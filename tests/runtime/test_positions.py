@@ -1,0 +1,101 @@
+"""Where a stream starts and resumes: restarts, start positions, the lastSeen token."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from flowwarden import StartPosition, StreamState, pipeline, token_cluster_time
+
+from .conftest import checkpoint_doc, running, wait_until
+from .handlers import recording_handler
+
+
+def inserted(ids: range | list[int]) -> list[tuple[str, int]]:
+    return [("insert", i) for i in ids]
+
+
+def test_first_run_saves_its_position_before_any_event(mongodb_uri, client, db_name):
+    handler, _ = recording_handler(db_name, save_interval_seconds=0)
+    with running(mongodb_uri, [handler]) as connector:
+        doc = wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        assert doc["lastSeenToken"]["_data"]
+        assert doc.get("lastProcessedToken") is None
+        assert connector.status()["orders"].state == StreamState.RUNNING
+
+
+def test_restart_after_clean_stop_redelivers_nothing(mongodb_uri, client, db_name):
+    orders = client[db_name]["orders"]
+    handler, seen = recording_handler(db_name, save_every_n=1000, save_interval_seconds=60)
+    with running(mongodb_uri, [handler]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        orders.insert_many([{"_id": i} for i in range(50)])
+        wait_until(lambda: len(seen) == 50, what="50 events")
+    # save_every_n=1000 and a 60 s heartbeat: only the graceful stop's flush saved these.
+    doc = checkpoint_doc(client, db_name, "orders")
+    assert doc["eventsProcessed"] == 50
+    orders.insert_many([{"_id": i} for i in range(50, 80)])
+    again, seen_again = recording_handler(db_name)
+    with running(mongodb_uri, [again]):
+        wait_until(lambda: len(seen_again) >= 30, what="30 new events")
+        time.sleep(0.3)
+    assert seen_again == inserted(range(50, 80))
+
+
+def test_latest_ignores_the_checkpoint(mongodb_uri, client, db_name):
+    orders = client[db_name]["orders"]
+    first, _ = recording_handler(db_name)
+    with running(mongodb_uri, [first]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+    orders.insert_many([{"_id": i} for i in range(10)])  # while stopped
+    latest, seen = recording_handler(db_name, start_position=StartPosition.LATEST)
+    with running(mongodb_uri, [latest]) as connector:
+        # RUNNING means the change stream is open: what is written from now on is delivered.
+        wait_until(lambda: connector.status()["orders"].state == StreamState.RUNNING)
+        orders.insert_one({"_id": 100})
+        wait_until(lambda: seen, what="the new event")
+        time.sleep(0.2)
+    assert seen == inserted([100])
+
+
+def test_earliest_starts_at_the_oldest_oplog_entry(mongodb_uri, client, db_name):
+    orders = client[db_name]["orders"]
+    orders.insert_many([{"_id": i} for i in range(5)])
+    handler, seen = recording_handler(db_name, start_position=StartPosition.EARLIEST)
+    with running(mongodb_uri, [handler]):
+        wait_until(lambda: len(seen) >= 5, what="the events written before the first start")
+    assert seen[:5] == inserted(range(5))
+
+
+def test_at_time_starts_at_start_at(mongodb_uri, client, db_name):
+    orders = client[db_name]["orders"]
+    orders.insert_many([{"_id": i} for i in range(3)])
+    # Cluster times count whole seconds: step into the next second before the cut.
+    time.sleep(1.05 - (time.time() % 1))
+    cut = datetime.now(timezone.utc)
+    orders.insert_many([{"_id": i} for i in range(3, 6)])
+    handler, seen = recording_handler(db_name, start_position=StartPosition.AT_TIME, start_at=cut)
+    with running(mongodb_uri, [handler]):
+        wait_until(lambda: len(seen) >= 3, what="events after start_at")
+        time.sleep(0.2)
+    assert seen == inserted(range(3, 6))
+
+
+def test_filtered_idle_stream_advances_last_seen_and_restart_skips_the_filtered_writes(
+    mongodb_uri, client, db_name
+):
+    orders = client[db_name]["orders"]
+    handler, seen = recording_handler(db_name, save_interval_seconds=0.1)
+    handler = pipeline([{"$match": {"fullDocument.keep": True}}])(handler)
+    with running(mongodb_uri, [handler]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        orders.insert_many([{"_id": i, "keep": False} for i in range(300)])
+        newest = client.local["oplog.rs"].find_one({}, sort=[("$natural", -1)])["ts"]
+        wait_until(
+            lambda: token_cluster_time(checkpoint_doc(client, db_name, "orders")["lastSeenToken"]) >= newest,
+            what="lastSeen to pass the filtered writes",
+        )
+    assert seen == []
+    doc = checkpoint_doc(client, db_name, "orders")
+    assert doc.get("lastProcessedToken") is None
+    assert token_cluster_time(doc["lastSeenToken"]) >= newest
