@@ -396,7 +396,7 @@ def test_dataframe_accepts_a_struct_type_instance() -> None:
 
 def test_option_models_are_frozen() -> None:
     with pytest.raises(pydantic.ValidationError):
-        CheckpointOptions().save_every_n = 5  # type: ignore[misc]
+        CheckpointOptions().save_every_n = 5
 
 
 def test_enums_are_strings_and_accept_any_case() -> None:
