@@ -198,3 +198,22 @@ __all__ = [
     "StreamError",
     "StreamInvalidatedError",
 ]
+
+
+class SchemaMismatchError(FlowWardenError, ValueError):
+    """A change event's document does not fit the declared DataFrame schema (mode FAILFAST)."""
+
+    def __init__(self, *, field: str, token: Any, index: int, reason: str) -> None:
+        self.field = field
+        self.token = token
+        self.index = index
+        self.reason = reason
+        data = token.get("_data") if isinstance(token, dict) else token
+        super().__init__(
+            f"event {index} of the batch (token {data!r}): field {field!r} does not fit the schema: "
+            f"{reason}. Fix the schema (or the document), or choose mode=PERMISSIVE (nulls plus "
+            "_corrupt_record) or DROPMALFORMED (drop and dead-letter the event)."
+        )
+
+
+__all__.append("SchemaMismatchError")
