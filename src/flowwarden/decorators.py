@@ -432,7 +432,12 @@ def _attach(cls: Any, attribute: str, decorator: str, model: type[Any], values: 
             allowed=f"one @{decorator} per class",
         )
     setattr(cls, attribute, validate_options(model, owner, values))
-    _revalidate(cls)
+    try:
+        _revalidate(cls)
+    except ConfigurationError:
+        # Leave the class as it was, so catching the error and decorating again starts clean.
+        delattr(cls, attribute)
+        raise
     return cls
 
 

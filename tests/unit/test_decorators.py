@@ -781,3 +781,15 @@ def test_spec_options_are_the_validated_models() -> None:
     assert isinstance(spec.retry, RetryPolicy)
     with pytest.raises(AttributeError):
         spec.name = "other"  # type: ignore[misc]
+
+
+def test_a_refused_decorator_leaves_the_class_unchanged() -> None:
+    class Broken:
+        @on_insert
+        def created(self, event: object) -> None: ...
+
+    change_stream(database="shop")(Broken)
+    with pytest.raises(ConfigurationError, match="removes operationType"):
+        pipeline([{"$unset": "operationType"}])(Broken)
+    pipeline([{"$unset": "fullDocument"}])(Broken)
+    assert stream_spec(Broken).pipeline == ({"$unset": "fullDocument"},)
