@@ -1,0 +1,218 @@
+"""Connector throughput against the raw driver ceiling, and the connector's memory.
+
+    .venv/bin/python benchmarks/runtime.py [--events 200000]
+
+Starts an EmbeddedReplicaSet in its own process (so server and consumer each get a core), fills the
+oplog with N inserts, then measures in fresh child processes, one after another, reading the same
+N events from the same start time:
+
+- a raw PyMongo ``watch()`` loop (sync MongoClient, and AsyncMongoClient): the ceiling;
+- a Connector with a no-op ``@on_change`` handler, save_every_n=1000;
+- the same with save_every_n=1;
+
+and prints events/s, the connector/ceiling ratios and each connector run's peak RSS growth.
+Figures only: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pymongo
+from bson import Timestamp
+
+DB, COLL = "bench", "events"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
+# -- children ----------------------------------------------------------------------------------
+
+
+def child_raw_sync(uri: str, start: Timestamp, events: int) -> dict[str, Any]:
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+    coll = client[DB][COLL]
+    began = time.perf_counter()
+    n = 0
+    with coll.watch(start_at_operation_time=start, batch_size=1000) as stream:
+        for _ in stream:
+            n += 1
+            if n == events:
+                break
+    return {"seconds": time.perf_counter() - began, "events": n}
+
+
+def child_raw_async(uri: str, start: Timestamp, events: int) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(uri)
+        coll = client[DB][COLL]
+        began = time.perf_counter()
+        n = 0
+        async with await coll.watch(start_at_operation_time=start, batch_size=1000) as stream:
+            async for _ in stream:
+                n += 1
+                if n == events:
+                    break
+        elapsed = time.perf_counter() - began
+        await client.close()
+        return {"seconds": elapsed, "events": n}
+
+    return asyncio.run(main())
+
+
+def child_connector(uri: str, start: Timestamp, events: int, save_every_n: int) -> dict[str, Any]:
+    from flowwarden import ChangeEvent, Connector, StartPosition, change_stream, checkpoint, on_change
+
+    @change_stream(COLL, DB, name=f"bench-n{save_every_n}", batch_size=1000)
+    @checkpoint(
+        save_every_n=save_every_n,
+        save_interval_seconds=5,
+        start_position=StartPosition.AT_TIME,
+        start_at=start,
+    )
+    class NoOp:
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            pass
+
+    baseline = _rss_mb()
+    connector = Connector(uri, [NoOp])
+    began = time.perf_counter()
+    connector.start()
+    name = f"bench-n{save_every_n}"
+    peak = baseline
+    while True:
+        status = connector.status()[name]
+        peak = max(peak, _rss_mb())
+        if status.events_processed >= events:
+            break
+        if status.state.value == "FAILED":
+            raise RuntimeError(status.last_error)
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - began
+    connector.stop()
+    return {
+        "seconds": elapsed,
+        "events": connector.status()[name].events_processed,
+        "rss_growth_mb": max(peak, _peak_rss_mb()) - baseline,
+    }
+
+
+# -- parent ------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_child(kind: str, uri: str, start: Timestamp, events: int, extra: int = 0) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--uri",
+            uri,
+            "--start",
+            f"{start.time}:{start.inc}",
+            "--events",
+            str(events),
+            "--save-every-n",
+            str(extra),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--child", default=None)
+    parser.add_argument("--uri", default=None)
+    parser.add_argument("--start", default=None)
+    parser.add_argument("--save-every-n", type=int, default=0)
+    args = parser.parse_args()
+
+    if args.child:
+        seconds, inc = map(int, args.start.split(":"))
+        start = Timestamp(seconds, inc)
+        if args.child == "raw-sync":
+            result = child_raw_sync(args.uri, start, args.events)
+        elif args.child == "raw-async":
+            result = child_raw_async(args.uri, start, args.events)
+        else:
+            result = child_connector(args.uri, start, args.events, args.save_every_n)
+        print(json.dumps(result))
+        return
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "flowwarden.cli", "embedded-mongo", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    uri = f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
+    try:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30_000)
+        client.admin.command("ping")
+        start = client.admin.command("ping")["operationTime"]
+        print(f"filling the oplog with {args.events} inserts ...", flush=True)
+        began = time.perf_counter()
+        coll = client[DB][COLL]
+        for offset in range(0, args.events, 1000):
+            coll.insert_many(
+                [{"n": offset + i, "sku": f"s{(offset + i) % 97}", "qty": i} for i in range(1000)]
+            )
+        print(f"  filled in {time.perf_counter() - began:.1f}s")
+
+        rows = []
+        raw_sync = _run_child("raw-sync", uri, start, args.events)
+        raw_async = _run_child("raw-async", uri, start, args.events)
+        n1000 = _run_child("connector", uri, start, args.events, 1000)
+        n1 = _run_child("connector", uri, start, args.events, 1)
+        ceiling = max(args.events / raw_sync["seconds"], args.events / raw_async["seconds"])
+        for label, r in (
+            ("raw PyMongo watch() loop, MongoClient", raw_sync),
+            ("raw PyMongo watch() loop, AsyncMongoClient", raw_async),
+            ("Connector, no-op @on_change, save_every_n=1000", n1000),
+            ("Connector, no-op @on_change, save_every_n=1", n1),
+        ):
+            rate = r["events"] / r["seconds"]
+            rows.append((label, rate, r.get("rss_growth_mb")))
+        print(f"\n{args.events} change events, EmbeddedReplicaSet in its own process, batch_size=1000")
+        for label, rate, rss in rows:
+            extra = f"  ratio to ceiling {rate / ceiling:.2f}" if label.startswith("Connector") else ""
+            mem = f"  peak RSS growth {rss:.1f} MB" if rss is not None else ""
+            print(f"  {label:50s} {rate:>10,.0f} events/s{extra}{mem}")
+        print(f"  ceiling = the faster raw loop: {ceiling:,.0f} events/s")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
