@@ -8,6 +8,10 @@ The model (:class:`Checkpoint`, :class:`SaveResult`) and the store SPI (:class:`
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
 from flowwarden.checkpoint.committer import CheckpointCommitter, is_retryable_save_error
 from flowwarden.checkpoint.file import FileCheckpointStore
 from flowwarden.checkpoint.memory import InMemoryCheckpointStore
@@ -28,3 +32,20 @@ __all__ = [
     "SaveResult",
     "is_retryable_save_error",
 ]
+
+
+class _CheckpointPackage(types.ModuleType):
+    """``flowwarden.checkpoint`` is this package and, when called, the ``@checkpoint`` decorator.
+
+    The public API names both ``flowwarden.checkpoint`` (the store SPI) and ``from flowwarden import
+    checkpoint`` (the class decorator). Python binds a subpackage's name on its parent as soon as
+    it is imported, so the one name has to serve both: calling the package applies the decorator.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from flowwarden.decorators import checkpoint
+
+        return checkpoint(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CheckpointPackage

@@ -1,7 +1,7 @@
 """Calling a handler method under its retry policy.
 
-The one rule for what is retried: an exception is retried when it is an instance of the policy's
-``retry_on`` classes and of none of its ``no_retry_on`` classes, and attempts remain. Cancellation
+The one rule for what is retried is :meth:`RetryPolicy.should_retry`: an ``Exception`` of the
+policy's ``retry_on`` classes and of none of its ``no_retry_on`` classes, while attempts remain. Cancellation
 and ``BaseException``s that are not ``Exception`` (KeyboardInterrupt, SystemExit) are never caught.
 """
 
@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from flowwarden.config import RetryPolicy, backoff_delay
+from flowwarden.config import RetryPolicy
 from flowwarden.runtime.context import StreamContext
 
 
@@ -27,10 +27,6 @@ class Exhausted(Exception):
 
 class Interrupted(Exception):
     """The stream is stopping while a failed call waited for its next attempt."""
-
-
-def is_retryable(policy: RetryPolicy, error: BaseException) -> bool:
-    return isinstance(error, policy.retry_on) and not isinstance(error, policy.no_retry_on)
 
 
 class Invoker:
@@ -77,16 +73,10 @@ class Invoker:
                 if self._is_async or self._threaded or inspect.isawaitable(result):
                     await result
                 return
-            except Exception as error:  # the retry rule is is_retryable(), applied right below
-                if attempt >= policy.max_attempts or not is_retryable(policy, error):
+            except Exception as error:  # the retry rule is RetryPolicy.should_retry(), right below
+                if attempt >= policy.max_attempts or not policy.should_retry(error):
                     raise Exhausted(error, attempt) from error
-                delay = backoff_delay(
-                    attempt,
-                    initial=policy.initial_delay_seconds,
-                    multiplier=policy.multiplier,
-                    maximum=policy.max_delay_seconds,
-                    jitter=policy.jitter,
-                )
+                delay = policy.delay_for(attempt)
                 self._ctx.logger.warning(
                     "handler failed (attempt %d of %d), retrying in %.2fs: %s: %s",
                     attempt,

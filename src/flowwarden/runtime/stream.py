@@ -33,7 +33,6 @@ from flowwarden.config import (
     OnHistoryLost,
     OnInvalidate,
     StartPosition,
-    backoff_delay,
 )
 from flowwarden.decorators import StreamSpec
 from flowwarden.errors import (
@@ -274,13 +273,7 @@ class StreamRunner:
         self.restarts += 1
         self.state = StreamState.RESTARTING
         self.last_error = f"{type(error).__name__}: {error}"
-        delay = backoff_delay(
-            failures,
-            initial=opts.restart_initial_delay_seconds,
-            multiplier=2.0,
-            maximum=opts.restart_max_delay_seconds,
-            jitter=0.2,
-        )
+        delay = opts.restart_delay_for(failures)
         self.log.warning(
             "stream %s: %s; re-opening from the last saved checkpoint in %.1fs (restart %d)",
             self.name,
@@ -424,10 +417,7 @@ class StreamRunner:
                 )
             return {"start_at_operation_time": oldest}, True
         if position == StartPosition.AT_TIME:
-            start_at = options.start_at
-            if isinstance(start_at, datetime):
-                start_at = Timestamp(start_at, 0)
-            return {"start_at_operation_time": start_at}, True
+            return {"start_at_operation_time": options.start_at_operation_time}, True
         return {}, True
 
     async def _oplog_edge(self, direction: int) -> Timestamp | None:
@@ -459,19 +449,10 @@ class StreamRunner:
         return target
 
     async def _open(self, start: Mapping[str, Any], codec_options: CodecOptions[Any] | None = None) -> Any:
-        opts = self.spec.stream
-        kwargs: dict[str, Any] = dict(start)
+        kwargs: dict[str, Any] = {**self.spec.stream.watch_options(), **start}
         kwargs["pipeline"] = list(self.spec.pipeline)
-        if opts.full_document != "default":
-            kwargs["full_document"] = opts.full_document
-        if opts.full_document_before_change != "off":
-            kwargs["full_document_before_change"] = opts.full_document_before_change
-        if opts.batch_size is not None:
-            kwargs["batch_size"] = opts.batch_size
         kwargs["max_await_time_ms"] = self._await_ms()
         kwargs["comment"] = f"flowwarden:{self.name}"
-        if opts.show_expanded_events:
-            kwargs["show_expanded_events"] = True
         target = self._watch_target(codec_options)
         try:
             return await _maybe_await(target.watch(**kwargs))
