@@ -1,0 +1,694 @@
+"""The checkpoint store contract, as importable pytest suites.
+
+Subclass :class:`CheckpointStoreContract` (sync stores) or :class:`AsyncCheckpointStoreContract`
+(async stores) in a test module, name the subclass ``Test...`` and implement ``make_store()``;
+every rule of the store SPI then runs against your store::
+
+    from flowwarden.checkpoint.contract import CheckpointStoreContract
+
+    class TestMyStore(CheckpointStoreContract):
+        def make_store(self):
+            return MyStore(self.backing)   # every call: a new store object on the same data
+
+``make_store()`` is called several times in one test (the racing tests play several application
+instances, one store object each); every store it returns within a test must see the same data,
+and each test must start from empty data (build the backing in an autouse fixture).
+The async suite marks its tests with ``pytest.mark.asyncio``, so it needs pytest-asyncio.
+
+This module needs pytest and is for tests only; nothing in flowwarden imports it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from functools import partial
+from itertools import pairwise
+from typing import Any, TypeVar
+
+import pytest
+
+from flowwarden.checkpoint.model import Checkpoint, SaveResult
+from flowwarden.checkpoint.store import AsyncCheckpointStore, CheckpointStore
+from flowwarden.errors import FencedError
+from flowwarden.events import token_data, token_datetime
+
+T = TypeVar("T")
+
+STREAM = "orders"
+
+_RACE_TIMEOUT_SECONDS = 60.0
+
+
+def sample_token(seconds: int, increment: int = 1) -> dict[str, Any]:
+    """A resume token shaped like the server's: KeyString cluster time, then the event's key bytes.
+
+    Tokens order by ``(seconds, increment)``, like events in the oplog.
+    """
+    return {"_data": f"82{seconds:08X}{increment:08X}2B042C0100296E5A1004463D2A5F3C4B"}
+
+
+def _processed(checkpoint: Checkpoint | None) -> str | None:
+    if checkpoint is None or checkpoint.last_processed_token is None:
+        return None
+    return token_data(checkpoint.last_processed_token)
+
+
+def _seen(checkpoint: Checkpoint | None) -> str | None:
+    if checkpoint is None or checkpoint.last_seen_token is None:
+        return None
+    return token_data(checkpoint.last_seen_token)
+
+
+def _assert_utc(value: datetime | None) -> None:
+    assert value is not None
+    assert value.tzinfo is not None and value.utcoffset() == timezone.utc.utcoffset(value)
+
+
+def _race(workers: Sequence[Callable[[], T]]) -> list[T | Exception]:
+    """Run the workers in threads released together by a barrier; collect results or errors."""
+    barrier = threading.Barrier(len(workers))
+    results: list[T | Exception | None] = [None] * len(workers)
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = workers[index]()
+        except Exception as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(workers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(_RACE_TIMEOUT_SECONDS)
+        assert not thread.is_alive(), "a racing writer hung"
+    return [result for result in results if result is not None]
+
+
+# Owners racing with epochs: owner e saves tokens (round, e + 1) for round 0.., so within a round
+# the higher epoch has the newer token and the last round of the highest epoch is the newest.
+_OWNERS = 4
+_ROUNDS = 12
+
+
+def _owner_token(round_: int, epoch: int) -> dict[str, Any]:
+    return sample_token(2000 + round_, epoch + 1)
+
+
+class CheckpointStoreContract(abc.ABC):
+    """Every rule of :class:`~flowwarden.checkpoint.CheckpointStore`, one test each."""
+
+    @abc.abstractmethod
+    def make_store(self) -> CheckpointStore:
+        """A store on this test's data; called once per simulated application instance."""
+
+    @pytest.fixture
+    def store(self) -> CheckpointStore:
+        return self.make_store()
+
+    # -- load / save ------------------------------------------------------------------------
+
+    def test_load_of_an_unknown_stream_returns_none(self, store: CheckpointStore) -> None:
+        assert store.load(STREAM) is None
+        assert store.list() == []
+
+    def test_save_then_load_round_trips_every_field(self, store: CheckpointStore) -> None:
+        token = sample_token(1_700_000_000, 7)
+        metadata = {"schema": 2, "nested": {"ok": True, "tags": ["a", "b"]}, "note": "x"}
+        result = store.save(
+            Checkpoint(
+                stream_id=STREAM,
+                instance_id="host-1:42",
+                last_processed_token=token,
+                events_processed=12,
+                epoch=3,
+                metadata=metadata,
+            )
+        )
+        assert result is SaveResult.STORED
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.stream_id == STREAM
+        assert loaded.instance_id == "host-1:42"
+        assert loaded.last_processed_token == token
+        assert loaded.last_processed_at == token_datetime(token)
+        assert loaded.last_seen_token is None
+        assert loaded.events_processed == 12
+        assert loaded.epoch == 3
+        assert loaded.metadata == metadata
+        _assert_utc(loaded.updated_at)
+        _assert_utc(loaded.last_processed_at)
+        assert loaded.resume_token == token
+
+    def test_a_newer_position_is_stored(self, store: CheckpointStore) -> None:
+        assert store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100))) is (
+            SaveResult.STORED
+        )
+        newer = sample_token(100, 2)
+        assert store.save(Checkpoint(stream_id=STREAM, last_processed_token=newer, events_processed=2)) is (
+            SaveResult.STORED
+        )
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_processed_token == newer
+        assert loaded.events_processed == 2
+
+    def test_the_same_position_is_ignored_and_writes_nothing(self, store: CheckpointStore) -> None:
+        token = sample_token(100)
+        store.save(
+            Checkpoint(stream_id=STREAM, last_processed_token=token, instance_id="a", metadata={"v": 1})
+        )
+        before = store.load(STREAM)
+        result = store.save(
+            Checkpoint(
+                stream_id=STREAM,
+                last_processed_token=token,
+                instance_id="b",
+                events_processed=99,
+                metadata={"v": 2},
+            )
+        )
+        assert result is SaveResult.IGNORED
+        assert store.load(STREAM) == before
+
+    def test_an_older_position_is_ignored_and_never_regresses(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(200), events_processed=5))
+        before = store.load(STREAM)
+        for older in (sample_token(199, 9), sample_token(200, 0), sample_token(1)):
+            result = store.save(
+                Checkpoint(stream_id=STREAM, last_processed_token=older, events_processed=1, epoch=1)
+            )
+            assert result is SaveResult.IGNORED
+        assert store.load(STREAM) == before
+
+    def test_a_save_without_a_processed_token_is_rejected(self, store: CheckpointStore) -> None:
+        with pytest.raises(ValueError, match="last_processed_token"):
+            store.save(Checkpoint(stream_id=STREAM))
+        assert store.load(STREAM) is None
+
+    def test_metadata_is_replaced_by_each_stored_save(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), metadata={"a": 1}))
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2), metadata={"b": 2}))
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.metadata == {"b": 2}
+
+    def test_streams_are_independent(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id="a", last_processed_token=sample_token(500), epoch=5))
+        assert store.save(Checkpoint(stream_id="b", last_processed_token=sample_token(1), epoch=0)) is (
+            SaveResult.STORED
+        )
+        loaded = store.load("b")
+        assert loaded is not None
+        assert loaded.last_processed_token == sample_token(1)
+        assert loaded.epoch == 0
+
+    # -- fencing ----------------------------------------------------------------------------
+
+    def test_a_lower_epoch_save_is_fenced_and_writes_nothing(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), epoch=2))
+        before = store.load(STREAM)
+        with pytest.raises(FencedError) as raised:
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(900), epoch=1))
+        assert raised.value.epoch == 1
+        assert raised.value.stored_epoch == 2
+        assert raised.value.stream_id == STREAM
+        # Fencing wins over "older position": a stale owner learns it lost the stream.
+        with pytest.raises(FencedError):
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), epoch=1))
+        assert store.load(STREAM) == before
+
+    def test_a_higher_epoch_takes_over_and_fences_the_previous_owner(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), epoch=1))
+        assert store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(101), epoch=2)) is (
+            SaveResult.STORED
+        )
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.epoch == 2
+        with pytest.raises(FencedError):
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(102), epoch=1))
+        with pytest.raises(FencedError):
+            store.save_seen(STREAM, sample_token(103), 1)
+        assert _processed(store.load(STREAM)) == token_data(sample_token(101))
+
+    def test_an_equal_epoch_keeps_writing(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), epoch=4))
+        assert store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2), epoch=4)) is (
+            SaveResult.STORED
+        )
+        assert store.save_seen(STREAM, sample_token(3), 4) is SaveResult.STORED
+
+    # -- save_seen --------------------------------------------------------------------------
+
+    def test_save_seen_creates_a_record_with_no_processed_position(self, store: CheckpointStore) -> None:
+        token = sample_token(300)
+        assert store.save_seen(STREAM, token, 1) is SaveResult.STORED
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_seen_token == token
+        assert loaded.last_seen_at == token_datetime(token)
+        assert loaded.last_processed_token is None
+        assert loaded.epoch == 1
+        assert loaded.resume_token == token
+        # The first processed save still lands on a record created by save_seen.
+        assert store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(10), epoch=1)) is (
+            SaveResult.STORED
+        )
+
+    def test_save_seen_only_moves_forward(self, store: CheckpointStore) -> None:
+        store.save_seen(STREAM, sample_token(300), 0)
+        assert store.save_seen(STREAM, sample_token(300), 0) is SaveResult.IGNORED
+        assert store.save_seen(STREAM, sample_token(299), 0) is SaveResult.IGNORED
+        assert _seen(store.load(STREAM)) == token_data(sample_token(300))
+        assert store.save_seen(STREAM, sample_token(301), 0) is SaveResult.STORED
+        assert _seen(store.load(STREAM)) == token_data(sample_token(301))
+
+    def test_save_seen_never_touches_the_processed_position(self, store: CheckpointStore) -> None:
+        store.save(
+            Checkpoint(
+                stream_id=STREAM,
+                last_processed_token=sample_token(100),
+                events_processed=7,
+                instance_id="i",
+                metadata={"k": "v"},
+            )
+        )
+        store.save_seen(STREAM, sample_token(500), 0)
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_processed_token == sample_token(100)
+        assert loaded.last_processed_at == token_datetime(sample_token(100))
+        assert loaded.events_processed == 7
+        assert loaded.instance_id == "i"
+        assert loaded.metadata == {"k": "v"}
+        assert loaded.resume_token == sample_token(500)
+
+    def test_save_never_touches_the_seen_position(self, store: CheckpointStore) -> None:
+        store.save_seen(STREAM, sample_token(500), 0)
+        store.save(
+            Checkpoint(
+                stream_id=STREAM,
+                last_processed_token=sample_token(100),
+                last_seen_token=sample_token(50),
+            )
+        )
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_seen_token == sample_token(500)
+        assert loaded.last_processed_token == sample_token(100)
+
+    def test_save_seen_with_a_lower_epoch_is_fenced(self, store: CheckpointStore) -> None:
+        store.save_seen(STREAM, sample_token(10), 3)
+        with pytest.raises(FencedError) as raised:
+            store.save_seen(STREAM, sample_token(11), 2)
+        assert raised.value.stored_epoch == 3
+        assert _seen(store.load(STREAM)) == token_data(sample_token(10))
+
+    def test_save_seen_with_a_higher_epoch_takes_over(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(10), epoch=1))
+        assert store.save_seen(STREAM, sample_token(20), 2) is SaveResult.STORED
+        with pytest.raises(FencedError):
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(30), epoch=1))
+
+    # -- delete / list ----------------------------------------------------------------------
+
+    def test_delete_removes_the_record(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1)))
+        store.save(Checkpoint(stream_id="other", last_processed_token=sample_token(1)))
+        assert store.delete(STREAM) is True
+        assert store.load(STREAM) is None
+        assert store.delete(STREAM) is False
+        assert [c.stream_id for c in store.list()] == ["other"]
+
+    def test_list_returns_every_record_ordered_by_stream(self, store: CheckpointStore) -> None:
+        for name, seconds in (("c", 3), ("a", 1), ("b", 2)):
+            store.save(Checkpoint(stream_id=name, last_processed_token=sample_token(seconds)))
+        store.save_seen("d", sample_token(4), 0)
+        listed = store.list()
+        assert [c.stream_id for c in listed] == ["a", "b", "c", "d"]
+        assert listed[0] == store.load("a")
+        assert listed[3].last_seen_token == sample_token(4)
+
+    # -- rewind -----------------------------------------------------------------------------
+
+    def test_rewind_moves_backwards_and_clears_the_seen_position(self, store: CheckpointStore) -> None:
+        store.save(
+            Checkpoint(
+                stream_id=STREAM,
+                last_processed_token=sample_token(500),
+                epoch=4,
+                events_processed=50,
+                metadata={"m": 1},
+            )
+        )
+        store.save_seen(STREAM, sample_token(600), 4)
+        store.rewind(STREAM, sample_token(100))
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_processed_token == sample_token(100)
+        assert loaded.last_processed_at == token_datetime(sample_token(100))
+        assert loaded.last_seen_token is None
+        assert loaded.resume_token == sample_token(100)
+        assert loaded.epoch == 4
+        assert loaded.events_processed == 50
+        assert loaded.metadata == {"m": 1}
+        # After a rewind, positions between the new and the old one are progress again.
+        assert store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(200), epoch=4)) is (
+            SaveResult.STORED
+        )
+        with pytest.raises(FencedError):
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(300), epoch=3))
+
+    def test_rewind_to_none_clears_both_positions(self, store: CheckpointStore) -> None:
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(500), epoch=2))
+        store.save_seen(STREAM, sample_token(600), 2)
+        store.rewind(STREAM, None)
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_processed_token is None
+        assert loaded.last_seen_token is None
+        assert loaded.resume_token is None
+        assert loaded.epoch == 2
+        assert store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), epoch=2)) is (
+            SaveResult.STORED
+        )
+
+    def test_rewind_of_an_unknown_stream(self, store: CheckpointStore) -> None:
+        store.rewind(STREAM, None)
+        assert store.load(STREAM) is None
+        store.rewind(STREAM, sample_token(42))
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.resume_token == sample_token(42)
+        assert loaded.epoch == 0
+
+    # -- atomicity under racing writers -----------------------------------------------------
+
+    def test_racing_first_inserts_leave_one_record_with_the_newest_token(self) -> None:
+        stores = [self.make_store() for _ in range(8)]
+        tokens = [sample_token(1000, 1 + (i * 5) % 8) for i in range(8)]
+        results = _race(
+            [
+                partial(s.save, Checkpoint(stream_id=STREAM, last_processed_token=t))
+                for s, t in zip(stores, tokens, strict=True)
+            ]
+        )
+        assert len(results) == 8
+        assert all(isinstance(r, SaveResult) for r in results), results
+        assert SaveResult.STORED in results
+        records = [c for c in stores[0].list() if c.stream_id == STREAM]
+        assert len(records) == 1
+        assert _processed(records[0]) == max(token_data(t) for t in tokens)
+
+    def test_racing_first_save_seen_and_save_leave_one_record_with_both(self) -> None:
+        stores = [self.make_store() for _ in range(6)]
+        workers: list[Callable[[], SaveResult]] = []
+        for i, store in enumerate(stores):
+            if i % 2:
+                workers.append(partial(store.save_seen, STREAM, sample_token(3000, i), 0))
+            else:
+                workers.append(
+                    partial(
+                        store.save, Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2000, i))
+                    )
+                )
+        results = _race(workers)
+        assert all(isinstance(r, SaveResult) for r in results), results
+        records = stores[0].list()
+        assert len(records) == 1
+        assert _processed(records[0]) == token_data(sample_token(2000, 4))
+        assert _seen(records[0]) == token_data(sample_token(3000, 5))
+
+    def test_racing_owners_never_regress_and_the_lower_epochs_get_fenced(self) -> None:
+        stores = [self.make_store() for _ in range(_OWNERS)]
+        observed: list[tuple[int, str]] = []
+        stop = threading.Event()
+        observer_store = self.make_store()
+
+        def observe() -> None:
+            while not stop.is_set():
+                current = observer_store.load(STREAM)
+                data = _processed(current)
+                if current is not None and data is not None:
+                    observed.append((current.epoch, data))
+
+        def owner(epoch: int) -> list[SaveResult | FencedError]:
+            outcomes: list[SaveResult | FencedError] = []
+            for round_ in range(_ROUNDS):
+                try:
+                    outcomes.append(
+                        stores[epoch].save(
+                            Checkpoint(
+                                stream_id=STREAM,
+                                last_processed_token=_owner_token(round_, epoch),
+                                epoch=epoch,
+                            )
+                        )
+                    )
+                except FencedError as exc:
+                    outcomes.append(exc)
+            return outcomes
+
+        observer = threading.Thread(target=observe, daemon=True)
+        observer.start()
+        try:
+            results = _race([partial(owner, e) for e in range(_OWNERS)])
+        finally:
+            stop.set()
+            observer.join(_RACE_TIMEOUT_SECONDS)
+        assert not any(isinstance(r, Exception) for r in results), results
+        for epoch, outcomes in enumerate(results):
+            assert isinstance(outcomes, list)
+            for outcome in outcomes:
+                if isinstance(outcome, FencedError):
+                    assert outcome.epoch == epoch
+                    assert outcome.stored_epoch > epoch
+        top = results[-1]
+        assert isinstance(top, list)
+        assert not any(isinstance(o, FencedError) for o in top), "the highest epoch was fenced"
+        final = stores[0].load(STREAM)
+        assert final is not None
+        assert final.epoch == _OWNERS - 1
+        assert final.last_processed_token == _owner_token(_ROUNDS - 1, _OWNERS - 1)
+        assert len(stores[0].list()) == 1
+        for (e1, d1), (e2, d2) in pairwise(observed):
+            assert d2 >= d1, "the stored position went backwards"
+            assert e2 >= e1, "the stored epoch went backwards"
+        with pytest.raises(FencedError):
+            stores[0].save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(9999), epoch=0))
+
+
+class AsyncCheckpointStoreContract(abc.ABC):
+    """Every rule of :class:`~flowwarden.checkpoint.AsyncCheckpointStore`, one test each."""
+
+    pytestmark = [pytest.mark.asyncio]
+
+    @abc.abstractmethod
+    def make_store(self) -> AsyncCheckpointStore:
+        """A store on this test's data; called once per simulated application instance."""
+
+    @pytest.fixture
+    def store(self) -> AsyncCheckpointStore:
+        return self.make_store()
+
+    async def test_load_of_an_unknown_stream_returns_none(self, store: AsyncCheckpointStore) -> None:
+        assert await store.load(STREAM) is None
+        assert await store.list() == []
+
+    async def test_save_then_load_round_trips_every_field(self, store: AsyncCheckpointStore) -> None:
+        token = sample_token(1_700_000_000, 7)
+        metadata = {"schema": 2, "nested": {"ok": True, "tags": ["a", "b"]}}
+        checkpoint = Checkpoint(
+            stream_id=STREAM,
+            instance_id="host-1:42",
+            last_processed_token=token,
+            events_processed=12,
+            epoch=3,
+            metadata=metadata,
+        )
+        assert await store.save(checkpoint) is SaveResult.STORED
+        loaded = await store.load(STREAM)
+        assert loaded is not None
+        assert loaded.instance_id == "host-1:42"
+        assert loaded.last_processed_token == token
+        assert loaded.last_processed_at == token_datetime(token)
+        assert loaded.events_processed == 12
+        assert loaded.epoch == 3
+        assert loaded.metadata == metadata
+        _assert_utc(loaded.updated_at)
+
+    async def test_same_or_older_positions_are_ignored(self, store: AsyncCheckpointStore) -> None:
+        await store.save(
+            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(200), metadata={"v": 1})
+        )
+        before = await store.load(STREAM)
+        for token in (sample_token(200), sample_token(199)):
+            result = await store.save(
+                Checkpoint(stream_id=STREAM, last_processed_token=token, metadata={"v": 2}, epoch=1)
+            )
+            assert result is SaveResult.IGNORED
+        assert await store.load(STREAM) == before
+        assert await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(201))) is (
+            SaveResult.STORED
+        )
+
+    async def test_a_save_without_a_processed_token_is_rejected(self, store: AsyncCheckpointStore) -> None:
+        with pytest.raises(ValueError, match="last_processed_token"):
+            await store.save(Checkpoint(stream_id=STREAM))
+
+    async def test_a_lower_epoch_is_fenced_and_writes_nothing(self, store: AsyncCheckpointStore) -> None:
+        await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), epoch=2))
+        before = await store.load(STREAM)
+        with pytest.raises(FencedError) as raised:
+            await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(900), epoch=1))
+        assert (raised.value.epoch, raised.value.stored_epoch) == (1, 2)
+        with pytest.raises(FencedError):
+            await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), epoch=1))
+        with pytest.raises(FencedError):
+            await store.save_seen(STREAM, sample_token(901), 1)
+        assert await store.load(STREAM) == before
+
+    async def test_a_higher_epoch_takes_over(self, store: AsyncCheckpointStore) -> None:
+        await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), epoch=1))
+        assert await store.save_seen(STREAM, sample_token(150), 2) is SaveResult.STORED
+        with pytest.raises(FencedError):
+            await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(160), epoch=1))
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.epoch == 2
+
+    async def test_save_seen_creates_moves_forward_and_leaves_processed_alone(
+        self, store: AsyncCheckpointStore
+    ) -> None:
+        assert await store.save_seen(STREAM, sample_token(300), 0) is SaveResult.STORED
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.last_processed_token is None
+        assert await store.save_seen(STREAM, sample_token(299), 0) is SaveResult.IGNORED
+        await store.save(
+            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), events_processed=3)
+        )
+        assert await store.save_seen(STREAM, sample_token(301), 0) is SaveResult.STORED
+        loaded = await store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_seen_token == sample_token(301)
+        assert loaded.last_seen_at == token_datetime(sample_token(301))
+        assert loaded.last_processed_token == sample_token(100)
+        assert loaded.events_processed == 3
+        assert loaded.resume_token == sample_token(301)
+
+    async def test_save_never_touches_the_seen_position(self, store: AsyncCheckpointStore) -> None:
+        await store.save_seen(STREAM, sample_token(500), 0)
+        await store.save(
+            Checkpoint(
+                stream_id=STREAM, last_processed_token=sample_token(100), last_seen_token=sample_token(5)
+            )
+        )
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.last_seen_token == sample_token(500)
+
+    async def test_delete_and_list(self, store: AsyncCheckpointStore) -> None:
+        for name in ("b", "a", "c"):
+            await store.save(Checkpoint(stream_id=name, last_processed_token=sample_token(1)))
+        assert [c.stream_id for c in await store.list()] == ["a", "b", "c"]
+        assert await store.delete("b") is True
+        assert await store.delete("b") is False
+        assert await store.load("b") is None
+        assert [c.stream_id for c in await store.list()] == ["a", "c"]
+
+    async def test_rewind(self, store: AsyncCheckpointStore) -> None:
+        await store.save(
+            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(500), epoch=4, metadata={"m": 1})
+        )
+        await store.save_seen(STREAM, sample_token(600), 4)
+        await store.rewind(STREAM, sample_token(100))
+        loaded = await store.load(STREAM)
+        assert loaded is not None
+        assert loaded.last_processed_token == sample_token(100)
+        assert loaded.last_seen_token is None
+        assert (loaded.epoch, loaded.metadata) == (4, {"m": 1})
+        await store.rewind(STREAM, None)
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.resume_token is None and loaded.epoch == 4
+        await store.rewind("fresh", None)
+        assert await store.load("fresh") is None
+        await store.rewind("fresh", sample_token(7))
+        fresh = await store.load("fresh")
+        assert fresh is not None and fresh.resume_token == sample_token(7)
+
+    async def test_racing_first_inserts_leave_one_record_with_the_newest_token(self) -> None:
+        stores = [self.make_store() for _ in range(8)]
+        tokens = [sample_token(1000, 1 + (i * 5) % 8) for i in range(8)]
+        results = await asyncio.gather(
+            *(
+                s.save(Checkpoint(stream_id=STREAM, last_processed_token=t))
+                for s, t in zip(stores, tokens, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, SaveResult) for r in results), results
+        records = await stores[0].list()
+        assert len(records) == 1
+        assert _processed(records[0]) == max(token_data(t) for t in tokens)
+
+    async def test_racing_owners_never_regress_and_the_lower_epochs_get_fenced(self) -> None:
+        stores = [self.make_store() for _ in range(_OWNERS)]
+        observer_store = self.make_store()
+        observed: list[tuple[int, str]] = []
+        done = asyncio.Event()
+
+        async def observe() -> None:
+            while not done.is_set():
+                current = await observer_store.load(STREAM)
+                data = _processed(current)
+                if current is not None and data is not None:
+                    observed.append((current.epoch, data))
+                await asyncio.sleep(0)
+
+        async def owner(epoch: int) -> list[SaveResult | FencedError]:
+            outcomes: list[SaveResult | FencedError] = []
+            for round_ in range(_ROUNDS):
+                try:
+                    outcomes.append(
+                        await stores[epoch].save(
+                            Checkpoint(
+                                stream_id=STREAM,
+                                last_processed_token=_owner_token(round_, epoch),
+                                epoch=epoch,
+                            )
+                        )
+                    )
+                except FencedError as exc:
+                    outcomes.append(exc)
+            return outcomes
+
+        watcher = asyncio.ensure_future(observe())
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(owner(e) for e in range(_OWNERS))), _RACE_TIMEOUT_SECONDS
+            )
+        finally:
+            done.set()
+            await watcher
+        for epoch, outcomes in enumerate(results):
+            for outcome in outcomes:
+                if isinstance(outcome, FencedError):
+                    assert outcome.epoch == epoch and outcome.stored_epoch > epoch
+        assert not any(isinstance(o, FencedError) for o in results[-1])
+        final = await stores[0].load(STREAM)
+        assert final is not None
+        assert final.epoch == _OWNERS - 1
+        assert final.last_processed_token == _owner_token(_ROUNDS - 1, _OWNERS - 1)
+        assert len(await stores[0].list()) == 1
+        for (e1, d1), (e2, d2) in pairwise(observed):
+            assert d2 >= d1 and e2 >= e1, "the stored checkpoint went backwards"
+
+
+__all__ = [
+    "STREAM",
+    "AsyncCheckpointStoreContract",
+    "CheckpointStoreContract",
+    "sample_token",
+]

@@ -1,0 +1,143 @@
+"""The contract suite on the in-process stores, plus what only the file store can get wrong."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from flowwarden.checkpoint import Checkpoint, FileCheckpointStore, InMemoryCheckpointStore, SaveResult
+from flowwarden.checkpoint.contract import STREAM, CheckpointStoreContract, sample_token
+from flowwarden.errors import CheckpointError
+
+
+class TestInMemoryCheckpointStore(CheckpointStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backing(self) -> None:
+        self.backing = InMemoryCheckpointStore()
+
+    def make_store(self) -> InMemoryCheckpointStore:
+        # One object is the whole "database": every simulated instance shares it.
+        return self.backing
+
+    def test_loaded_checkpoints_cannot_edit_the_store(self) -> None:
+        store = self.make_store()
+        store.save(
+            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), metadata={"n": {"x": 1}})
+        )
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        loaded.metadata["n"]["x"] = 2
+        again = store.load(STREAM)
+        assert again is not None and again.metadata == {"n": {"x": 1}}
+
+
+class TestFileCheckpointStore(CheckpointStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backing(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "checkpoints.json"
+
+    def make_store(self) -> FileCheckpointStore:
+        return FileCheckpointStore(self.path)
+
+    def test_the_file_is_canonical_extended_json(self) -> None:
+        self.make_store().save(
+            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1_700_000_000), events_processed=3)
+        )
+        content = json.loads(self.path.read_text())
+        assert content["format"] == "flowwarden-checkpoints"
+        document = content["checkpoints"][STREAM]
+        assert document["eventsProcessed"] == {"$numberInt": "3"}
+        assert document["lastProcessedTimestamp"] == {"$date": {"$numberLong": "1700000000000"}}
+        assert document["lastProcessedToken"] == sample_token(1_700_000_000)
+
+    def test_no_temp_files_are_left_behind(self) -> None:
+        store = self.make_store()
+        for i in range(5):
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(i + 1)))
+        assert sorted(p.name for p in self.path.parent.iterdir()) == [
+            "checkpoints.json",
+            "checkpoints.json.lock",
+        ]
+
+    def test_an_ignored_save_does_not_rewrite_the_file(self) -> None:
+        store = self.make_store()
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(5)))
+        before = self.path.stat().st_mtime_ns, self.path.stat().st_ino
+        assert (
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(4)))
+            is SaveResult.IGNORED
+        )
+        assert (self.path.stat().st_mtime_ns, self.path.stat().st_ino) == before
+
+    def test_a_corrupt_file_raises_on_load_instead_of_returning_none(self) -> None:
+        self.path.write_text('{"format": "flowwarden-checkpoints", "version": 1, "checkpoints": {')
+        with pytest.raises(CheckpointError, match="unreadable"):
+            self.make_store().load(STREAM)
+        with pytest.raises(CheckpointError):
+            self.make_store().save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1)))
+
+    def test_a_foreign_file_is_not_mistaken_for_an_empty_store(self) -> None:
+        self.path.write_text('{"some": "other file"}')
+        with pytest.raises(CheckpointError, match="not a flowwarden checkpoint file"):
+            self.make_store().list()
+
+    def test_an_unreadable_file_raises(self) -> None:
+        self.path.mkdir()  # reading a directory fails with an OSError other than "not found"
+        with pytest.raises(CheckpointError, match="cannot read"):
+            self.make_store().load(STREAM)
+
+    def test_a_failed_write_leaves_the_old_file_intact(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        store = self.make_store()
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1)))
+        before = self.path.read_bytes()
+
+        def broken_fsync(fd: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "fsync", broken_fsync)
+        with pytest.raises(CheckpointError, match="No space left"):
+            store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2)))
+        monkeypatch.undo()
+        assert self.path.read_bytes() == before
+        assert sorted(p.name for p in self.path.parent.iterdir()) == [
+            "checkpoints.json",
+            "checkpoints.json.lock",
+        ]
+
+    def test_racing_processes_leave_one_record_with_the_newest_token(self) -> None:
+        """The OS file lock, not only the thread lock, serialises writers in separate processes."""
+        context = multiprocessing.get_context("spawn")
+        workers = [
+            context.Process(target=_save_many, args=(str(self.path), worker, 15)) for worker in range(3)
+        ]
+        for process in workers:
+            process.start()
+        for process in workers:
+            process.join(60)
+            assert process.exitcode == 0
+        records = self.make_store().list()
+        assert len(records) == 1
+        assert records[0].last_processed_token == sample_token(3000 + 14, 3)
+        assert records[0].epoch == 2
+
+
+def _save_many(path: str, worker: int, rounds: int) -> None:
+    """A separate process saving increasing tokens; a lower epoch may be fenced, nothing else."""
+    from flowwarden.errors import FencedError
+
+    store = FileCheckpointStore(path)
+    for round_ in range(rounds):
+        try:
+            store.save(
+                Checkpoint(
+                    stream_id=STREAM,
+                    last_processed_token=sample_token(3000 + round_, worker + 1),
+                    epoch=worker,
+                )
+            )
+        except FencedError:
+            pass
