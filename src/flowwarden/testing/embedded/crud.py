@@ -1,0 +1,640 @@
+"""Document reads and writes with MongoDB's semantics and reply shapes.
+
+Every function here works on a :class:`Scope`: the catalog to read and write (the server's, or a
+transaction's copy) and where the oplog entries of successful writes go. A write reports each
+document change through ``scope.emit`` right after it is stored, one op per document, so a batch
+that fails half-way has logged exactly the documents it changed.
+
+Filter matching, update operators and aggregation stages come from the query engine; this module
+adds what MongoDB does around them: ``_id`` first and immutable, unique indexes, upserts, write
+errors with their indexes, ordered and unordered batches.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import mongomock
+from bson import ObjectId
+from mongomock import aggregate as engine_aggregate
+from mongomock import filtering, helpers
+from mongomock.filtering import filter_applies
+
+from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.keys import value_key
+from flowwarden.testing.embedded.oplog import OplogOp
+from flowwarden.testing.embedded.storage import Catalog, Collection, Document, DuplicateKey
+
+UPDATE_OPERATORS = frozenset(
+    {
+        "$set",
+        "$unset",
+        "$inc",
+        "$mul",
+        "$max",
+        "$min",
+        "$pop",
+        "$rename",
+        "$setOnInsert",
+        "$currentDate",
+        "$addToSet",
+        "$pull",
+        "$pullAll",
+        "$push",
+        "$bit",
+    }
+)
+_OWN_OPERATORS = frozenset({"$mul", "$bit"})
+_ENGINE_ERRORS = (
+    mongomock.OperationFailure,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    NotImplementedError,
+)
+
+
+def write_conflict() -> CommandError:
+    return CommandError(
+        112,
+        "Caused by :: Write conflict during plan execution and yielding is disabled. :: "
+        "Please retry your operation or multi-document transaction.",
+        labels=["TransientTransactionError"],
+    )
+
+
+@dataclass(slots=True)
+class Scope:
+    """Where one command reads and writes, and where the oplog ops of its writes go.
+
+    ``txn_id`` is set inside a transaction: a first write to a document then claims it, and fails
+    with WriteConflict when another transaction holds it or a commit changed it since the
+    transaction's snapshot, as MongoDB's snapshot isolation does.
+    """
+
+    catalog: Catalog
+    emit: Callable[[OplogOp], None]
+    txn_id: int | None = None
+
+    def claim(self, coll: Collection, key: Hashable) -> None:
+        if self.txn_id is None or coll.origin is None or key in coll.base:
+            return
+        main = coll.origin
+        current = coll.docs.get(key)
+        if main.docs.get(key) is not current:
+            raise write_conflict()
+        owner = main.locks.get(key)
+        if owner is not None and owner != self.txn_id:
+            raise write_conflict()
+        main.locks[key] = self.txn_id
+        coll.base[key] = current
+
+
+def engine_error(exc: BaseException, code: int = 2) -> CommandError:
+    """A query-engine exception as the command error MongoDB gives for the same mistake."""
+    if isinstance(exc, CommandError):
+        return exc
+    found = getattr(exc, "code", None)
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    if isinstance(found, int) and found > 0:
+        code = found
+    return CommandError(code, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# reads
+
+
+def _is_plain_value(value: Any) -> bool:
+    return not (isinstance(value, dict) and any(str(k).startswith("$") for k in value))
+
+
+def select(
+    coll: Collection | None,
+    query: Document | None,
+    sort: Document | None = None,
+    skip: int = 0,
+    limit: int = 0,
+) -> list[Document]:
+    """The stored documents matching ``query`` in ``sort`` order, sliced by skip and limit.
+
+    The returned dicts are the stored ones (never mutated by the storage), not copies.
+    """
+    if coll is None:
+        if query:
+            _validate_filter(query)
+        return []
+    query = query or {}
+    if not isinstance(query, dict):
+        raise CommandError(14, "BSON field 'filter' is the wrong type, expected type 'object'", code_name=None)
+    try:
+        if len(query) == 1 and "_id" in query and _is_plain_value(query["_id"]):
+            found = coll.docs.get(value_key(query["_id"]))
+            docs = [found] if found is not None else []
+        elif query:
+            docs = [doc for doc in coll.docs.values() if filter_applies(query, doc)]
+        else:
+            docs = list(coll.docs.values())
+    except _ENGINE_ERRORS as exc:
+        raise engine_error(exc) from None
+    if sort:
+        docs = sort_documents(docs, sort)
+    if skip:
+        docs = docs[skip:]
+    if limit:
+        docs = docs[: abs(limit)]
+    return docs
+
+
+def _validate_filter(query: Document) -> None:
+    try:
+        filter_applies(query, {})
+    except _ENGINE_ERRORS as exc:
+        raise engine_error(exc) from None
+
+
+def sort_documents(docs: list[Document], sort: Document) -> list[Document]:
+    for key, direction in reversed(list(sort.items())):
+        if isinstance(direction, dict):
+            raise CommandError(2, f"$meta sort by {direction} is not supported by the embedded replica set")
+        if direction not in (1, -1):
+            raise CommandError(15974, "Illegal key in $sort specification: " + f"{key}: {direction!r}")
+        if key == "$natural":
+            if direction < 0:
+                docs = list(reversed(docs))
+            continue
+        docs = sorted(docs, key=lambda d, k=key: filtering.resolve_sort_key(k, d), reverse=direction < 0)
+    return docs
+
+
+def project(coll_engine: Any, docs: Iterable[Document], projection: Document | None) -> list[Document]:
+    """Apply a find projection; without one the stored documents are returned as they are."""
+    if not projection:
+        return list(docs)
+    try:
+        return [coll_engine._copy_only_fields(doc, dict(projection), dict) for doc in docs]
+    except _ENGINE_ERRORS as exc:
+        raise engine_error(exc, 2) from None
+
+
+def distinct(coll: Collection | None, key: str, query: Document | None) -> list[Any]:
+    values: list[Any] = []
+    seen: set[Hashable] = set()
+    for doc in select(coll, query):
+        try:
+            found = helpers.get_value_by_dot(doc, key, can_generate_array=True)
+        except KeyError:
+            continue
+        for value in found if isinstance(found, list) else [found]:
+            marker = value_key(value)
+            if marker not in seen:
+                seen.add(marker)
+                values.append(value)
+    return values
+
+
+def run_pipeline(catalog: Catalog, db: str, coll_name: str | None, pipeline: list[Document]) -> list[Document]:
+    """An ordinary (non change-stream) aggregation over a collection, or over nothing for ``aggregate: 1``."""
+    for stage in pipeline:
+        if not isinstance(stage, dict) or len(stage) != 1:
+            raise CommandError(40323, "A pipeline stage specification object must contain exactly one field.")
+        (name,) = stage
+        if name in ("$out", "$merge"):
+            raise CommandError(
+                2, f"{name} is not supported by the embedded replica set; read the results and write them"
+            )
+        if name == "$changeStream":
+            raise CommandError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+    engine_db = catalog.engine[db]
+    try:
+        if coll_name is None:
+            result = engine_aggregate.process_pipeline([], engine_db, pipeline, None)
+        else:
+            source = catalog.get(db, coll_name)
+            docs = [copy.deepcopy(doc) for doc in source.docs.values()] if source is not None else []
+            result = engine_aggregate.process_pipeline(docs, engine_db, pipeline, None)
+        return list(result)
+    except CommandError:
+        raise
+    except _ENGINE_ERRORS as exc:
+        raise engine_error(exc, 2) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# writes
+
+
+def id_first(doc: Document) -> Document:
+    """``doc`` with ``_id`` as its first field (generated when missing), as MongoDB stores it."""
+    if "_id" not in doc:
+        return {"_id": ObjectId(), **doc}
+    if next(iter(doc)) != "_id":
+        return {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+    return doc
+
+
+def _validate_new_document(doc: Document) -> None:
+    _id = doc.get("_id")
+    if isinstance(_id, list):
+        raise CommandError(53, "The '_id' value cannot be of type array", code_name="InvalidIdField")
+    if isinstance(_id, dict) and any(str(k).startswith("$") for k in _id):
+        raise CommandError(
+            52,
+            f"_id fields may not contain '$'-prefixed fields: {next(iter(_id))} is not valid for storage.",
+            code_name="DollarPrefixedFieldName",
+        )
+
+
+def ensure_collection(scope: Scope, db: str, name: str) -> Collection:
+    """The collection, created (and logged as MongoDB logs an implicit create) when missing."""
+    coll = scope.catalog.get(db, name)
+    if coll is not None:
+        return coll
+    validate_collection_name(db, name)
+    coll = scope.catalog.create(db, name)
+    scope.emit(
+        OplogOp(
+            "create",
+            db,
+            name,
+            description={"idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
+        )
+    )
+    return coll
+
+
+def validate_collection_name(db: str, name: str) -> None:
+    if not isinstance(name, str) or not name or "$" in name or "\x00" in name or name.startswith("."):
+        raise CommandError(73, f"Invalid namespace specified '{db}.{name}'", code_name="InvalidNamespace")
+    if name.startswith("system.") and name not in ("system.js", "system.views", "system.profile"):
+        raise CommandError(
+            73, f"Invalid system namespace: {db}.{name}", code_name="InvalidNamespace"
+        )
+
+
+def pre_image_recorded(coll: Collection) -> bool:
+    setting = coll.options.get("changeStreamPreAndPostImages")
+    return isinstance(setting, dict) and bool(setting.get("enabled"))
+
+
+def insert_documents(
+    scope: Scope, db: str, name: str, documents: list[Document], *, ordered: bool = True
+) -> tuple[int, list[Document]]:
+    """Insert a batch; returns ``(n inserted, writeErrors)``. Ordered batches stop at the first error."""
+    coll = ensure_collection(scope, db, name)
+    inserted = 0
+    errors: list[Document] = []
+    emit = scope.emit
+    in_txn = scope.txn_id is not None
+    docs = coll.docs
+    has_unique = any(index.unique for index in coll.indexes.values())
+    for position, raw in enumerate(documents):
+        try:
+            if not isinstance(raw, dict):
+                raise CommandError(14, "documents must be objects")
+            doc = id_first(raw)
+            _id = doc["_id"]
+            if type(_id) in (list, dict):
+                _validate_new_document(doc)
+            key = value_key(_id)
+            if key in docs:
+                raise DuplicateKey(coll.ns, coll.indexes["_id_"], {"_id": _id})
+            if in_txn:
+                scope.claim(coll, key)
+            if has_unique:
+                coll.put(key, doc)
+            else:
+                docs[key] = doc
+        except DuplicateKey as dup:
+            errors.append(dup.write_error(position))
+        except CommandError as exc:
+            if exc.code == 112:
+                raise
+            errors.append({"index": position, "code": exc.code, "errmsg": exc.errmsg})
+        else:
+            inserted += 1
+            emit(OplogOp("insert", db, name, document_key={"_id": _id}, after=doc))
+            continue
+        if ordered:
+            break
+    return inserted, errors
+
+
+@dataclass(slots=True)
+class UpdateResult:
+    matched: int = 0
+    modified: int = 0
+    upserted_id: Any = None
+    upserted: bool = False
+    before: Document | None = None
+    after: Document | None = None
+
+
+def _is_replacement(update: Any) -> bool:
+    return isinstance(update, dict) and not any(str(k).startswith("$") for k in update)
+
+
+def validate_update(update: Any) -> None:
+    if isinstance(update, list):
+        for stage in update:
+            if not isinstance(stage, dict) or len(stage) != 1:
+                raise CommandError(
+                    40323, "A pipeline stage specification object must contain exactly one field."
+                )
+            (name,) = stage
+            if name not in ("$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"):
+                raise CommandError(
+                    72,
+                    f"{name} is not allowed to be used within an update",
+                    code_name="InvalidOptions",
+                )
+        return
+    if not isinstance(update, dict):
+        raise CommandError(14, "Update argument must be either an object or an array")
+    keys = list(update)
+    dollar = [k for k in keys if k.startswith("$")]
+    if dollar and len(dollar) != len(keys):
+        plain = next(k for k in keys if not k.startswith("$"))
+        raise CommandError(
+            9,
+            f"Unknown modifier: {plain}. Expected a valid update modifier or pipeline-style update "
+            "specified as an array",
+        )
+    for op in dollar:
+        if op not in UPDATE_OPERATORS:
+            raise CommandError(
+                9,
+                f"Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update "
+                "specified as an array",
+            )
+        if not isinstance(update[op], dict):
+            raise CommandError(
+                9,
+                f"Modifiers operate on fields but we found type {type(update[op]).__name__} instead. "
+                f"For example: {{$mod: {{<field>: ...}}}} not {{{op}: {update[op]!r}}}",
+            )
+    if _is_replacement(update):
+        for key in keys:
+            if key.startswith("$"):
+                raise CommandError(52, f"The dollar ($) prefixed field '{key}' is not valid for storage.")
+
+
+def _mul(doc: Any, name: str, value: Any) -> None:
+    if isinstance(doc, dict):
+        current = doc.get(name, 0)
+        if current is None or isinstance(current, (str, dict, list, bool)):
+            raise CommandError(14, f"Cannot apply $mul to a value of non-numeric type. {name} is not a number")
+        doc[name] = current * value
+    elif isinstance(doc, list):
+        doc[int(name)] = doc[int(name)] * value
+
+
+def _bit(doc: Any, name: str, value: Any) -> None:
+    if not isinstance(doc, dict):
+        return
+    current = doc.get(name, 0)
+    if not isinstance(current, int) or isinstance(current, bool):
+        raise CommandError(14, f"Cannot apply $bit to a value of non-integral type. {name} is not an integer")
+    for op, operand in value.items():
+        if op == "and":
+            current &= operand
+        elif op == "or":
+            current |= operand
+        elif op == "xor":
+            current ^= operand
+        else:
+            raise CommandError(2, f"The $bit modifier only supports 'and', 'or', and 'xor', not '{op}'")
+    doc[name] = current
+
+
+def _expand_array_filters(
+    doc: Document, update: Document, array_filters: list[Document] | None
+) -> Document:
+    """Rewrite ``$[]`` and ``$[<id>]`` paths into the concrete array indexes they select in ``doc``."""
+    filters: dict[str, Document] = {}
+    for spec in array_filters or []:
+        if not isinstance(spec, dict) or not spec:
+            raise CommandError(9, "Cannot use an expression without a top-level field name in arrayFilters")
+        for field_name, condition in spec.items():
+            identifier, _, rest = field_name.partition(".")
+            filters.setdefault(identifier, {})[rest or ""] = condition
+    used: set[str] = set()
+    out: Document = {}
+    for op, fields in update.items():
+        if not isinstance(fields, dict) or not any("$[" in path for path in fields):
+            out[op] = fields
+            continue
+        expanded: Document = {}
+        for path, value in fields.items():
+            for concrete in _concrete_paths(doc, path.split("."), filters, used):
+                expanded[concrete] = value
+        out[op] = expanded
+    unused = set(filters) - used
+    if unused:
+        name = sorted(unused)[0]
+        raise CommandError(9, f"The array filter for identifier '{name}' was not used in the update { {} }")
+    return out
+
+
+def _element_matches(element: Any, conditions: Document) -> bool:
+    for rest, condition in conditions.items():
+        if rest == "":
+            if not filter_applies({"v": condition}, {"v": element}):
+                return False
+        elif not isinstance(element, dict) or not filter_applies({rest: condition}, element):
+            return False
+    return True
+
+
+def _concrete_paths(node: Any, parts: list[str], filters: dict[str, Document], used: set[str]) -> list[str]:
+    if not parts:
+        return [""]
+    head, tail = parts[0], parts[1:]
+    if head.startswith("$[") and head.endswith("]"):
+        identifier = head[2:-1]
+        if not isinstance(node, list):
+            raise CommandError(
+                2, f"The path '{head}' must exist in the document in order to apply array updates."
+            )
+        if identifier and identifier not in filters:
+            raise CommandError(
+                2, f"No array filter found for identifier '{identifier}' in path '{'.'.join(parts)}'"
+            )
+        if identifier:
+            used.add(identifier)
+        result = []
+        for index, element in enumerate(node):
+            if identifier and not _element_matches(element, filters[identifier]):
+                continue
+            for sub in _concrete_paths(element, tail, filters, used):
+                result.append(f"{index}.{sub}" if sub else str(index))
+        return result
+    child = None
+    if isinstance(node, dict):
+        child = node.get(head)
+    elif isinstance(node, list) and head.isdigit() and int(head) < len(node):
+        child = node[int(head)]
+    return [f"{head}.{sub}" if sub else head for sub in _concrete_paths(child, tail, filters, used)]
+
+
+def apply_update(
+    engine: Any,
+    old: Document,
+    query: Document,
+    update: Any,
+    *,
+    inserting: bool,
+    array_filters: list[Document] | None = None,
+) -> Document:
+    """The document ``update`` makes of ``old`` (``old`` itself is left untouched)."""
+    if _is_replacement(update):
+        new = {"_id": old["_id"], **{k: v for k, v in update.items() if k != "_id"}} if "_id" in old else dict(update)
+        if "_id" in update and "_id" in old and value_key(update["_id"]) != value_key(old["_id"]):
+            raise _immutable_id(update["_id"])
+        return copy.deepcopy(new)
+    new = copy.deepcopy(old)
+    try:
+        if isinstance(update, list):
+            engine._apply_update_pipeline(new, update, None)
+        else:
+            if array_filters is not None or any(
+                isinstance(fields, dict) and any("$[" in path for path in fields) for fields in update.values()
+            ):
+                update = _expand_array_filters(new, update, array_filters)
+            own = {op: update[op] for op in _OWN_OPERATORS if op in update}
+            rest = {op: fields for op, fields in update.items() if op not in _OWN_OPERATORS}
+            if rest:
+                engine._apply_update_document(new, query, rest, inserting)
+            for field_name, value in own.get("$mul", {}).items():
+                engine._update_document_single_field(new, field_name, value, _mul)
+            for field_name, value in own.get("$bit", {}).items():
+                engine._update_document_single_field(new, field_name, value, _bit)
+    except CommandError:
+        raise
+    except _ENGINE_ERRORS as exc:
+        raise engine_error(exc, 2) from None
+    if "_id" in old and ("_id" not in new or value_key(new["_id"]) != value_key(old["_id"])):
+        raise _immutable_id(new.get("_id"))
+    return new
+
+
+def _immutable_id(value: Any) -> CommandError:
+    return CommandError(
+        66,
+        "After applying the update, the (immutable) field '_id' was found to have been altered to "
+        f"_id: {value!r}",
+        code_name="ImmutableField",
+    )
+
+
+def _upsert_seed(engine: Any, query: Document) -> Document:
+    seed = {k: v for k, v in query.items() if not k.startswith("$")}
+    for clause in query.get("$and", []) if isinstance(query.get("$and"), list) else []:
+        if isinstance(clause, dict):
+            seed.update({k: v for k, v in clause.items() if not k.startswith("$")})
+    try:
+        expanded = engine._expand_dots(seed)
+        discarded, _ = engine._discard_operators(expanded)
+    except _ENGINE_ERRORS as exc:
+        raise engine_error(exc, 2) from None
+    return dict(discarded)
+
+
+def update_one_statement(
+    scope: Scope,
+    db: str,
+    name: str,
+    query: Document,
+    update: Any,
+    *,
+    multi: bool,
+    upsert: bool,
+    array_filters: list[Document] | None = None,
+    sort: Document | None = None,
+) -> UpdateResult:
+    """One update statement (one entry of an ``update`` command, or findAndModify's update)."""
+    validate_update(update)
+    if multi and _is_replacement(update) and update:
+        raise CommandError(9, "multi update is not supported for replacement-style update")
+    coll = scope.catalog.get(db, name)
+    result = UpdateResult()
+    matches = select(coll, query, sort=sort, limit=0 if multi else 1)
+    engine = scope.catalog.engine[db][name]
+    replacement = _is_replacement(update)
+    for old in matches:
+        assert coll is not None
+        result.matched += 1
+        new = apply_update(engine, old, query, update, inserting=False, array_filters=array_filters)
+        result.before, result.after = old, new
+        if new == old and list(new) == list(old):
+            continue
+        key = value_key(old["_id"])
+        scope.claim(coll, key)
+        coll.put(key, new)
+        result.modified += 1
+        scope.emit(
+            OplogOp(
+                "replace" if replacement else "update",
+                db,
+                name,
+                document_key={"_id": old["_id"]},
+                before=old,
+                after=new,
+                pre_image_recorded=pre_image_recorded(coll),
+            )
+        )
+    if result.matched or not upsert:
+        return result
+    coll = ensure_collection(scope, db, name)
+    if replacement:
+        seed_id = _upsert_seed(engine, query).get("_id")
+        doc = dict(update)
+        if "_id" not in doc and seed_id is not None:
+            doc = {"_id": seed_id, **doc}
+    else:
+        seed = _upsert_seed(engine, query)
+        doc = apply_update(engine, seed, query, update, inserting=True, array_filters=array_filters)
+    doc = id_first(doc)
+    _validate_new_document(doc)
+    key = value_key(doc["_id"])
+    if key in coll.docs:
+        raise DuplicateKey(coll.ns, coll.indexes["_id_"], {"_id": doc["_id"]})
+    scope.claim(coll, key)
+    coll.put(key, doc)
+    result.upserted = True
+    result.upserted_id = doc["_id"]
+    result.after = doc
+    scope.emit(OplogOp("insert", db, name, document_key={"_id": doc["_id"]}, after=doc))
+    return result
+
+
+def delete_statement(
+    scope: Scope, db: str, name: str, query: Document, *, limit: int, sort: Document | None = None
+) -> list[Document]:
+    """Delete the matching documents (at most one when ``limit`` is 1); returns the deleted ones."""
+    coll = scope.catalog.get(db, name)
+    if coll is None:
+        select(None, query)
+        return []
+    deleted = []
+    for old in select(coll, query, sort=sort, limit=limit):
+        key = value_key(old["_id"])
+        scope.claim(coll, key)
+        coll.remove(key)
+        deleted.append(old)
+        scope.emit(
+            OplogOp(
+                "delete",
+                db,
+                name,
+                document_key={"_id": old["_id"]},
+                before=old,
+                pre_image_recorded=pre_image_recorded(coll),
+            )
+        )
+    return deleted

@@ -1,0 +1,240 @@
+"""The replica set's state and the command pipeline every request goes through.
+
+:class:`ReplicaSetHost` holds everything a command can touch (catalog, oplog, cursors, sessions,
+fail points) and is the ``ChangeStreamHost`` change streams read documents and options from. Its
+:meth:`ReplicaSetHost.run` takes one decoded request through the steps MongoDB takes: fail point,
+session and transaction bookkeeping, retryable-write replay, the command itself, and the
+``$clusterTime``/``operationTime`` every reply carries.
+
+Everything here runs on the server's event loop thread; nothing may block it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bson import Binary, Int64, ObjectId, Timestamp
+
+from flowwarden.testing.embedded import commands
+from flowwarden.testing.embedded.crud import Scope
+from flowwarden.testing.embedded.cursors import CursorRegistry
+from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.failpoints import FailPoints
+from flowwarden.testing.embedded.keys import value_key
+from flowwarden.testing.embedded.oplog import Oplog, OplogOp
+from flowwarden.testing.embedded.sessions import TRANSACTION_CONTROL, SessionRegistry, TxnState
+from flowwarden.testing.embedded.storage import Catalog, Document
+
+log = logging.getLogger(__name__)
+
+SET_NAME = "rs0"
+ZERO_SIGNATURE = {"hash": Binary(b"\x00" * 20, 0), "keyId": Int64(0)}
+
+
+class CloseConnection(Exception):
+    """Raised by a command that must end its connection without replying (a fail point)."""
+
+
+@dataclass(slots=True)
+class ConnectionInfo:
+    """What the server knows about one client connection."""
+
+    id: int
+    peer: str
+    app_name: str | None = None
+    metadata: Document | None = None
+    opened: float = field(default_factory=time.monotonic)
+
+
+class ReplicaSetHost:
+    """State of the single-node replica set ``rs0``; the ``ChangeStreamHost`` of its change streams."""
+
+    def __init__(self, oplog_max_events: int | None = None) -> None:
+        self.oplog = Oplog(oplog_max_events)
+        self.catalog = Catalog()
+        # Events and local.oplog.rs show the catalog's collection UUIDs.
+        self.oplog.uuid_source = self.collection_uuid
+        self.cursors = CursorRegistry()
+        self.sessions = SessionRegistry(self.catalog, self.oplog)
+        self.failpoints = FailPoints()
+        self.port = 0
+        self.process_id = ObjectId()
+        self.election_id = ObjectId("7fffffff0000000000000001")
+        self.started_wall = time.time()
+        self.started = time.monotonic()
+        self.connections_current = 0
+        self.connections_total = 0
+        self.opcounters: dict[str, int] = dict.fromkeys(
+            ("insert", "query", "update", "delete", "getmore", "command"), 0
+        )
+        self.parameters: dict[str, Any] = {
+            "enableTestCommands": True,
+            "ttlMonitorSleepSecs": 60,
+            "transactionLifetimeLimitSeconds": 60,
+            "maxTransactionLockRequestTimeoutMillis": 5,
+            "featureCompatibilityVersion": {"version": commands.FEATURE_COMPATIBILITY_VERSION},
+            "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
+            "logLevel": 0,
+            "notablescan": False,
+        }
+        self._shutdown: asyncio.Event | None = None
+        self._main_scope = Scope(self.catalog, self._emit)
+        self._last_ttl_pass = time.monotonic()
+
+    # -- identity --------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def reset_loop_state(self) -> None:
+        """Forget objects bound to a previous event loop (the server is being started again)."""
+        self._shutdown = None
+
+    @property
+    def shutdown_event(self) -> asyncio.Event:
+        if self._shutdown is None:
+            self._shutdown = asyncio.Event()
+        return self._shutdown
+
+    def cluster_time_fields(self) -> Document:
+        ts: Timestamp = self.oplog.cluster_time
+        return {"$clusterTime": {"clusterTime": ts, "signature": ZERO_SIGNATURE}, "operationTime": ts}
+
+    def _emit(self, op: OplogOp) -> None:
+        self.oplog.append((op,))
+
+    # -- ChangeStreamHost --------------------------------------------------------------------
+
+    def lookup_document(self, db: str, coll: str, document_key: Document) -> Document | None:
+        """The current committed document with this ``_id`` (for ``fullDocument: updateLookup``)."""
+        collection = self.catalog.get(db, coll)
+        if collection is None or "_id" not in document_key:
+            return None
+        return collection.docs.get(value_key(document_key["_id"]))
+
+    def collection_options(self, db: str, coll: str) -> Document | None:
+        """The collection's options as ``listCollections`` shows them; None if it does not exist."""
+        collection = self.catalog.get(db, coll)
+        return None if collection is None else dict(collection.options)
+
+    def collection_uuid(self, db: str, coll: str) -> Binary | None:
+        """The collection's UUID (``collectionUUID`` of expanded events); None if it does not exist."""
+        collection = self.catalog.get(db, coll)
+        return None if collection is None else collection.uuid
+
+    # -- the command pipeline ----------------------------------------------------------------
+
+    async def run(self, conn: ConnectionInfo, command: Document, db: str) -> Document:
+        """Execute one command and return its reply (an error reply on failure).
+
+        Raises :class:`CloseConnection` when a fail point asks for the connection to be dropped.
+        """
+        try:
+            reply = await self._run(conn, command, db)
+        except CommandError as exc:
+            reply = exc.to_reply()
+        except CloseConnection:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must not kill the connection loop: answer InternalError
+            log.exception("embedded replica set: command %r failed", next(iter(command), None))
+            reply = CommandError(1, f"internal error in the embedded replica set: {exc!r}").to_reply()
+        reply.update(self.cluster_time_fields())
+        return reply
+
+    async def _run(self, conn: ConnectionInfo, cmd: Document, db: str) -> Document:
+        if not cmd:
+            raise CommandError(59, "no such command: ''")
+        name = next(iter(cmd))
+        spec = commands.COMMANDS.get(name)
+        if spec is None:
+            raise CommandError(59, f"no such command: '{name}'")
+        self.opcounters[spec.counter] = self.opcounters.get(spec.counter, 0) + 1
+        action = None
+        if spec.failable:
+            action = self.failpoints.check(spec.name, conn.app_name, commands.namespace_of(cmd, db))
+        if action is not None:
+            if action.block_ms:
+                await asyncio.sleep(action.block_ms / 1000)
+            if action.close_connection:
+                raise CloseConnection()
+            if action.error is not None:
+                raise action.error
+        session = None
+        lsid = cmd.get("lsid")
+        if lsid is not None and spec.sessions:
+            session = self.sessions.get(lsid)
+        txn = None
+        if "autocommit" in cmd:
+            if session is None:
+                raise CommandError(50768, "Transactions need a session: the command carries autocommit but no lsid")
+            txn = self.sessions.transaction_for(session, name, cmd)
+        scope = self._main_scope
+        if txn is not None and txn.state is TxnState.IN_PROGRESS and name not in TRANSACTION_CONTROL:
+            scope = Scope(txn.catalog, txn.ops.append, txn.txn_id)
+        retry_key: Hashable | None = None
+        if session is not None and txn is None and spec.retryable and "txnNumber" in cmd:
+            number = int(cmd["txnNumber"])
+            if number == session.retry_number and session.retry_reply is not None:
+                replay = copy.copy(session.retry_reply)
+                self._attach_write_concern_error(replay, action)
+                return replay
+            newest = max(session.retry_number, session.txn_number)
+            if number < newest:
+                raise CommandError(
+                    225,
+                    f"Retryable write with txnNumber {number} is prohibited on session because a newer "
+                    f"retryable write with txnNumber {newest} has already started on this session.",
+                    code_name="TransactionTooOld",
+                )
+            session.retry_number = number
+            session.retry_reply = None
+            session.txn_number = max(session.txn_number, number)
+            retry_key = session.key
+        ctx = commands.Context(host=self, conn=conn, cmd=cmd, db=db, name=name, session=session, txn=txn, scope=scope)
+        try:
+            reply = await spec.handler(ctx)
+        except CommandError:
+            if session is not None and txn is not None and name not in TRANSACTION_CONTROL:
+                self.sessions.abort(session)
+            raise
+        if session is not None and txn is not None and name not in TRANSACTION_CONTROL and reply.get("writeErrors"):
+            self.sessions.abort(session)
+        if retry_key is not None and session is not None:
+            session.retry_reply = dict(reply)
+        self._attach_write_concern_error(reply, action)
+        return reply
+
+    @staticmethod
+    def _attach_write_concern_error(reply: Document, action: Any) -> None:
+        if action is not None and action.write_concern_error is not None:
+            reply["writeConcernError"] = dict(action.write_concern_error)
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def housekeeping(self) -> None:
+        """Periodic duties: reap idle cursors, abort expired transactions, run the TTL monitor."""
+        self.cursors.reap_idle()
+        self.sessions.expire_transactions()
+        interval = float(self.parameters.get("ttlMonitorSleepSecs", 60))
+        now = time.monotonic()
+        if now - self._last_ttl_pass >= interval:
+            self._last_ttl_pass = now
+            commands.expire_ttl_documents(self)
+
+    def close(self) -> None:
+        self.cursors.close_all()
+        self.sessions.close_all()
+        self.failpoints.clear()
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,287 @@
+"""The public :class:`EmbeddedReplicaSet`: a TCP server on 127.0.0.1 run by a background thread.
+
+The thread owns one asyncio event loop; every connection, command, cursor and oplog call runs
+on it, so none of them need locks. The methods of :class:`EmbeddedReplicaSet` are called from
+other threads (a test, the CLI) and hand their work to the loop thread-safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import signal
+import threading
+import types
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import bson
+from bson.errors import BSONError
+
+from flowwarden.testing.embedded import wire
+from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.host import CloseConnection, ConnectionInfo, ReplicaSetHost
+from flowwarden.testing.embedded.oplog import Oplog
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_HOUSEKEEPING_SECONDS = 1.0
+_START_TIMEOUT_SECONDS = 30.0
+# Commands a driver may still send as legacy OP_QUERY: only the connection handshake.
+_OP_QUERY_COMMANDS = frozenset({"hello", "isMaster", "ismaster"})
+
+
+class EmbeddedReplicaSet:
+    """A single-node MongoDB replica set (``rs0``) on 127.0.0.1 for tests, examples and demos.
+
+    Unmodified PyMongo (sync and async) and motor clients connect with :attr:`uri`. It is a test
+    double, not a database: data lives in memory and is gone when the process ends.
+
+    ``start()`` and ``stop()`` are idempotent; a stopped server can be started again and comes
+    back on the same port with its data and oplog, so a client's URI stays valid across restarts.
+    """
+
+    def __init__(self, port: int = 0, oplog_max_events: int | None = None) -> None:
+        if oplog_max_events is not None and oplog_max_events < 1:
+            raise ValueError(f"oplog_max_events must be at least 1 or None, got {oplog_max_events}")
+        self._requested_port = port
+        self._host = ReplicaSetHost(oplog_max_events)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: dict[int, tuple[asyncio.StreamWriter, asyncio.Task[None]]] = {}
+        self._connection_ids = itertools.count(1)
+        self._request_ids = itertools.count(1)
+        self._refuse_until = 0.0
+        self._housekeeping: asyncio.Task[None] | None = None
+        self._lifecycle = threading.Lock()
+
+    # -- public API --------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on (chosen by the OS when created with ``port=0``)."""
+        return self._host.port or self._requested_port
+
+    @property
+    def uri(self) -> str:
+        """``mongodb://127.0.0.1:<port>/?replicaSet=rs0``."""
+        return f"mongodb://127.0.0.1:{self.port}/?replicaSet=rs0"
+
+    @property
+    def oplog(self) -> Oplog:
+        """The replica set's oplog. Touch it only from the server's loop (or while it is stopped)."""
+        return self._host.oplog
+
+    @property
+    def running(self) -> bool:
+        return self._loop is not None
+
+    def start(self) -> EmbeddedReplicaSet:
+        """Bind the port and start serving; returns once clients can connect."""
+        with self._lifecycle:
+            if self._loop is not None:
+                return self
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+            thread = threading.Thread(
+                target=self._run_loop, args=(loop, ready), name=f"flowwarden-embedded-rs-{id(self):x}", daemon=True
+            )
+            thread.start()
+            ready.wait()
+            self._loop, self._thread = loop, thread
+            try:
+                self._call(self._open(), timeout=_START_TIMEOUT_SECONDS)
+            except BaseException:
+                self._halt_loop()
+                raise
+        return self
+
+    def stop(self) -> None:
+        """Close every connection and cursor, stop serving and join the server thread."""
+        with self._lifecycle:
+            if self._loop is None:
+                return
+            try:
+                self._call(self._close(), timeout=_START_TIMEOUT_SECONDS)
+            finally:
+                self._halt_loop()
+
+    def drop_connections(self) -> None:
+        """Close every client connection now (clients see a network error and reconnect).
+
+        Returns once the connections are closed; new connections are accepted at once.
+        """
+        self._call(self._drop_all())
+
+    def outage(self, seconds: float) -> None:
+        """Close every connection and refuse new ones for ``seconds``; returns at once."""
+        if seconds < 0:
+            raise ValueError(f"outage seconds must be >= 0, got {seconds}")
+        self._call(self._begin_outage(seconds))
+
+    def serve_forever(self) -> None:
+        """Serve until Ctrl-C or SIGTERM, then stop cleanly (the ``flowwarden embedded-mongo`` CLI)."""
+        self.start()
+        stop = threading.Event()
+        previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            self.stop()
+
+    def __enter__(self) -> EmbeddedReplicaSet:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"EmbeddedReplicaSet(uri={self.uri!r}, {state})"
+
+    # -- loop plumbing -------------------------------------------------------------------------
+
+    @staticmethod
+    def _run_loop(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        loop = self._loop
+        if loop is None:
+            coro.close()
+            raise RuntimeError("the EmbeddedReplicaSet is not running; call start() first")
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, loop)
+        return future.result(timeout)
+
+    def _halt_loop(self) -> None:
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join()
+        loop.close()
+
+    async def _open(self) -> None:
+        host = self._host
+        host.reset_loop_state()
+        port = host.port or self._requested_port
+        self._server = await asyncio.start_server(self._serve_client, "127.0.0.1", port, reuse_address=True)
+        host.port = self._server.sockets[0].getsockname()[1]
+        self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
+
+    async def _close(self) -> None:
+        self._host.shutdown_event.set()
+        if self._server is not None:
+            self._server.close()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        await self._drop_all()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        self._host.close()
+
+    async def _drop_all(self) -> None:
+        entries = list(self._connections.values())
+        for writer, task in entries:
+            writer.transport.abort()
+            task.cancel()
+        if entries:
+            await asyncio.gather(*(task for _, task in entries), return_exceptions=True)
+
+    async def _begin_outage(self, seconds: float) -> None:
+        self._refuse_until = asyncio.get_running_loop().time() + seconds
+        await self._drop_all()
+
+    async def _housekeep(self) -> None:
+        while True:
+            await asyncio.sleep(_HOUSEKEEPING_SECONDS)
+            try:
+                self._host.housekeeping()
+            except Exception:
+                log.exception("embedded replica set: housekeeping failed")
+
+    # -- one connection -----------------------------------------------------------------------
+
+    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._refuse_until:
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        peer = writer.get_extra_info("peername")
+        conn = ConnectionInfo(
+            id=next(self._connection_ids), peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        )
+        host = self._host
+        self._connections[conn.id] = (writer, task)
+        host.connections_current += 1
+        host.connections_total += 1
+        try:
+            await self._request_loop(conn, reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, CloseConnection):
+            pass
+        except wire.MalformedMessage as exc:
+            log.debug("embedded replica set: closing connection %d: %s", conn.id, exc)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._connections.pop(conn.id, None)
+            host.connections_current -= 1
+            writer.transport.abort()
+
+    async def _request_loop(
+        self, conn: ConnectionInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        host = self._host
+        while True:
+            header = await reader.readexactly(wire.HEADER_SIZE)
+            length, request_id, _, op_code = wire.parse_header(header)
+            message = header + await reader.readexactly(length - wire.HEADER_SIZE)
+            request = wire.parse_message(request_id, op_code, message)
+            if request.op_code == wire.OP_QUERY and next(iter(request.command), None) not in _OP_QUERY_COMMANDS:
+                name = next(iter(request.command), "")
+                reply = CommandError(
+                    352,
+                    f"Unsupported OP_QUERY command: {name}. The client driver may require an upgrade.",
+                    code_name="UnsupportedOpQueryCommand",
+                ).to_reply()
+                reply.update(host.cluster_time_fields())
+            else:
+                reply = await host.run(conn, request.command, request.db)
+            if request.more_to_come:
+                continue
+            try:
+                payload = bson.encode(reply)
+            except (BSONError, TypeError, ValueError, OverflowError) as exc:
+                error = CommandError(10334, f"reply could not be encoded as BSON: {exc}", code_name="BSONObjectTooLarge")
+                payload = bson.encode({**error.to_reply(), **host.cluster_time_fields()})
+            if request.op_code == wire.OP_QUERY:
+                out = wire.build_op_reply(next(self._request_ids), request.request_id, payload)
+            else:
+                out = wire.build_op_msg(
+                    next(self._request_ids), request.request_id, payload, checksum=request.checksum
+                )
+            writer.write(out)
+            await writer.drain()

@@ -1,0 +1,258 @@
+"""MongoDB wire-protocol framing for the embedded replica set: parse requests, build replies.
+
+This module owns bytes only: message headers, OP_MSG sections and checksums, the legacy OP_QUERY
+handshake and its OP_REPLY, and OP_COMPRESSED unwrapping. It never interprets a command. Any byte
+sequence it cannot parse raises :class:`MalformedMessage`, and the server closes only the
+connection that sent it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson.errors import BSONError
+
+OP_REPLY = 1
+OP_QUERY = 2004
+OP_COMPRESSED = 2012
+OP_MSG = 2013
+
+# OP_MSG flag bits.
+CHECKSUM_PRESENT = 1 << 0
+MORE_TO_COME = 1 << 1
+EXHAUST_ALLOWED = 1 << 16
+_KNOWN_MSG_FLAGS = CHECKSUM_PRESENT | MORE_TO_COME | EXHAUST_ALLOWED
+# The low 16 bits are "required" flags: a receiver must reject a message carrying one it does
+# not know (the wire-protocol rule that keeps old servers from misreading new messages).
+_REQUIRED_FLAG_MASK = 0xFFFF
+
+HEADER = struct.Struct("<iiii")
+HEADER_SIZE = HEADER.size
+MAX_MESSAGE_SIZE = 48_000_000
+
+_INT32 = struct.Struct("<i")
+_UINT32 = struct.Struct("<I")
+_REPLY_PREFIX = struct.Struct("<iqii")
+
+
+class MalformedMessage(ValueError):
+    """The bytes received are not a message this server can read; the connection is closed."""
+
+
+@dataclass(slots=True)
+class Request:
+    """One decoded request: the command document plus what the reply must echo."""
+
+    request_id: int
+    op_code: int
+    command: dict[str, Any]
+    db: str
+    more_to_come: bool = False
+    exhaust_allowed: bool = False
+    checksum: bool = False
+    # Legacy OP_QUERY only: the collection name it addressed ("admin.$cmd").
+    full_collection_name: str | None = None
+    sequences: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes | memoryview) -> int:
+    """CRC-32C (Castagnoli), the checksum OP_MSG uses when ``checksumPresent`` is set."""
+    crc = 0xFFFFFFFF
+    table = _CRC32C_TABLE
+    for byte in bytes(data):
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def parse_header(header: bytes) -> tuple[int, int, int, int]:
+    """``(message_length, request_id, response_to, op_code)``; rejects impossible lengths."""
+    length, request_id, response_to, op_code = HEADER.unpack(header)
+    if length < HEADER_SIZE or length > MAX_MESSAGE_SIZE:
+        raise MalformedMessage(f"message length {length} out of range")
+    return length, request_id, response_to, op_code
+
+
+def parse_message(request_id: int, op_code: int, message: bytes) -> Request:
+    """Decode one whole message (header included) into a :class:`Request`."""
+    body = memoryview(message)[HEADER_SIZE:]
+    if op_code == OP_MSG:
+        return _parse_op_msg(request_id, message, body)
+    if op_code == OP_QUERY:
+        return _parse_op_query(request_id, body)
+    if op_code == OP_COMPRESSED:
+        return _parse_op_compressed(request_id, body)
+    raise MalformedMessage(f"unsupported opCode {op_code}")
+
+
+def _decode(data: bytes | memoryview) -> dict[str, Any]:
+    try:
+        doc: dict[str, Any] = bson.decode(bytes(data))
+    except (BSONError, ValueError, TypeError, IndexError) as exc:
+        raise MalformedMessage(f"invalid BSON: {exc}") from None
+    return doc
+
+
+def _parse_op_msg(request_id: int, message: bytes, body: memoryview) -> Request:
+    if len(body) < 5:
+        raise MalformedMessage("OP_MSG too short")
+    (flags,) = _UINT32.unpack_from(body, 0)
+    unknown_required = flags & _REQUIRED_FLAG_MASK & ~_KNOWN_MSG_FLAGS
+    if unknown_required:
+        raise MalformedMessage(f"OP_MSG has unknown required flag bits {unknown_required:#x}")
+    end = len(body)
+    has_checksum = bool(flags & CHECKSUM_PRESENT)
+    if has_checksum:
+        if end < 9:
+            raise MalformedMessage("OP_MSG too short for its checksum")
+        end -= 4
+        (expected,) = _UINT32.unpack_from(body, end)
+        if crc32c(memoryview(message)[: HEADER_SIZE + end]) != expected:
+            raise MalformedMessage("OP_MSG checksum mismatch")
+    pos = 4
+    command: dict[str, Any] | None = None
+    sequences: dict[str, list[dict[str, Any]]] = {}
+    while pos < end:
+        kind = body[pos]
+        pos += 1
+        if kind == 0:
+            if command is not None:
+                raise MalformedMessage("OP_MSG has more than one body section")
+            if pos + 4 > end:
+                raise MalformedMessage("truncated body section")
+            (size,) = _INT32.unpack_from(body, pos)
+            if size < 5 or pos + size > end:
+                raise MalformedMessage("body section size out of range")
+            command = _decode(body[pos : pos + size])
+            pos += size
+        elif kind == 1:
+            if pos + 4 > end:
+                raise MalformedMessage("truncated document sequence")
+            (size,) = _INT32.unpack_from(body, pos)
+            if size < 5 or pos + size > end:
+                raise MalformedMessage("document sequence size out of range")
+            section = body[pos + 4 : pos + size]
+            nul = bytes(section).find(b"\x00")
+            if nul < 0:
+                raise MalformedMessage("document sequence identifier is not terminated")
+            identifier = bytes(section[:nul]).decode("utf-8", "replace")
+            try:
+                docs: list[dict[str, Any]] = bson.decode_all(bytes(section[nul + 1 :]))
+            except (BSONError, ValueError, TypeError, IndexError) as exc:
+                raise MalformedMessage(f"invalid BSON in document sequence: {exc}") from None
+            sequences.setdefault(identifier, []).extend(docs)
+            pos += size
+        else:
+            raise MalformedMessage(f"unknown OP_MSG section kind {kind}")
+    if command is None:
+        raise MalformedMessage("OP_MSG has no body section")
+    for identifier, docs in sequences.items():
+        if identifier in command:
+            raise MalformedMessage(f"field {identifier!r} is both in the body and a document sequence")
+        command[identifier] = docs
+    db = command.get("$db")
+    if not isinstance(db, str):
+        raise MalformedMessage("OP_MSG command has no $db")
+    return Request(
+        request_id=request_id,
+        op_code=OP_MSG,
+        command=command,
+        db=db,
+        more_to_come=bool(flags & MORE_TO_COME),
+        exhaust_allowed=bool(flags & EXHAUST_ALLOWED),
+        checksum=has_checksum,
+        sequences=sequences,
+    )
+
+
+def _parse_op_query(request_id: int, body: memoryview) -> Request:
+    if len(body) < 4 + 1 + 8 + 5:
+        raise MalformedMessage("OP_QUERY too short")
+    raw = bytes(body)
+    nul = raw.find(b"\x00", 4)
+    if nul < 0:
+        raise MalformedMessage("OP_QUERY collection name is not terminated")
+    full_name = raw[4:nul].decode("utf-8", "replace")
+    pos = nul + 1 + 8  # numberToSkip, numberToReturn
+    if pos + 4 > len(raw):
+        raise MalformedMessage("OP_QUERY has no query document")
+    (size,) = _INT32.unpack_from(raw, pos)
+    if size < 5 or pos + size > len(raw):
+        raise MalformedMessage("OP_QUERY query size out of range")
+    query = _decode(raw[pos : pos + size])
+    # Drivers wrap legacy commands as {$query: {...}, $readPreference: ...}.
+    if "$query" in query and isinstance(query["$query"], dict):
+        query = dict(query["$query"])
+    db, _, coll = full_name.partition(".")
+    if coll != "$cmd":
+        raise MalformedMessage(f"OP_QUERY is only accepted for commands, not {full_name!r}")
+    return Request(
+        request_id=request_id,
+        op_code=OP_QUERY,
+        command=query,
+        db=db,
+        full_collection_name=full_name,
+    )
+
+
+def _parse_op_compressed(request_id: int, body: memoryview) -> Request:
+    if len(body) < 9:
+        raise MalformedMessage("OP_COMPRESSED too short")
+    original_op, size, compressor = struct.unpack_from("<iiB", body, 0)
+    payload = bytes(body[9:])
+    if compressor == 0:
+        data = payload
+    elif compressor == 2:
+        try:
+            data = zlib.decompress(payload)
+        except zlib.error as exc:
+            raise MalformedMessage(f"bad zlib payload: {exc}") from None
+    else:
+        # The server's hello advertises no compressors, so a client may not use any.
+        raise MalformedMessage(f"unsupported compressor id {compressor}")
+    if len(data) != size or original_op == OP_COMPRESSED:
+        raise MalformedMessage("OP_COMPRESSED payload does not match its header")
+    inner = HEADER.pack(HEADER_SIZE + size, request_id, 0, original_op) + data
+    return parse_message(request_id, original_op, inner)
+
+
+def build_op_msg(
+    request_id: int, response_to: int, payload: bytes, *, more_to_come: bool = False, checksum: bool = False
+) -> bytes:
+    """An OP_MSG reply whose single body section is ``payload`` (an already encoded document)."""
+    flags = (MORE_TO_COME if more_to_come else 0) | (CHECKSUM_PRESENT if checksum else 0)
+    length = HEADER_SIZE + 4 + 1 + len(payload) + (4 if checksum else 0)
+    message = b"".join(
+        (HEADER.pack(length, request_id, response_to, OP_MSG), _UINT32.pack(flags), b"\x00", payload)
+    )
+    if checksum:
+        message += _UINT32.pack(crc32c(message))
+    return message
+
+
+def build_op_reply(request_id: int, response_to: int, payload: bytes) -> bytes:
+    """A legacy OP_REPLY carrying one document (the answer to an OP_QUERY command)."""
+    length = HEADER_SIZE + _REPLY_PREFIX.size + len(payload)
+    return b"".join(
+        (
+            HEADER.pack(length, request_id, response_to, OP_REPLY),
+            _REPLY_PREFIX.pack(0, 0, 0, 1),
+            payload,
+        )
+    )
