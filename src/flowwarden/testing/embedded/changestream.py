@@ -1,0 +1,647 @@
+"""Change streams of the embedded replica set: ``aggregate`` with a first ``$changeStream`` stage.
+
+:func:`open_change_stream` validates the request like MongoDB (same codes and messages) and
+returns a :class:`ChangeStreamCursor`, which turns oplog records into change events batch by batch.
+
+What a cursor promises, as MongoDB does:
+
+* every reply carries ``postBatchResumeToken``: the token of the last event returned, or, once
+  the cursor has read past events that were not returned (filtered out, other namespaces), a
+  high-water-mark token at the newest cluster time read. Resuming from it never repeats a returned
+  event and never skips one that would have passed the pipeline;
+* resuming (``resumeAfter``/``startAfter``) swallows every event up to and including the token's
+  event, and fails with code 280 if that event is not in the stream; resuming or starting before
+  the oldest kept oplog entry fails with code 286, at ``aggregate`` or at ``getMore``;
+* a drop or rename of the watched collection (a ``dropDatabase`` for a database stream) produces
+  that event, then an ``invalidate``, then the cursor is exhausted;
+* a user stage that removes or changes ``_id`` fails the batch with code 280 when such an event
+  is produced.
+
+Hot-path rule: event documents are built once per oplog record and stream shape, encoded to BSON
+once, and shared by every stream; a batch costs a namespace check and a list append per event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import bson
+from bson import Int64, Timestamp
+from bson.raw_bson import RawBSONDocument
+
+from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, Oplog, OplogRecord
+from flowwarden.testing.embedded.stages import Stage, compile_pipeline, run_pipeline, stage_touches
+from flowwarden.testing.embedded.tokens import (
+    TOKEN_TYPE_EVENT,
+    ResumeTokenData,
+    decode_token,
+    high_water_mark,
+    key_timestamp,
+    ts_key,
+)
+from flowwarden.testing.embedded.updates import bson_equal, oplog_diff, update_description
+
+NON_RESUMABLE = ("NonResumableChangeStreamError",)
+DEFAULT_AWAIT_MS = 1000
+"""How long a getMore waits for events when the client sends no ``maxTimeMS`` (MongoDB's default)."""
+
+DEFAULT_FIRST_BATCH = 101
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+INTERNAL_DATABASES = frozenset({"admin", "config", "local"})
+
+_FULL_DOCUMENT_MODES = ("default", "updateLookup", "whenAvailable", "required")
+_BEFORE_CHANGE_MODES = ("off", "whenAvailable", "required")
+_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
+    "resumeAfter": (Mapping,),
+    "startAfter": (Mapping,),
+    "startAtOperationTime": (Timestamp,),
+    "fullDocument": (str,),
+    "fullDocumentBeforeChange": (str,),
+    "allChangesForCluster": (bool,),
+    "showExpandedEvents": (bool,),
+    "showSystemEvents": (bool,),
+    "showMigrationEvents": (bool,),
+    "showRawUpdateDescription": (bool,),
+    "allowToRunOnConfigDB": (bool,),
+    "allowToRunOnSystemNS": (bool,),
+}
+_BSON_TYPE_NAMES = {
+    bool: "bool",
+    int: "int",
+    Int64: "long",
+    float: "double",
+    str: "string",
+    dict: "object",
+    list: "array",
+    Timestamp: "timestamp",
+}
+_INVALIDATE = 2  # event_cache key of the invalidate that follows a command
+
+
+class ChangeStreamHost(Protocol):
+    """What a change stream needs from the server (implemented by the server's host)."""
+
+    oplog: Oplog
+
+    def lookup_document(self, db: str, coll: str, document_key: dict[str, Any]) -> dict[str, Any] | None:
+        """The current document with this key (``fullDocument: updateLookup``), or None."""
+        ...
+
+    def collection_options(self, db: str, coll: str) -> dict[str, Any] | None:
+        """The collection's options (e.g. ``changeStreamPreAndPostImages``); None if it does not exist."""
+        ...
+
+
+def _spec_type_name(value: Any) -> str:
+    for kind, name in _BSON_TYPE_NAMES.items():
+        if type(value) is kind:
+            return name
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _parse_spec(spec: Any) -> dict[str, Any]:
+    if not isinstance(spec, Mapping):
+        raise CommandError(50808, "$changeStream stage expects a document as argument")
+    parsed: dict[str, Any] = {}
+    for name, value in spec.items():
+        expected = _SPEC_FIELDS.get(name)
+        if expected is None:
+            if name.startswith("$_"):
+                continue  # internal fields MongoDB accepts from routers; nothing to do here
+            raise CommandError(40415, f"BSON field '$changeStream.{name}' is an unknown field.")
+        if value is None and name in ("resumeAfter", "startAfter", "startAtOperationTime"):
+            continue
+        if not isinstance(value, expected) or (expected == (bool,) and type(value) is not bool):
+            wanted = {Mapping: "object", Timestamp: "timestamp", str: "string", bool: "bool"}[expected[0]]
+            raise CommandError(
+                14,
+                f"BSON field '$changeStream.{name}' is the wrong type '{_spec_type_name(value)}', "
+                f"expected type '{wanted}'",
+            )
+        parsed[name] = value
+    for name, modes in (
+        ("fullDocument", _FULL_DOCUMENT_MODES),
+        ("fullDocumentBeforeChange", _BEFORE_CHANGE_MODES),
+    ):
+        if name in parsed and parsed[name] not in modes:
+            raise CommandError(
+                2,
+                f"Enumeration value '{parsed[name]}' for field '$changeStream.{name}' is not a valid value.",
+            )
+    return parsed
+
+
+async def open_change_stream(
+    host: ChangeStreamHost, db: str, coll: str | None, pipeline: list[Any], cmd: Mapping[str, Any]
+) -> ChangeStreamCursor:
+    """Open the change stream an ``aggregate`` asks for; ``pipeline[0]`` is its ``$changeStream``.
+
+    ``coll`` None is a database stream (``aggregate: 1``); ``db`` "admin" with
+    ``allChangesForCluster: true`` is a cluster stream. ``cmd`` is the whole command. Raises
+    :class:`CommandError` exactly where MongoDB refuses the request.
+    """
+    first = pipeline[0] if pipeline else None
+    if not isinstance(first, Mapping) or len(first) != 1 or "$changeStream" not in first:
+        raise CommandError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+    spec = _parse_spec(first["$changeStream"])
+    user_stages = list(pipeline[1:])
+    stages = compile_pipeline(user_stages)
+    # MongoDB moves a $match that does not read the images ahead of the stages adding them, so
+    # such a filter also spares the image lookup (and its "required" error) for what it drops.
+    early = 0
+    for stage in user_stages:
+        if not (isinstance(stage, Mapping) and "$match" in stage):
+            break
+        if stage_touches(stage["$match"], ("fullDocument",)):
+            break
+        early += 1
+
+    cluster = bool(spec.get("allChangesForCluster"))
+    if cluster and not (db == "admin" and coll is None):
+        found = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
+        raise CommandError(
+            72,
+            "A $changeStream with 'allChangesForCluster:true' may only be opened on the 'admin' "
+            f"database, and with no collection name; found {found}",
+        )
+    if db == "admin" and not cluster:
+        raise CommandError(
+            73, "$changeStream may not be opened on the internal admin database", code_name="InvalidNamespace"
+        )
+    if db == "local" or (db == "config" and not spec.get("allowToRunOnConfigDB")):
+        raise CommandError(
+            73, f"$changeStream may not be opened on the internal {db} database", code_name="InvalidNamespace"
+        )
+    if coll is not None and coll.startswith("system.") and not spec.get("allowToRunOnSystemNS"):
+        raise CommandError(
+            73,
+            f"$changeStream may not be opened on the internal {db}.{coll} collection",
+            code_name="InvalidNamespace",
+        )
+    if spec.get("resumeAfter") is not None and spec.get("startAfter") is not None:
+        raise CommandError(
+            50865, "Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream stage"
+        )
+    token_spec = spec.get("resumeAfter") if spec.get("resumeAfter") is not None else spec.get("startAfter")
+    token = decode_token(token_spec) if token_spec is not None else None
+    if token is not None and spec.get("startAtOperationTime") is not None:
+        raise CommandError(40674, "Only one type of resume option is allowed, but multiple were found")
+    if token is not None and spec.get("resumeAfter") is not None and token.from_invalidate:
+        raise CommandError(
+            260,
+            "Attempting to resume a change stream using 'resumeAfter' is not allowed from an "
+            "invalidate notification",
+        )
+    if token is not None and coll is not None and token.uuid is None and not token.is_high_water_mark:
+        raise CommandError(
+            260,
+            "Attempted to resume a single-collection stream, but the resume token does not include a UUID",
+        )
+    return ChangeStreamCursor(
+        host, db, None if cluster else coll, stages, spec, token, cluster=cluster, early_matches=early
+    )
+
+
+class ChangeStreamCursor:
+    """One open change stream; implements the server's cursor protocol (``fetch``/``exhausted``/``close``)."""
+
+    def __init__(
+        self,
+        host: ChangeStreamHost,
+        db: str,
+        coll: str | None,
+        stages: list[Stage],
+        spec: Mapping[str, Any],
+        token: ResumeTokenData | None,
+        *,
+        cluster: bool,
+        early_matches: int = 0,
+    ) -> None:
+        self._host = host
+        self._oplog = host.oplog
+        self._db = db
+        self._coll = coll
+        self._cluster = cluster
+        if cluster:
+            self.ns = "admin.$cmd.aggregate"
+        elif coll is None:
+            self.ns = f"{db}.$cmd.aggregate"
+        else:
+            self.ns = f"{db}.{coll}"
+        self._stages = stages
+        self._early = stages[:early_matches] if self._needs_images_for(spec) else []
+        self._late = stages[len(self._early) :]
+        self._expanded = bool(spec.get("showExpandedEvents"))
+        self._system = bool(spec.get("showSystemEvents"))
+        self._raw_update = bool(spec.get("showRawUpdateDescription"))
+        self._full_document = str(spec.get("fullDocument", "default"))
+        self._before = str(spec.get("fullDocumentBeforeChange", "off"))
+        self._needs_images = self._needs_images_for(spec)
+        self._shape = int(self._expanded)
+        self._exhausted = False
+        self._closed = False
+        self._pending_invalidate: OplogRecord | None = None
+        self._match = self._namespace_matcher()
+
+        oplog = self._oplog
+        self._resume_position: tuple[int, int, int, int] | None = None
+        self._resume_data: str | None = None
+        self._must_find = False
+        if token is not None:
+            if oplog.history_lost_before(token.ts_key):
+                raise _history_lost()
+            self._resume_position = token.position()
+            self._resume_data = token.data
+            self._must_find = not token.is_high_water_mark
+            index = 0 if token.is_high_water_mark else token.txn_op_index
+            self._next_seq = oplog.seek(token.ts_key, index)
+            self._pbrt: dict[str, Any] = {"_data": token.data}
+            self._latest_key = token.ts_key
+        else:
+            start_time = spec.get("startAtOperationTime")
+            if start_time is not None:
+                start_key = ts_key(start_time)
+                if oplog.history_lost_before(start_key):
+                    raise _history_lost()
+                self._next_seq = oplog.seek(start_key)
+            else:
+                # A new stream starts one tick after the newest operation, as MongoDB does.
+                start_key = oplog.newest_key + 1
+                self._next_seq = oplog.end_seq
+            self._pbrt = high_water_mark(key_timestamp(start_key))
+            self._latest_key = start_key
+
+    @staticmethod
+    def _needs_images_for(spec: Mapping[str, Any]) -> bool:
+        return bool(
+            spec.get("fullDocument", "default") != "default"
+            or spec.get("fullDocumentBeforeChange", "off") != "off"
+        )
+
+    # -- cursor protocol --------------------------------------------------------------------------
+
+    @property
+    def exhausted(self) -> bool:
+        return self._exhausted
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._exhausted = True
+            self._oplog.wake_all()
+
+    @property
+    def post_batch_resume_token(self) -> dict[str, Any]:
+        return self._pbrt
+
+    async def fetch(
+        self, batch_size: int | None, max_time_ms: int | None, *, first: bool
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """Next batch and ``{"postBatchResumeToken": ...}``.
+
+        The first batch answers at once; a getMore with nothing to return waits for new oplog
+        entries up to ``max_time_ms`` (1000 ms when the client sends none), then returns an empty
+        batch carrying an up-to-date post-batch resume token.
+        """
+        if batch_size is not None and batch_size < 0:
+            raise CommandError(
+                51024, f"BSON field 'batchSize' value must be >= 0, actual value '{batch_size}'"
+            )
+        limit = batch_size if batch_size else (DEFAULT_FIRST_BATCH if first and batch_size is None else None)
+        if first and batch_size == 0:
+            return [], {"postBatchResumeToken": self._pbrt}
+        batch = self._scan(limit)
+        if batch or first or self._exhausted:
+            return batch, {"postBatchResumeToken": self._pbrt}
+        wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms
+        deadline = time.monotonic() + wait_ms / 1000.0
+        while not batch and not self._exhausted:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await self._oplog.wait(remaining)
+            if self._closed:
+                break
+            batch = self._scan(limit)
+        return batch, {"postBatchResumeToken": self._pbrt}
+
+    # -- scanning ---------------------------------------------------------------------------------
+
+    def _scan(self, limit: int | None) -> list[Any]:
+        """Events from the cursor's position on, at most ``limit`` (None: up to 16 MiB).
+
+        The stream is a sequence of items: each matching record's event, followed by an
+        invalidate when the record ends this stream. Items up to the client's resume token are
+        swallowed; the rest go through the user stages into the batch.
+        """
+        if self._exhausted:
+            return []
+        oplog = self._oplog
+        if self._next_seq < oplog.first_seq:
+            self._exhausted = True
+            raise _history_lost()
+        records, base = oplog.view()
+        index = self._next_seq - base
+        end = len(records)
+        batch: list[Any] = []
+        size = 0
+        cap = -1 if limit is None else limit
+        match = self._match
+        fast = not self._stages and not self._needs_images and not self._raw_update
+        shape = self._shape
+        expanded = self._expanded
+        last: OplogRecord | None = None
+        try:
+            while len(batch) != cap and size < MAX_BATCH_BYTES:
+                pending = self._pending_invalidate
+                if pending is not None:
+                    self._pending_invalidate = None
+                    if self._resume_position is not None and not self._passes_resume_point(pending, 1):
+                        continue
+                    event = self._deliver(self._invalidate_event(pending), self._stages)
+                    if event is not None:
+                        batch.append(event)
+                    # The stream ends here: nothing after an invalidate is ever read.
+                    self._pbrt = pending.invalidate_token()
+                    self._exhausted = True
+                    return batch
+                if index >= end:
+                    break
+                record = records[index]
+                index += 1
+                verdict = match(record)
+                if not verdict:
+                    continue
+                if verdict == 2:
+                    self._pending_invalidate = record
+                if self._resume_position is not None and not self._passes_resume_point(record, 0):
+                    continue
+                if not expanded and record.kind not in CLASSIC_OPS:
+                    continue
+                if fast:
+                    raw = record.event_cache.get(shape)
+                    if raw is None:
+                        raw = self._cache_base(record)
+                else:
+                    raw = self._transform(record)
+                    if raw is None:
+                        continue
+                size += len(raw.raw)
+                batch.append(raw)
+                last = record
+        finally:
+            self._next_seq = base + index
+        if last is not None:
+            self._pbrt = last.token()
+            self._latest_key = last.key
+        if index >= end and self._pending_invalidate is None:
+            newest = oplog.newest_key
+            if newest > self._latest_key:
+                self._pbrt = high_water_mark(key_timestamp(newest))
+                self._latest_key = newest
+        return batch
+
+    def _namespace_matcher(self) -> Callable[[OplogRecord], int]:
+        """0: not this stream's; 1: an event of this stream; 2: an event that invalidates it."""
+        db, coll = self._db, self._coll
+        system = self._system
+        if self._cluster:
+
+            def cluster(record: OplogRecord) -> int:
+                if record.db in INTERNAL_DATABASES:
+                    return 0
+                name = record.coll
+                if name is not None and name.startswith("system.") and not system:
+                    return 0
+                return 1
+
+            return cluster
+        if coll is None:
+
+            def database(record: OplogRecord) -> int:
+                if record.db != db:
+                    return 0
+                name = record.coll
+                if name is None:
+                    return 2  # dropDatabase
+                if name.startswith("system.") and not system:
+                    if (
+                        record.kind != "rename"
+                        or record.to_db != db
+                        or (record.to_coll or "").startswith("system.")
+                    ):
+                        return 0
+                return 1
+
+            return database
+
+        def collection(record: OplogRecord) -> int:
+            if record.coll == coll and record.db == db:
+                kind = record.kind
+                return 2 if kind == "drop" or kind == "rename" else 1
+            if record.to_coll == coll and record.to_db == db and record.kind == "rename":
+                return 2
+            return 0
+
+        return collection
+
+    def _passes_resume_point(self, record: OplogRecord, sub: int) -> bool:
+        """Swallow items up to the client's token; True once an item lies beyond it.
+
+        ``sub`` is 0 for the record's event and 1 for the invalidate that follows it. An event
+        token must be met exactly on the way (else code 280, as MongoDB checks); a high-water
+        mark only marks where delivery starts.
+        """
+        position = self._resume_position
+        assert position is not None
+        mine = (record.key, TOKEN_TYPE_EVENT, record.index, sub)
+        if mine < position:
+            return False
+        if mine == position:
+            data = (record.invalidate_token() if sub else record.token())["_data"]
+            if data == self._resume_data:
+                self._must_find = False
+                self._resume_position = None
+                return False
+            if self._resume_data is not None and data < self._resume_data:
+                return False
+        if self._must_find:
+            raise CommandError(
+                280,
+                "cannot resume stream; the resume token was not found. "
+                f'{{_data: "{(record.invalidate_token() if sub else record.token())["_data"]}"}}',
+                labels=NON_RESUMABLE,
+            )
+        self._resume_position = None
+        return True
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _cache_base(self, record: OplogRecord) -> RawBSONDocument:
+        raw = RawBSONDocument(bson.encode(self._base_event(record)))
+        record.event_cache[self._shape] = raw
+        return raw
+
+    def _base_event(self, record: OplogRecord) -> dict[str, Any]:
+        """The event as every stream of this shape sees it, before images and user stages."""
+        op = record.op
+        kind = record.kind
+        entry = record.entry
+        expanded = self._expanded
+        event: dict[str, Any] = {}
+        if kind == "rename":
+            event["to"] = {"db": record.to_db, "coll": record.to_coll}
+        if entry.txn_number is not None:
+            event["txnNumber"] = entry.txn_number
+        if entry.lsid is not None:
+            event["lsid"] = entry.lsid
+        event["_id"] = record.token()
+        event["operationType"] = kind
+        event["clusterTime"] = record.ts
+        if expanded and record.uuid is not None:
+            event["collectionUUID"] = bson.Binary(record.uuid, 4)
+        event["wallTime"] = entry.wall
+        if kind in ("insert", "replace"):
+            event["fullDocument"] = op.after
+        event["ns"] = record.ns_doc
+        if kind in DOCUMENT_OPS:
+            event["documentKey"] = op.document_key
+        description = None if kind in DOCUMENT_OPS else record.operation_description()
+        if expanded and description is not None:
+            event["operationDescription"] = description
+        if kind == "update":
+            if self._raw_update:
+                event["rawUpdateDescription"] = {"$v": 2, "diff": oplog_diff(record.update_diff())}
+            else:
+                event["updateDescription"] = update_description(record.update_diff(), expanded=expanded)
+        if expanded and kind == "modify" and op.description and "stateBeforeChange" in op.description:
+            event["stateBeforeChange"] = op.description["stateBeforeChange"]
+        if expanded and kind == "create":
+            event["nsType"] = "collection"
+        return event
+
+    def _transform(self, record: OplogRecord) -> RawBSONDocument | None:
+        """The event through images and user stages, encoded; None when a stage dropped it."""
+        event = self._shared_base(record)
+        for stage in self._early:
+            if stage(event) is None:
+                return None
+        return self._deliver(self._with_images(record, event), self._late)
+
+    def _with_images(self, record: OplogRecord, event: dict[str, Any]) -> dict[str, Any]:
+        """The event with this stream's images; a fresh dict only when something was added."""
+        kind = record.kind
+        if kind not in ("update", "replace", "delete") or not self._needs_images:
+            return event
+        event = dict(event)
+        op = record.op
+        if self._before != "off":
+            before = op.before if op.pre_image_recorded else None
+            if before is None and self._before == "required":
+                raise CommandError(
+                    47,
+                    "Change stream was configured to require a pre-image for all update, delete and "
+                    f"replace events, but the pre-image was not found for event: {_describe(record)}",
+                    code_name="NoMatchingDocument",
+                )
+            event["fullDocumentBeforeChange"] = before
+        if kind == "update" and self._full_document != "default":
+            if self._full_document == "updateLookup":
+                after = self._host.lookup_document(record.db, record.coll or "", op.document_key or {})
+            else:
+                after = op.after if op.pre_image_recorded else None
+                if after is None and self._full_document == "required":
+                    raise CommandError(
+                        47,
+                        "Change stream was configured to require a post-image for all update events, "
+                        f"but the post-image was not found for event: {_describe(record)}",
+                        code_name="NoMatchingDocument",
+                    )
+            event.pop("fullDocument", None)
+            event["fullDocument"] = after
+        return event
+
+    def _shared_base(self, record: OplogRecord) -> dict[str, Any]:
+        key = 10 + self._shape + (4 if self._raw_update else 0)  # decoded form, for transforming streams
+        cached = record.event_cache.get(key)
+        if cached is None:
+            cached = record.event_cache[key] = self._base_event(record)
+        return cached
+
+    def _invalidate_event(self, record: OplogRecord) -> dict[str, Any]:
+        cached = record.event_cache.get(_INVALIDATE)
+        if cached is None:
+            cached = record.event_cache[_INVALIDATE] = {
+                "_id": record.invalidate_token(),
+                "operationType": "invalidate",
+                "clusterTime": record.ts,
+                "wallTime": record.entry.wall,
+            }
+        return cached
+
+    def _deliver(self, event: dict[str, Any], stages: list[Stage]) -> RawBSONDocument | None:
+        """Run user stages on one event, check its ``_id`` survived, encode it."""
+        token = event["_id"]
+        out = run_pipeline(stages, event) if stages else event
+        if out is None:
+            return None
+        found = out.get("_id", _MISSING_ID)
+        if found is not token and not bson_equal(found, token):
+            shown = "{}" if found is _MISSING_ID else f"{{ _id: {_show(found)} }}"
+            raise CommandError(
+                280,
+                "Encountered an event whose _id field, which contains the resume token, was modified by "
+                "the pipeline. Modifying the _id field of an event makes it impossible to resume the "
+                "stream from that point. Only transformations that retain the unmodified _id field are "
+                f"allowed. Expected: {{ _id: {_show(token)} }} but found: {shown}",
+                labels=NON_RESUMABLE,
+            )
+        return RawBSONDocument(bson.encode(out))
+
+
+_MISSING_ID = object()
+
+
+def _show(value: Any) -> str:
+    """A value the way MongoDB prints BSON in error messages."""
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k}: {_show(v)}" for k, v in value.items())
+        return f"{{ {inner} }}" if inner else "{}"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, Timestamp):
+        return f"Timestamp({value.time}, {value.inc})"
+    return repr(value)
+
+
+def _describe(record: OplogRecord) -> str:
+    """MongoDB's description of an event whose image is missing."""
+    parts = [f'operationType: "{record.kind}"']
+    ns = ", ".join(f'{k}: "{v}"' for k, v in record.ns_doc.items())
+    parts.append(f"ns: {{{ns}}}")
+    parts.append(f"clusterTime: Timestamp({record.ts.time}, {record.ts.inc})")
+    if record.entry.txn_number is not None:
+        parts.append(f"txnNumber: {int(record.entry.txn_number)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def _history_lost() -> CommandError:
+    return CommandError(
+        286,
+        "Resume of change stream was not possible, as the resume point may no longer be in the oplog.",
+        labels=NON_RESUMABLE,
+    )
+
+
+__all__ = [
+    "DEFAULT_AWAIT_MS",
+    "ChangeStreamCursor",
+    "ChangeStreamHost",
+    "open_change_stream",
+    "stage_touches",
+]

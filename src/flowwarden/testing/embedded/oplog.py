@@ -1,0 +1,505 @@
+"""The oplog of the embedded replica set: every logged write, in cluster-time order.
+
+The server appends what MongoDB would log (one entry per document write, one entry per committed
+transaction, one per DDL command); change-stream cursors read it and ``local.oplog.rs`` finds show
+it. Each entry gets one cluster time; each document-level operation inside it is an
+:class:`OplogRecord`, the unit a change stream turns into an event.
+
+Hard rules:
+
+* Cluster times are strictly increasing: ``Timestamp(max(now_seconds, last.time), increment)``.
+* Everything here runs on the server's event loop thread: :meth:`Oplog.append` wakes the cursors
+  awaiting new entries by resolving loop futures, so it must never be called from another thread.
+* Documents handed to :meth:`Oplog.append` are kept as they are and shared with every event built
+  from them: the caller must never mutate them afterwards.
+* With ``max_events=N`` only the newest ``N`` entries are kept; a change stream that needs an
+  entry that was dropped fails with ``ChangeStreamHistoryLost`` (code 286).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import time
+import uuid as _uuid
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bson import Binary, Int64, Timestamp
+
+from flowwarden.testing.embedded.tokens import event_token_data, key_timestamp, ts_key
+from flowwarden.testing.embedded.updates import DocDiff, bson_equal, compute_diff, oplog_diff
+
+DOCUMENT_OPS = frozenset({"insert", "update", "replace", "delete"})
+"""Operations on one document; they carry ``document_key``."""
+
+CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "rename", "dropDatabase"})
+"""Operations every change stream reports; the others only with ``showExpandedEvents``."""
+
+EXPANDED_OPS = frozenset({"create", "createIndexes", "dropIndexes", "modify"})
+
+_ALL_OPS = CLASSIC_OPS | EXPANDED_OPS
+_EPOCH = _dt.datetime(1970, 1, 1)
+_ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+
+
+@dataclass(frozen=True, slots=True)
+class OplogOp:
+    """One logged operation, as the server describes it after the write succeeded.
+
+    ``before`` is the whole document before an update, replace or delete (always given);
+    ``after`` the whole document after an insert, update or replace. ``pre_image_recorded`` says
+    the collection had ``changeStreamPreAndPostImages`` enabled at write time (so
+    ``fullDocumentBeforeChange`` and ``fullDocument: whenAvailable|required`` may use the images).
+    ``to`` is the target ``(db, coll)`` of a rename. ``description`` carries the DDL details shown
+    as ``operationDescription`` with ``showExpandedEvents``: create options, ``{"indexes": [spec]}``
+    for index commands (a bare spec is wrapped), collMod options; for ``modify`` a
+    ``stateBeforeChange`` key, if present, becomes the event's ``stateBeforeChange``.
+    """
+
+    op: str
+    db: str
+    coll: str | None
+    document_key: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    pre_image_recorded: bool = False
+    to: tuple[str, str] | None = None
+    description: dict[str, Any] | None = None
+
+
+class OplogRecord:
+    """One event-producing operation at one oplog position ``(cluster time, txnOpIndex)``.
+
+    Records are immutable once appended, except for caches that change streams fill lazily
+    (token, event documents, update delta): each is computed once and shared by every stream.
+    """
+
+    __slots__ = (
+        "coll",
+        "db",
+        "diff",
+        "entry",
+        "event_cache",
+        "id_doc",
+        "index",
+        "key",
+        "kind",
+        "ns_doc",
+        "op",
+        "seq",
+        "to_coll",
+        "to_db",
+        "token_data",
+        "ts",
+        "uuid",
+    )
+
+    def __init__(self, seq: int, entry: OplogEntry, index: int, op: OplogOp, uuid: bytes | None) -> None:
+        self.seq = seq
+        self.entry = entry
+        self.key = entry.key
+        self.ts = entry.ts
+        self.index = index
+        self.op = op
+        self.kind = op.op
+        self.db = op.db
+        self.coll = op.coll
+        self.to_db = op.to[0] if op.to else None
+        self.to_coll = op.to[1] if op.to else None
+        self.uuid = uuid
+        self.ns_doc: dict[str, Any] = {"db": op.db} if op.coll is None else {"db": op.db, "coll": op.coll}
+        self.token_data: str | None = None
+        self.id_doc: dict[str, str] | None = None
+        self.diff: DocDiff | None = None
+        self.event_cache: dict[int, Any] = {}
+
+    def operation_description(self) -> dict[str, Any] | None:
+        """What MongoDB puts in ``operationDescription`` (and in the token) for command events."""
+        op = self.op
+        desc = dict(op.description or {})
+        if self.kind == "rename":
+            desc.pop("renameCollection", None)
+            desc.pop("stayTemp", None)
+            desc["to"] = {"db": self.to_db, "coll": self.to_coll}
+            return desc
+        if self.kind == "create":
+            desc.pop("create", None)
+            if not desc:
+                desc = {"idIndex": dict(_ID_INDEX)}
+            return desc
+        if self.kind in ("createIndexes", "dropIndexes"):
+            desc.pop(self.kind, None)
+            if "indexes" in desc:
+                return desc
+            return {"indexes": [desc]}
+        if self.kind == "modify":
+            desc.pop("collMod", None)
+            desc.pop("stateBeforeChange", None)
+            return desc
+        return None
+
+    def token(self) -> dict[str, str]:
+        """The event's resume token (computed once, shared)."""
+        id_doc = self.id_doc
+        if id_doc is None:
+            data = event_token_data(
+                self.key,
+                self.index,
+                self.uuid,
+                self.kind,
+                self.op.document_key if self.kind in DOCUMENT_OPS else None,
+                None if self.kind in DOCUMENT_OPS else self.operation_description(),
+            )
+            self.token_data = data
+            id_doc = self.id_doc = {"_data": data}
+        return id_doc
+
+    def invalidate_token(self) -> dict[str, str]:
+        """The token of the invalidate that follows this command: same position, fromInvalidate."""
+        data = event_token_data(
+            self.key,
+            self.index,
+            self.uuid,
+            self.kind,
+            None,
+            self.operation_description(),
+            from_invalidate=True,
+        )
+        return {"_data": data}
+
+    def update_diff(self) -> DocDiff:
+        diff = self.diff
+        if diff is None:
+            diff = self.diff = compute_diff(self.op.before or {}, self.op.after or {})
+        return diff
+
+
+class OplogEntry:
+    """One oplog entry: one cluster time, one or more records (several for a transaction)."""
+
+    __slots__ = ("key", "lsid", "records", "rs_doc", "ts", "txn_number", "wall")
+
+    def __init__(
+        self, ts: Timestamp, wall: _dt.datetime, lsid: dict[str, Any] | None, txn_number: int | None
+    ) -> None:
+        self.ts = ts
+        self.key = ts_key(ts)
+        self.wall = wall
+        self.lsid = lsid
+        self.txn_number: Int64 | None = Int64(txn_number) if txn_number is not None else None
+        self.records: tuple[OplogRecord, ...] = ()
+        self.rs_doc: dict[str, Any] | None = None
+
+
+def _now_wall(now: float) -> _dt.datetime:
+    """Naive UTC wall time at millisecond precision (what a BSON date holds)."""
+    return _EPOCH + _dt.timedelta(milliseconds=int(now * 1000))
+
+
+class Oplog:
+    """The replica set's oplog: append on write, read by change streams and ``local.oplog.rs``."""
+
+    def __init__(self, max_events: int | None = None) -> None:
+        if max_events is not None and max_events < 1:
+            raise ValueError(f"oplog max_events must be at least 1 (or None for no limit), got {max_events}")
+        self.max_events = max_events
+        self._records: list[OplogRecord] = []
+        self._base = 0  # seq of self._records[0]
+        self._head = 0  # index in self._records of the oldest kept record
+        self._entries: deque[OplogEntry] = deque()
+        self._last = Timestamp(int(time.time()), 0)
+        self._dropped_key: int | None = None
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._uuids: dict[tuple[str, str], bytes] = {}
+        self.uuid_source: Callable[[str, str], Binary | bytes | None] | None = None
+        """Where a collection's UUID comes from on first sight (the server's catalog); random if unset."""
+
+    # -- time ---------------------------------------------------------------------------------
+
+    @property
+    def cluster_time(self) -> Timestamp:
+        """The newest cluster time (for ``$clusterTime`` and ``operationTime``)."""
+        return self._last
+
+    def _next_time(self, now: float) -> Timestamp:
+        seconds = int(now)
+        last = self._last
+        if seconds > last.time:
+            return Timestamp(seconds, 1)
+        return Timestamp(last.time, last.inc + 1)
+
+    # -- collection UUIDs ---------------------------------------------------------------------
+
+    def collection_uuid(self, db: str, coll: str) -> Binary:
+        """The UUID events of a collection carry (assigned on first sight; new after a drop)."""
+        uuid: Binary = Binary(self._known_uuid(db, coll), 4)
+        return uuid
+
+    def _known_uuid(self, db: str, coll: str) -> bytes:
+        key = (db, coll)
+        value = self._uuids.get(key)
+        if value is None:
+            source = self.uuid_source(db, coll) if self.uuid_source is not None else None
+            value = bytes(source) if source is not None and len(bytes(source)) == 16 else _uuid.uuid4().bytes
+            self._uuids[key] = value
+        return value
+
+    def _uuid_for(self, op: OplogOp) -> bytes | None:
+        if op.coll is None:
+            return None
+        key = (op.db, op.coll)
+        value = self._known_uuid(op.db, op.coll)
+        if op.op == "drop":
+            del self._uuids[key]
+        elif op.op == "rename" and op.to is not None:
+            del self._uuids[key]
+            self._uuids[op.to] = value
+        return value
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(
+        self, ops: Sequence[OplogOp], *, lsid: dict[str, Any] | None = None, txn_number: int | None = None
+    ) -> Timestamp:
+        """Record ``ops`` at ONE new cluster time and wake waiting change-stream cursors.
+
+        A plain write of one document = one call with one op. A committed transaction = one call
+        with all its ops (events share the cluster time, carry ``lsid``/``txnNumber``, and their
+        tokens are ordered by op index). A non-transactional ``insert_many``/``update_many``/
+        ``delete_many`` = one call PER DOCUMENT, as MongoDB gives each document its own entry.
+
+        Updates that changed nothing are not logged (MongoDB writes no oplog entry for them); when
+        nothing is left the current cluster time is returned and no entry is added. A
+        ``dropDatabase`` is preceded by one ``drop`` entry per collection of that database still
+        live, as MongoDB drops the collections first. Returns the cluster time used.
+        """
+        kept = [op for op in ops if not self._is_noop(op)]
+        for op in kept:
+            if op.op not in _ALL_OPS:
+                raise ValueError(f"unknown oplog operation {op.op!r}; expected one of {sorted(_ALL_OPS)}")
+        if not kept:
+            return self._last
+        if lsid is None and txn_number is None:
+            for op in kept:
+                if op.op == "dropDatabase":
+                    for coll in self._live_collections(op.db, kept):
+                        self._append_entry([OplogOp("drop", op.db, coll)], None, None)
+        ts = self._append_entry(kept, lsid, txn_number)
+        self._wake()
+        return ts
+
+    def _is_noop(self, op: OplogOp) -> bool:
+        return (
+            op.op == "update"
+            and op.before is not None
+            and op.after is not None
+            and bson_equal(op.before, op.after)
+        )
+
+    def _live_collections(self, db: str, ops: Iterable[OplogOp]) -> list[str]:
+        dropped_here = {op.coll for op in ops if op.op == "drop" and op.db == db}
+        return sorted(coll for (d, coll) in self._uuids if d == db and coll not in dropped_here)
+
+    def _append_entry(
+        self, ops: Sequence[OplogOp], lsid: dict[str, Any] | None, txn_number: int | None
+    ) -> Timestamp:
+        now = time.time()
+        ts = self._next_time(now)
+        entry = OplogEntry(ts, _now_wall(now), lsid, txn_number)
+        seq = self._base + len(self._records)
+        records = []
+        for index, op in enumerate(ops):
+            if op.op == "dropDatabase":
+                for key in [k for k in self._uuids if k[0] == op.db]:
+                    del self._uuids[key]
+                uuid = None
+            else:
+                uuid = self._uuid_for(op)
+            record = OplogRecord(seq + index, entry, index, op, uuid)
+            records.append(record)
+        entry.records = tuple(records)
+        self._records.extend(records)
+        self._entries.append(entry)
+        self._last = ts
+        self._trim()
+        return ts
+
+    def _trim(self) -> None:
+        limit = self.max_events
+        if limit is None:
+            return
+        while len(self._entries) > limit:
+            dropped = self._entries.popleft()
+            self._head += len(dropped.records)
+            self._dropped_key = dropped.key
+        # Compact lazily so trimming one entry per append stays O(1) amortized.
+        if self._head > 4096 and self._head * 2 > len(self._records):
+            del self._records[: self._head]
+            self._base += self._head
+            self._head = 0
+
+    def _wake(self) -> None:
+        if not self._waiters:
+            return
+        waiters, self._waiters = self._waiters, set()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Return after the next append, or after ``timeout`` seconds, whichever comes first."""
+        if timeout <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(fut)
+        handle = loop.call_later(timeout, _resolve, fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+            self._waiters.discard(fut)
+
+    def wake_all(self) -> None:
+        """Wake every awaiting cursor now (a cursor closed while it waits)."""
+        self._wake()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def first_seq(self) -> int:
+        """Sequence number of the oldest kept record."""
+        return self._base + self._head
+
+    @property
+    def end_seq(self) -> int:
+        """Sequence number the next record will get."""
+        return self._base + len(self._records)
+
+    @property
+    def newest_key(self) -> int:
+        return ts_key(self._last)
+
+    def view(self) -> tuple[list[OplogRecord], int]:
+        """``(records, base)``: record with sequence ``s`` is ``records[s - base]`` (for ``s`` kept).
+
+        The list is live and only grows at the end between awaits; compaction may rebase it, so
+        callers keep sequence numbers, never list indexes, across awaits.
+        """
+        return self._records, self._base
+
+    def history_lost_before(self, key: int) -> bool:
+        """Whether a resume point at cluster time ``key`` is older than the oldest kept entry."""
+        if self._dropped_key is None:
+            return False
+        oldest = self._entries[0].key if self._entries else self.newest_key + 1
+        return key < oldest
+
+    def seek(self, key: int, index: int = 0) -> int:
+        """Sequence number of the first kept record at or after position ``(key, index)``."""
+        lo = self._head
+        pos = bisect_left(self._records, (key, index), lo=lo, key=_position)
+        return self._base + pos
+
+    def oplog_rs_find(self, sort_natural: int, limit: int | None) -> list[dict[str, Any]]:
+        """Documents of ``local.oplog.rs`` (``{ts, t, v, op, ns, ui?, o, o2?, wall}``).
+
+        Oldest first for ``sort_natural`` 1, newest first for -1.
+        """
+        entries: Iterable[OplogEntry] = reversed(self._entries) if sort_natural < 0 else self._entries
+        out: list[dict[str, Any]] = []
+        for entry in entries:
+            if limit is not None and limit > 0 and len(out) >= limit:
+                break
+            if entry.rs_doc is None:
+                entry.rs_doc = _rs_document(entry)
+            out.append(entry.rs_doc)
+        return out
+
+
+def _position(record: OplogRecord) -> tuple[int, int]:
+    return (record.key, record.index)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _rs_op(record: OplogRecord) -> dict[str, Any]:
+    """One operation as an oplog entry (or an ``applyOps`` element) shows it."""
+    op = record.op
+    ui = Binary(record.uuid, 4) if record.uuid is not None else None
+    doc: dict[str, Any]
+    if record.kind == "insert":
+        doc = {"op": "i", "ns": f"{op.db}.{op.coll}", "ui": ui, "o": op.after, "o2": op.document_key}
+    elif record.kind == "update":
+        diff = oplog_diff(record.update_diff())
+        doc = {
+            "op": "u",
+            "ns": f"{op.db}.{op.coll}",
+            "ui": ui,
+            "o": {"$v": 2, "diff": diff},
+            "o2": op.document_key,
+        }
+    elif record.kind == "replace":
+        doc = {"op": "u", "ns": f"{op.db}.{op.coll}", "ui": ui, "o": op.after, "o2": op.document_key}
+    elif record.kind == "delete":
+        doc = {"op": "d", "ns": f"{op.db}.{op.coll}", "ui": ui, "o": op.document_key}
+    else:
+        doc = {"op": "c", "ns": f"{op.db}.$cmd", "ui": ui, "o": _command_object(record)}
+    if ui is None:
+        del doc["ui"]
+    return doc
+
+
+def _command_object(record: OplogRecord) -> dict[str, Any]:
+    op = record.op
+    desc = dict(op.description or {})
+    if record.kind == "drop":
+        return {"drop": op.coll}
+    if record.kind == "dropDatabase":
+        return {"dropDatabase": 1}
+    if record.kind == "rename":
+        desc.pop("to", None)
+        return {"renameCollection": f"{op.db}.{op.coll}", "to": f"{record.to_db}.{record.to_coll}", **desc}
+    if record.kind == "create":
+        desc.pop("create", None)
+        return {"create": op.coll, **(desc or {"idIndex": dict(_ID_INDEX)})}
+    if record.kind == "createIndexes":
+        specs = desc.get("indexes") or [desc]
+        return {"createIndexes": op.coll, **specs[0]}
+    if record.kind == "dropIndexes":
+        specs = desc.get("indexes") or [desc]
+        return {"dropIndexes": op.coll, "index": specs[0].get("name", specs[0])}
+    desc.pop("stateBeforeChange", None)
+    return {"collMod": op.coll, **desc}
+
+
+def _rs_document(entry: OplogEntry) -> dict[str, Any]:
+    tail: dict[str, Any] = {"ts": entry.ts, "t": Int64(1), "v": Int64(2), "wall": entry.wall}
+    if entry.lsid is not None or entry.txn_number is not None:
+        head: dict[str, Any] = {}
+        if entry.lsid is not None:
+            head["lsid"] = entry.lsid
+        if entry.txn_number is not None:
+            head["txnNumber"] = entry.txn_number
+        apply_ops = [_rs_op(record) for record in entry.records]
+        return {**head, "op": "c", "ns": "admin.$cmd", "o": {"applyOps": apply_ops}, **tail}
+    return {**_rs_op(entry.records[0]), **tail}
+
+
+__all__ = [
+    "CLASSIC_OPS",
+    "DOCUMENT_OPS",
+    "EXPANDED_OPS",
+    "Oplog",
+    "OplogEntry",
+    "OplogOp",
+    "OplogRecord",
+    "key_timestamp",
+]
