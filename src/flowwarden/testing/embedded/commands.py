@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from bson import Binary, Int64, Timestamp
 from bson.binary import UuidRepresentation
-from mongomock.filtering import filter_applies
 
-from flowwarden.testing.embedded import crud
+from flowwarden.testing.embedded import crud, engine
 from flowwarden.testing.embedded.crud import Scope
 from flowwarden.testing.embedded.cursors import ListCursor, ServerCursor
 from flowwarden.testing.embedded.errors import CommandError
@@ -119,7 +118,11 @@ COMMANDS: dict[str, CommandSpec] = {}
 
 
 def command(
-    *names: str, counter: str = "command", failable: bool = True, sessions: bool = True, retryable: bool = False
+    *names: str,
+    counter: str = "command",
+    failable: bool = True,
+    sessions: bool = True,
+    retryable: bool = False,
 ) -> Callable[[Handler], Handler]:
     def register(handler: Handler) -> Handler:
         for name in names:
@@ -167,7 +170,8 @@ def _field(ctx: Context, name: str, kind: type | tuple[type, ...], default: Any 
         names = "', '".join(wanted.get(k, k.__name__) for k in expected)
         raise CommandError(
             14,
-            f"BSON field '{ctx.name}.{name}' is the wrong type '{_type_name(value)}', expected type '{names}'",
+            f"BSON field '{ctx.name}.{name}' is the wrong type '{_type_name(value)}', "
+            f"expected type '{names}'",
         )
     return value
 
@@ -379,7 +383,9 @@ async def cmd_get_parameter(ctx: Context) -> Document:
 @command("setParameter", sessions=False)
 async def cmd_set_parameter(ctx: Context) -> Document:
     if ctx.db != "admin":
-        raise CommandError(13, "setParameter may only be run against the admin database.", code_name="Unauthorized")
+        raise CommandError(
+            13, "setParameter may only be run against the admin database.", code_name="Unauthorized"
+        )
     params = ctx.host.parameters
     reply: Document = {}
     changed = [k for k in ctx.cmd if k not in _GENERIC_FIELDS and k != "setParameter"]
@@ -387,7 +393,9 @@ async def cmd_set_parameter(ctx: Context) -> Document:
         raise CommandError(2, "no option found to set, use help:true to see options ")
     for name in changed:
         if name not in params or name in ("featureCompatibilityVersion",):
-            raise CommandError(2, f"attempted to set unrecognized parameter [{name}], use help:true to see options ")
+            raise CommandError(
+                2, f"attempted to set unrecognized parameter [{name}], use help:true to see options "
+            )
         reply["was"] = params[name]
         params[name] = ctx.cmd[name]
     reply["ok"] = 1.0
@@ -416,8 +424,21 @@ async def cmd_server_status(ctx: Context) -> Document:
             "active": host.connections_current,
         },
         "opcounters": {k: Int64(v) for k, v in host.opcounters.items()},
-        "repl": {k: hello[k] for k in ("topologyVersion", "hosts", "setName", "setVersion", "isWritablePrimary",
-                                        "secondary", "primary", "me", "electionId", "lastWrite")},
+        "repl": {
+            k: hello[k]
+            for k in (
+                "topologyVersion",
+                "hosts",
+                "setName",
+                "setVersion",
+                "isWritablePrimary",
+                "secondary",
+                "primary",
+                "me",
+                "electionId",
+                "lastWrite",
+            )
+        },
         "metrics": {"cursor": {"open": {"total": Int64(len(host.cursors))}}},
         "logicalSessionRecordCache": {"activeSessionsCount": len(host.sessions)},
         "storageEngine": {"name": "embedded", "supportsCommittedReads": True, "persistent": False},
@@ -544,7 +565,7 @@ async def cmd_commit_transaction(ctx: Context) -> Document:
         raise CommandError(
             13, "commitTransaction may only be run against the admin database.", code_name="Unauthorized"
         )
-    session, txn = _transaction_session(ctx)
+    session, _ = _transaction_session(ctx)
     ctx.host.sessions.commit(session)
     reply: Document = {"ok": 1.0}
     wce = _write_concern_error(ctx)
@@ -562,7 +583,9 @@ async def cmd_abort_transaction(ctx: Context) -> Document:
     session, txn = _transaction_session(ctx)
     if txn.state is TxnState.COMMITTED:
         raise CommandError(
-            256, "Cannot abort transaction since it has already been committed", code_name="TransactionCommitted"
+            256,
+            "Cannot abort transaction since it has already been committed",
+            code_name="TransactionCommitted",
         )
     if txn.state is TxnState.ABORTED:
         raise ctx.host.sessions.no_such_transaction(txn.number, aborted=True)
@@ -604,7 +627,7 @@ async def cmd_list_collections(ctx: Context) -> Document:
         )
     if query:
         try:
-            entries = [e for e in entries if filter_applies(query, e)]
+            entries = [e for e in entries if engine.matches(query, e)]
         except Exception as exc:
             raise crud.engine_error(exc) from None
     cursor = ListCursor(f"{ctx.db}.$cmd.listCollections", entries)
@@ -622,14 +645,19 @@ async def cmd_list_databases(ctx: Context) -> Document:
     entries = []
     for name in sorted(names):
         count = len(catalog.collections(name))
-        entries.append({"name": name, "sizeOnDisk": Int64(8192 * max(count, 1)), "empty": False})
+        entries.append({"name": name, "sizeOnDisk": 8192 * max(count, 1), "empty": False})
     query = _field(ctx, "filter", dict)
     if query:
-        entries = [e for e in entries if filter_applies(query, e)]
+        entries = [e for e in entries if engine.matches(query, e)]
     if ctx.cmd.get("nameOnly"):
         return {"databases": [{"name": e["name"]} for e in entries], "ok": 1.0}
-    total = sum(int(e["sizeOnDisk"]) for e in entries)
-    return {"databases": entries, "totalSize": Int64(total), "totalSizeMb": Int64(total // (1024 * 1024)), "ok": 1.0}
+    total = sum(int(str(e["sizeOnDisk"])) for e in entries)
+    return {
+        "databases": entries,
+        "totalSize": Int64(total),
+        "totalSizeMb": Int64(total // (1024 * 1024)),
+        "ok": 1.0,
+    }
 
 
 @command("dbStats")
@@ -672,14 +700,24 @@ async def cmd_create(ctx: Context) -> Document:
             raise CommandError(
                 2, f"'{unsupported}' collections are not supported by the embedded replica set"
             )
-    unknown = [k for k in ctx.cmd if k != "create" and k not in _GENERIC_FIELDS and k not in _CREATE_OPTIONS
-               and k not in ("idIndex", "autoIndexId")]
+    unknown = [
+        k
+        for k in ctx.cmd
+        if k != "create"
+        and k not in _GENERIC_FIELDS
+        and k not in _CREATE_OPTIONS
+        and k not in ("idIndex", "autoIndexId")
+    ]
     if unknown:
-        raise CommandError(40415, f"BSON field 'create.{unknown[0]}' is an unknown field.", code_name="Location40415")
+        raise CommandError(
+            40415, f"BSON field 'create.{unknown[0]}' is an unknown field.", code_name="Location40415"
+        )
     options = {k: ctx.cmd[k] for k in _CREATE_OPTIONS if k in ctx.cmd}
     _validate_pre_post_images(options.get("changeStreamPreAndPostImages"), "create")
     if options.get("capped") and "size" not in options:
-        raise CommandError(72, "the 'size' field is required when 'capped' is true", code_name="InvalidOptions")
+        raise CommandError(
+            72, "the 'size' field is required when 'capped' is true", code_name="InvalidOptions"
+        )
     crud.validate_collection_name(ctx.db, name)
     existing = ctx.get(name)
     if existing is not None:
@@ -694,13 +732,11 @@ async def cmd_create(ctx: Context) -> Document:
 def _validate_pre_post_images(value: Any, command_name: str) -> None:
     if value is None:
         return
+    field_name = f"{command_name}.changeStreamPreAndPostImages"
+    if isinstance(value, dict) and "enabled" not in value:
+        raise CommandError(40414, f"BSON field '{field_name}.enabled' is missing but a required field")
     if not isinstance(value, dict) or set(value) != {"enabled"} or not isinstance(value["enabled"], bool):
-        raise CommandError(
-            40414 if isinstance(value, dict) and "enabled" not in value else 14,
-            f"BSON field '{command_name}.changeStreamPreAndPostImages.enabled' is missing but a required field"
-            if isinstance(value, dict) and "enabled" not in value
-            else f"BSON field '{command_name}.changeStreamPreAndPostImages' must be {{enabled: <bool>}}",
-        )
+        raise CommandError(14, f"BSON field '{field_name}' must be {{enabled: <bool>}}")
 
 
 @command("drop")
@@ -789,7 +825,9 @@ async def cmd_coll_mod(ctx: Context) -> Document:
             reply.update(_coll_mod_index(coll, value))
             changes[key] = value
         else:
-            raise CommandError(40415, f"BSON field 'collMod.{key}' is an unknown field.", code_name="Location40415")
+            raise CommandError(
+                40415, f"BSON field 'collMod.{key}' is an unknown field.", code_name="Location40415"
+            )
     for key, value in changes.items():
         if key == "index":
             continue
@@ -879,7 +917,9 @@ async def cmd_update(ctx: Context) -> Document:
                 raise CommandError(40414, "BSON field 'update.updates.q' is missing but a required field")
             query = statement["q"]
             if not isinstance(query, dict):
-                raise CommandError(14, "BSON field 'update.updates.q' is the wrong type, expected type 'object'")
+                raise CommandError(
+                    14, "BSON field 'update.updates.q' is the wrong type, expected type 'object'"
+                )
             result = crud.update_one_statement(
                 ctx.scope,
                 ctx.db,
@@ -957,14 +997,16 @@ async def cmd_find_and_modify(ctx: Context) -> Document:
     if not remove and update is None:
         raise CommandError(9, "Either an update or remove=true must be specified")
     if remove and new:
-        raise CommandError(9, "Cannot specify both new=true and remove=true; 'remove' always returns the deleted document")
+        raise CommandError(
+            9, "Cannot specify both new=true and remove=true; 'remove' always returns the deleted document"
+        )
     if remove and upsert:
         raise CommandError(9, "Cannot specify both upsert=true and remove=true ")
-    engine = ctx.scope.catalog.engine[ctx.db][name]
+    tools = ctx.scope.catalog.engine[ctx.db][name]
     try:
         if remove:
             deleted = crud.delete_statement(ctx.scope, ctx.db, name, query, limit=1, sort=sort)
-            value = crud.project(engine, deleted, fields)[0] if deleted else None
+            value = crud.project(tools, deleted, fields)[0] if deleted else None
             return _write_reply(ctx, {"lastErrorObject": {"n": len(deleted)}, "value": value})
         result = crud.update_one_statement(
             ctx.scope,
@@ -979,11 +1021,14 @@ async def cmd_find_and_modify(ctx: Context) -> Document:
         )
     except DuplicateKey as dup:
         raise dup.command_error() from None
-    last_error: Document = {"n": 1 if (result.matched or result.upserted) else 0, "updatedExisting": bool(result.matched)}
+    last_error: Document = {
+        "n": 1 if (result.matched or result.upserted) else 0,
+        "updatedExisting": bool(result.matched),
+    }
     if result.upserted:
         last_error["upserted"] = result.upserted_id
     chosen = result.after if new else (None if result.upserted else result.before)
-    value = crud.project(engine, [chosen], fields)[0] if chosen is not None else None
+    value = crud.project(tools, [chosen], fields)[0] if chosen is not None else None
     return _write_reply(ctx, {"lastErrorObject": last_error, "value": value})
 
 
@@ -1027,7 +1072,7 @@ def _oplog_rs(ctx: Context, query: Document, sort: Document | None, skip: int, l
     docs = ctx.host.oplog.oplog_rs_find(natural, limit if (plain and limit) else None)
     if query:
         try:
-            docs = [d for d in docs if filter_applies(query, d)]
+            docs = [d for d in docs if engine.matches(query, d)]
         except Exception as exc:
             raise crud.engine_error(exc) from None
     if skip:
@@ -1042,14 +1087,17 @@ async def cmd_get_more(ctx: Context) -> Document:
     cursor_id = ctx.cmd.get("getMore")
     if isinstance(cursor_id, bool) or not isinstance(cursor_id, int):
         raise CommandError(
-            14, f"BSON field 'getMore.getMore' is the wrong type '{_type_name(cursor_id)}', expected type 'long'"
+            14,
+            f"BSON field 'getMore.getMore' is the wrong type '{_type_name(cursor_id)}', expected type 'long'",
         )
     collection = ctx.cmd.get("collection")
     if not isinstance(collection, str):
         raise CommandError(40414, "BSON field 'getMore.collection' is missing but a required field")
     batch_size = _batch_size(ctx, ctx.cmd)
     max_time = ctx.cmd.get("maxTimeMS")
-    if max_time is not None and (isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or max_time < 0):
+    if max_time is not None and (
+        isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or max_time < 0
+    ):
         raise CommandError(2, f"{max_time!r} value for maxTimeMS is out of range")
     registry = ctx.host.cursors
     cursor = registry.lookup(cursor_id)
@@ -1062,7 +1110,9 @@ async def cmd_get_more(ctx: Context) -> Document:
         )
     registry.checkout(cursor_id)
     try:
-        batch, extra = await cursor.fetch(batch_size, int(max_time) if max_time is not None else None, first=False)
+        batch, extra = await cursor.fetch(
+            batch_size, int(max_time) if max_time is not None else None, first=False
+        )
     except CommandError:
         # A getMore that fails kills its cursor, as MongoDB does.
         registry.kill(cursor_id)
@@ -1089,7 +1139,13 @@ async def cmd_kill_cursors(ctx: Context) -> Document:
     missing: list[Int64] = []
     for cursor_id in ids:
         (killed if ctx.host.cursors.kill(int(cursor_id)) else missing).append(Int64(cursor_id))
-    return {"cursorsKilled": killed, "cursorsNotFound": missing, "cursorsAlive": [], "cursorsUnknown": [], "ok": 1.0}
+    return {
+        "cursorsKilled": killed,
+        "cursorsNotFound": missing,
+        "cursorsAlive": [],
+        "cursorsUnknown": [],
+        "ok": 1.0,
+    }
 
 
 @command("count", counter="command")
@@ -1098,7 +1154,11 @@ async def cmd_count(ctx: Context) -> Document:
     query = _field(ctx, "query", dict) or {}
     skip = _non_negative(ctx, "skip", ctx.cmd.get("skip"))
     limit_value = ctx.cmd.get("limit")
-    limit = abs(int(limit_value)) if isinstance(limit_value, (int, float)) and not isinstance(limit_value, bool) else 0
+    limit = (
+        abs(int(limit_value))
+        if isinstance(limit_value, (int, float)) and not isinstance(limit_value, bool)
+        else 0
+    )
     docs = crud.select(ctx.get(name), query, skip=skip, limit=limit)
     return {"n": len(docs), "ok": 1.0}
 
@@ -1136,7 +1196,9 @@ async def cmd_aggregate(ctx: Context) -> Document:
     first = pipeline[0] if pipeline else None
     if isinstance(first, dict) and "$changeStream" in first:
         if ctx.in_transaction:
-            raise CommandError(263, "Cannot run aggregate with $changeStream in a multi-document transaction.")
+            raise CommandError(
+                263, "Cannot run aggregate with $changeStream in a multi-document transaction."
+            )
         # Imported here so the rest of the server never depends on the change-stream engine.
         from flowwarden.testing.embedded.changestream import open_change_stream
 
@@ -1168,7 +1230,8 @@ def _validate_index_spec(spec: Any) -> Document:
     key = spec.get("key")
     if not isinstance(key, dict) or not key:
         raise CommandError(
-            67, f"Error in specification {spec} :: caused by :: The 'key' field must be a non-empty object",
+            67,
+            f"Error in specification {spec} :: caused by :: The 'key' field must be a non-empty object",
             code_name="CannotCreateIndex",
         )
     for field_name, direction in key.items():
@@ -1177,21 +1240,24 @@ def _validate_index_spec(spec: Any) -> Document:
             raise CommandError(
                 67,
                 f"Error in specification {spec} :: caused by :: Values in the index key pattern can only be "
-                f"positive or negative numbers or one of the index type strings, found {field_name}: {direction!r}",
+                "positive or negative numbers or one of the index type strings, "
+                f"found {field_name}: {direction!r}",
                 code_name="CannotCreateIndex",
             )
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise CommandError(
-            9, f"Error in specification {spec} :: caused by :: The 'name' field is a required property of an "
-            "index specification"
+            9,
+            f"Error in specification {spec} :: caused by :: The 'name' field is a required property of an "
+            "index specification",
         )
     if name == "*":
         raise CommandError(67, "The index name '*' is not valid.", code_name="CannotCreateIndex")
     ttl = spec.get("expireAfterSeconds")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0):
         raise CommandError(
-            67, f"TTL index 'expireAfterSeconds' option must be a non-negative number: {ttl!r}",
+            67,
+            f"TTL index 'expireAfterSeconds' option must be a non-negative number: {ttl!r}",
             code_name="CannotCreateIndex",
         )
     return spec
@@ -1226,12 +1292,15 @@ async def cmd_create_indexes(ctx: Context) -> Document:
                 code_name="IndexKeySpecsConflict",
             )
         for existing in coll.indexes.values():
-            if existing.key == wanted.key and (
-                existing.spec.get("collation") == wanted.spec.get("collation")
-            ) and existing.spec.get("partialFilterExpression") == wanted.spec.get("partialFilterExpression"):
+            if (
+                existing.key == wanted.key
+                and (existing.spec.get("collation") == wanted.spec.get("collation"))
+                and existing.spec.get("partialFilterExpression") == wanted.spec.get("partialFilterExpression")
+            ):
                 if _comparable(existing.spec) == _comparable(wanted.spec):
                     raise CommandError(
-                        85, f"Index already exists with a different name: {existing.name}",
+                        85,
+                        f"Index already exists with a different name: {existing.name}",
                         code_name="IndexOptionsConflict",
                     )
                 raise CommandError(

@@ -13,16 +13,14 @@ errors with their indexes, ordered and unordered batches.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import mongomock
 from bson import ObjectId
-from mongomock import aggregate as engine_aggregate
-from mongomock import filtering, helpers
-from mongomock.filtering import filter_applies
 
+from flowwarden.testing.embedded import engine
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.keys import value_key
 from flowwarden.testing.embedded.oplog import OplogOp
@@ -48,15 +46,7 @@ UPDATE_OPERATORS = frozenset(
     }
 )
 _OWN_OPERATORS = frozenset({"$mul", "$bit"})
-_ENGINE_ERRORS = (
-    mongomock.OperationFailure,
-    ValueError,
-    TypeError,
-    KeyError,
-    IndexError,
-    AttributeError,
-    NotImplementedError,
-)
+_ENGINE_ERRORS = engine.ENGINE_ERRORS
 
 
 def write_conflict() -> CommandError:
@@ -131,13 +121,15 @@ def select(
         return []
     query = query or {}
     if not isinstance(query, dict):
-        raise CommandError(14, "BSON field 'filter' is the wrong type, expected type 'object'", code_name=None)
+        raise CommandError(
+            14, "BSON field 'filter' is the wrong type, expected type 'object'", code_name=None
+        )
     try:
         if len(query) == 1 and "_id" in query and _is_plain_value(query["_id"]):
             found = coll.docs.get(value_key(query["_id"]))
             docs = [found] if found is not None else []
         elif query:
-            docs = [doc for doc in coll.docs.values() if filter_applies(query, doc)]
+            docs = [doc for doc in coll.docs.values() if engine.matches(query, doc)]
         else:
             docs = list(coll.docs.values())
     except _ENGINE_ERRORS as exc:
@@ -153,7 +145,7 @@ def select(
 
 def _validate_filter(query: Document) -> None:
     try:
-        filter_applies(query, {})
+        engine.matches(query, {})
     except _ENGINE_ERRORS as exc:
         raise engine_error(exc) from None
 
@@ -168,16 +160,20 @@ def sort_documents(docs: list[Document], sort: Document) -> list[Document]:
             if direction < 0:
                 docs = list(reversed(docs))
             continue
-        docs = sorted(docs, key=lambda d, k=key: filtering.resolve_sort_key(k, d), reverse=direction < 0)
+        docs = sorted(docs, key=functools.partial(_sort_key, key), reverse=direction < 0)
     return docs
 
 
-def project(coll_engine: Any, docs: Iterable[Document], projection: Document | None) -> list[Document]:
+def _sort_key(path: str, doc: Document) -> Any:
+    return engine.sort_key(path, doc)
+
+
+def project(tools: Any, docs: Iterable[Document], projection: Document | None) -> list[Document]:
     """Apply a find projection; without one the stored documents are returned as they are."""
     if not projection:
         return list(docs)
     try:
-        return [coll_engine._copy_only_fields(doc, dict(projection), dict) for doc in docs]
+        return [engine.project(tools, doc, projection) for doc in docs]
     except _ENGINE_ERRORS as exc:
         raise engine_error(exc, 2) from None
 
@@ -187,7 +183,7 @@ def distinct(coll: Collection | None, key: str, query: Document | None) -> list[
     seen: set[Hashable] = set()
     for doc in select(coll, query):
         try:
-            found = helpers.get_value_by_dot(doc, key, can_generate_array=True)
+            found = engine.dotted_values(doc, key)
         except KeyError:
             continue
         for value in found if isinstance(found, list) else [found]:
@@ -198,7 +194,9 @@ def distinct(coll: Collection | None, key: str, query: Document | None) -> list[
     return values
 
 
-def run_pipeline(catalog: Catalog, db: str, coll_name: str | None, pipeline: list[Document]) -> list[Document]:
+def run_pipeline(
+    catalog: Catalog, db: str, coll_name: str | None, pipeline: list[Document]
+) -> list[Document]:
     """An ordinary (non change-stream) aggregation over a collection, or over nothing for ``aggregate: 1``."""
     for stage in pipeline:
         if not isinstance(stage, dict) or len(stage) != 1:
@@ -213,11 +211,11 @@ def run_pipeline(catalog: Catalog, db: str, coll_name: str | None, pipeline: lis
     engine_db = catalog.engine[db]
     try:
         if coll_name is None:
-            result = engine_aggregate.process_pipeline([], engine_db, pipeline, None)
+            result = engine.run_stages([], engine_db, pipeline)
         else:
             source = catalog.get(db, coll_name)
             docs = [copy.deepcopy(doc) for doc in source.docs.values()] if source is not None else []
-            result = engine_aggregate.process_pipeline(docs, engine_db, pipeline, None)
+            result = engine.run_stages(docs, engine_db, pipeline)
         return list(result)
     except CommandError:
         raise
@@ -272,9 +270,7 @@ def validate_collection_name(db: str, name: str) -> None:
     if not isinstance(name, str) or not name or "$" in name or "\x00" in name or name.startswith("."):
         raise CommandError(73, f"Invalid namespace specified '{db}.{name}'", code_name="InvalidNamespace")
     if name.startswith("system.") and name not in ("system.js", "system.views", "system.profile"):
-        raise CommandError(
-            73, f"Invalid system namespace: {db}.{name}", code_name="InvalidNamespace"
-        )
+        raise CommandError(73, f"Invalid system namespace: {db}.{name}", code_name="InvalidNamespace")
 
 
 def pre_image_recorded(coll: Collection) -> bool:
@@ -388,7 +384,9 @@ def _mul(doc: Any, name: str, value: Any) -> None:
     if isinstance(doc, dict):
         current = doc.get(name, 0)
         if current is None or isinstance(current, (str, dict, list, bool)):
-            raise CommandError(14, f"Cannot apply $mul to a value of non-numeric type. {name} is not a number")
+            raise CommandError(
+                14, f"Cannot apply $mul to a value of non-numeric type. {name} is not a number"
+            )
         doc[name] = current * value
     elif isinstance(doc, list):
         doc[int(name)] = doc[int(name)] * value
@@ -412,9 +410,7 @@ def _bit(doc: Any, name: str, value: Any) -> None:
     doc[name] = current
 
 
-def _expand_array_filters(
-    doc: Document, update: Document, array_filters: list[Document] | None
-) -> Document:
+def _expand_array_filters(doc: Document, update: Document, array_filters: list[Document] | None) -> Document:
     """Rewrite ``$[]`` and ``$[<id>]`` paths into the concrete array indexes they select in ``doc``."""
     filters: dict[str, Document] = {}
     for spec in array_filters or []:
@@ -444,9 +440,9 @@ def _expand_array_filters(
 def _element_matches(element: Any, conditions: Document) -> bool:
     for rest, condition in conditions.items():
         if rest == "":
-            if not filter_applies({"v": condition}, {"v": element}):
+            if not engine.matches({"v": condition}, {"v": element}):
                 return False
-        elif not isinstance(element, dict) or not filter_applies({rest: condition}, element):
+        elif not isinstance(element, dict) or not engine.matches({rest: condition}, element):
             return False
     return True
 
@@ -483,7 +479,7 @@ def _concrete_paths(node: Any, parts: list[str], filters: dict[str, Document], u
 
 
 def apply_update(
-    engine: Any,
+    tools: Any,
     old: Document,
     query: Document,
     update: Any,
@@ -493,27 +489,32 @@ def apply_update(
 ) -> Document:
     """The document ``update`` makes of ``old`` (``old`` itself is left untouched)."""
     if _is_replacement(update):
-        new = {"_id": old["_id"], **{k: v for k, v in update.items() if k != "_id"}} if "_id" in old else dict(update)
+        new = (
+            {"_id": old["_id"], **{k: v for k, v in update.items() if k != "_id"}}
+            if "_id" in old
+            else dict(update)
+        )
         if "_id" in update and "_id" in old and value_key(update["_id"]) != value_key(old["_id"]):
             raise _immutable_id(update["_id"])
         return copy.deepcopy(new)
     new = copy.deepcopy(old)
     try:
         if isinstance(update, list):
-            engine._apply_update_pipeline(new, update, None)
+            engine.apply_update_pipeline(tools, new, update)
         else:
             if array_filters is not None or any(
-                isinstance(fields, dict) and any("$[" in path for path in fields) for fields in update.values()
+                isinstance(fields, dict) and any("$[" in path for path in fields)
+                for fields in update.values()
             ):
                 update = _expand_array_filters(new, update, array_filters)
             own = {op: update[op] for op in _OWN_OPERATORS if op in update}
             rest = {op: fields for op, fields in update.items() if op not in _OWN_OPERATORS}
             if rest:
-                engine._apply_update_document(new, query, rest, inserting)
+                engine.apply_update_document(tools, new, query, rest, inserting)
             for field_name, value in own.get("$mul", {}).items():
-                engine._update_document_single_field(new, field_name, value, _mul)
+                engine.update_field(tools, new, field_name, value, _mul)
             for field_name, value in own.get("$bit", {}).items():
-                engine._update_document_single_field(new, field_name, value, _bit)
+                engine.update_field(tools, new, field_name, value, _bit)
     except CommandError:
         raise
     except _ENGINE_ERRORS as exc:
@@ -532,17 +533,15 @@ def _immutable_id(value: Any) -> CommandError:
     )
 
 
-def _upsert_seed(engine: Any, query: Document) -> Document:
+def _upsert_seed(tools: Any, query: Document) -> Document:
     seed = {k: v for k, v in query.items() if not k.startswith("$")}
     for clause in query.get("$and", []) if isinstance(query.get("$and"), list) else []:
         if isinstance(clause, dict):
             seed.update({k: v for k, v in clause.items() if not k.startswith("$")})
     try:
-        expanded = engine._expand_dots(seed)
-        discarded, _ = engine._discard_operators(expanded)
+        return engine.upsert_seed(tools, seed)
     except _ENGINE_ERRORS as exc:
         raise engine_error(exc, 2) from None
-    return dict(discarded)
 
 
 def update_one_statement(
@@ -564,12 +563,12 @@ def update_one_statement(
     coll = scope.catalog.get(db, name)
     result = UpdateResult()
     matches = select(coll, query, sort=sort, limit=0 if multi else 1)
-    engine = scope.catalog.engine[db][name]
+    tools = scope.catalog.engine[db][name]
     replacement = _is_replacement(update)
     for old in matches:
         assert coll is not None
         result.matched += 1
-        new = apply_update(engine, old, query, update, inserting=False, array_filters=array_filters)
+        new = apply_update(tools, old, query, update, inserting=False, array_filters=array_filters)
         result.before, result.after = old, new
         if new == old and list(new) == list(old):
             continue
@@ -592,13 +591,13 @@ def update_one_statement(
         return result
     coll = ensure_collection(scope, db, name)
     if replacement:
-        seed_id = _upsert_seed(engine, query).get("_id")
+        seed_id = _upsert_seed(tools, query).get("_id")
         doc = dict(update)
         if "_id" not in doc and seed_id is not None:
             doc = {"_id": seed_id, **doc}
     else:
-        seed = _upsert_seed(engine, query)
-        doc = apply_update(engine, seed, query, update, inserting=True, array_filters=array_filters)
+        seed = _upsert_seed(tools, query)
+        doc = apply_update(tools, seed, query, update, inserting=True, array_filters=array_filters)
     doc = id_first(doc)
     _validate_new_document(doc)
     key = value_key(doc["_id"])

@@ -140,9 +140,7 @@ class CursorRegistry:
         if entry is None:
             raise CommandError(43, f"cursor id {int(cursor_id)} not found")
         if entry.busy:
-            raise CommandError(
-                292, f"Cursor id {int(cursor_id)} is already in use", code_name="CursorInUse"
-            )
+            raise CommandError(292, f"Cursor id {int(cursor_id)} is already in use", code_name="CursorInUse")
         entry.busy = True
         entry.last_used = time.monotonic()
         return entry.cursor

@@ -58,7 +58,9 @@ class FailPoints:
         name = cmd.get("configureFailPoint")
         if name != FAIL_COMMAND:
             raise CommandError(
-                2, f"Could not find fail point with name: {name}; the embedded replica set has only '{FAIL_COMMAND}'"
+                2,
+                f"Could not find fail point with name: {name}; "
+                f"the embedded replica set has only '{FAIL_COMMAND}'",
             )
         previous = self._times_entered
         mode = cmd.get("mode")
@@ -88,7 +90,9 @@ class FailPoints:
         if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
             raise CommandError(2, "'failCommands' must be an array of command names")
         labels = data.get("errorLabels")
-        if labels is not None and (not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)):
+        if labels is not None and (
+            not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)
+        ):
             raise CommandError(2, "'errorLabels' must be an array of strings")
         error_code = data.get("errorCode")
         if error_code is not None and not isinstance(error_code, int):
@@ -101,7 +105,7 @@ class FailPoints:
         if wce is not None and not isinstance(wce, dict):
             raise CommandError(2, "'writeConcernError' must be an object")
         self._fail_command = _FailCommand(
-            commands=frozenset(_ALIASES.get(c, c) for c in commands),
+            commands=frozenset(_ALIASES.get(c) or c for c in commands),
             remaining=remaining,
             skip=skip,
             app_name=data.get("appName"),
@@ -120,7 +124,7 @@ class FailPoints:
         point = self._fail_command
         if point is None:
             return None
-        if _ALIASES.get(command_name, command_name) not in point.commands:
+        if (_ALIASES.get(command_name) or command_name) not in point.commands:
             return None
         if point.app_name is not None and point.app_name != app_name:
             return None

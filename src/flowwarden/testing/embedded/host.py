@@ -176,7 +176,9 @@ class ReplicaSetHost:
         txn = None
         if "autocommit" in cmd:
             if session is None:
-                raise CommandError(50768, "Transactions need a session: the command carries autocommit but no lsid")
+                raise CommandError(
+                    50768, "Transactions need a session: the command carries autocommit but no lsid"
+                )
             txn = self.sessions.transaction_for(session, name, cmd)
         scope = self._main_scope
         if txn is not None and txn.state is TxnState.IN_PROGRESS and name not in TRANSACTION_CONTROL:
@@ -200,14 +202,21 @@ class ReplicaSetHost:
             session.retry_reply = None
             session.txn_number = max(session.txn_number, number)
             retry_key = session.key
-        ctx = commands.Context(host=self, conn=conn, cmd=cmd, db=db, name=name, session=session, txn=txn, scope=scope)
+        ctx = commands.Context(
+            host=self, conn=conn, cmd=cmd, db=db, name=name, session=session, txn=txn, scope=scope
+        )
         try:
             reply = await spec.handler(ctx)
         except CommandError:
             if session is not None and txn is not None and name not in TRANSACTION_CONTROL:
                 self.sessions.abort(session)
             raise
-        if session is not None and txn is not None and name not in TRANSACTION_CONTROL and reply.get("writeErrors"):
+        if (
+            session is not None
+            and txn is not None
+            and name not in TRANSACTION_CONTROL
+            and reply.get("writeErrors")
+        ):
             self.sessions.abort(session)
         if retry_key is not None and session is not None:
             session.retry_reply = dict(reply)

@@ -88,7 +88,10 @@ class EmbeddedReplicaSet:
             loop = asyncio.new_event_loop()
             ready = threading.Event()
             thread = threading.Thread(
-                target=self._run_loop, args=(loop, ready), name=f"flowwarden-embedded-rs-{id(self):x}", daemon=True
+                target=self._run_loop,
+                args=(loop, ready),
+                name=f"flowwarden-embedded-rs-{id(self):x}",
+                daemon=True,
             )
             thread.start()
             ready.wait()
@@ -232,7 +235,8 @@ class EmbeddedReplicaSet:
         assert task is not None
         peer = writer.get_extra_info("peername")
         conn = ConnectionInfo(
-            id=next(self._connection_ids), peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            id=next(self._connection_ids),
+            peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
         )
         host = self._host
         self._connections[conn.id] = (writer, task)
@@ -260,7 +264,10 @@ class EmbeddedReplicaSet:
             length, request_id, _, op_code = wire.parse_header(header)
             message = header + await reader.readexactly(length - wire.HEADER_SIZE)
             request = wire.parse_message(request_id, op_code, message)
-            if request.op_code == wire.OP_QUERY and next(iter(request.command), None) not in _OP_QUERY_COMMANDS:
+            if (
+                request.op_code == wire.OP_QUERY
+                and next(iter(request.command), None) not in _OP_QUERY_COMMANDS
+            ):
                 name = next(iter(request.command), "")
                 reply = CommandError(
                     352,
@@ -275,7 +282,9 @@ class EmbeddedReplicaSet:
             try:
                 payload = bson.encode(reply)
             except (BSONError, TypeError, ValueError, OverflowError) as exc:
-                error = CommandError(10334, f"reply could not be encoded as BSON: {exc}", code_name="BSONObjectTooLarge")
+                error = CommandError(
+                    10334, f"reply could not be encoded as BSON: {exc}", code_name="BSONObjectTooLarge"
+                )
                 payload = bson.encode({**error.to_reply(), **host.cluster_time_fields()})
             if request.op_code == wire.OP_QUERY:
                 out = wire.build_op_reply(next(self._request_ids), request.request_id, payload)

@@ -153,7 +153,9 @@ class SessionRegistry:
         if autocommit is None:
             return None
         if autocommit is not False:
-            raise CommandError(72, "autocommit field can only be specified as false", code_name="InvalidOptions")
+            raise CommandError(
+                72, "autocommit field can only be specified as false", code_name="InvalidOptions"
+            )
         number = cmd.get("txnNumber")
         if number is None:
             raise CommandError(
@@ -163,9 +165,7 @@ class SessionRegistry:
         number = int(number)
         if cmd.get("startTransaction"):
             if command_name in TRANSACTION_CONTROL:
-                raise CommandError(
-                    50768, f"Cannot start a transaction with a {command_name} command"
-                )
+                raise CommandError(50768, f"Cannot start a transaction with a {command_name} command")
             if command_name in _NOT_IN_TRANSACTION:
                 raise CommandError(263, f"Cannot run '{command_name}' in a multi-document transaction.")
             if number < session.txn_number:
@@ -192,7 +192,9 @@ class SessionRegistry:
             raise self.no_such_transaction(number, aborted=True)
         if txn.state is TxnState.COMMITTED and command_name not in TRANSACTION_CONTROL:
             raise CommandError(
-                256, f"Transaction with {{ txnNumber: {number} }} has been committed.", code_name="TransactionCommitted"
+                256,
+                f"Transaction with {{ txnNumber: {number} }} has been committed.",
+                code_name="TransactionCommitted",
             )
         if txn.state is TxnState.IN_PROGRESS and command_name in _NOT_IN_TRANSACTION:
             raise CommandError(

@@ -22,11 +22,10 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import mongomock
 from bson import Binary
 from bson.binary import UuidRepresentation
-from mongomock.filtering import filter_applies
 
+from flowwarden.testing.embedded import engine
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.keys import format_document, value_key
 
@@ -120,7 +119,7 @@ class IndexSpec:
 
     def keys_of(self, doc: Document) -> list[tuple[Hashable, tuple[Any, ...]]]:
         """Every ``(hashable key, key values)`` this index holds for ``doc`` (several if multikey)."""
-        if self.partial is not None and not filter_applies(self.partial, doc):
+        if self.partial is not None and not engine.matches(self.partial, doc):
             return []
         per_field: list[list[tuple[Hashable, Any]]] = []
         all_missing = True
@@ -128,9 +127,7 @@ class IndexSpec:
             values = path_values(doc, path)
             if values:
                 all_missing = False
-                per_field.append(
-                    [(_UNDEFINED_KEY if v is _UNDEFINED else value_key(v), v) for v in values]
-                )
+                per_field.append([(_UNDEFINED_KEY if v is _UNDEFINED else value_key(v), v) for v in values])
             else:
                 per_field.append([(None, None)])
         if self.sparse and all_missing:
@@ -138,7 +135,8 @@ class IndexSpec:
         if len(per_field) == 1:
             return [(k, (v,)) for k, v in per_field[0]]
         return [
-            (tuple(k for k, _ in combo), tuple(v for _, v in combo)) for combo in itertools.product(*per_field)
+            (tuple(k for k, _ in combo), tuple(v for _, v in combo))
+            for combo in itertools.product(*per_field)
         ]
 
 
@@ -238,7 +236,7 @@ class Collection:
             for index_key, values in index.keys_of(doc):
                 owner = entries.get(index_key, _MISSING)
                 if owner is not _MISSING and owner != key:
-                    key_value = {path: _printable(v) for path, v in zip(index.key, values)}
+                    key_value = {path: _printable(v) for path, v in zip(index.key, values, strict=True)}
                     raise DuplicateKey(self.ns, index, key_value)
         if old is not None:
             self._unindex(key, old)
@@ -270,7 +268,7 @@ class Collection:
                 for index_key, values in index.keys_of(doc):
                     owner = entries.get(index_key, _MISSING)
                     if owner is not _MISSING and owner != key:
-                        key_value = {path: _printable(v) for path, v in zip(index.key, values)}
+                        key_value = {path: _printable(v) for path, v in zip(index.key, values, strict=True)}
                         raise DuplicateKey(self.ns, index, key_value)
                     entries[index_key] = key
             index.entries = entries
@@ -298,7 +296,7 @@ class Catalog:
     """
 
     def __init__(self, parent: Catalog | None = None) -> None:
-        self.engine = mongomock.MongoClient()
+        self.engine: Any = engine.new_client()
         self.parent = parent
         self._collections: dict[tuple[str, str], Collection] = {}
         # Namespaces this transaction dropped or created, so parent copies are not re-fetched.

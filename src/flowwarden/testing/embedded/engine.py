@@ -1,0 +1,87 @@
+"""The query engine behind the embedded replica set's data semantics, behind typed functions.
+
+Filter matching, sort keys, dotted-path reads and aggregation stages are delegated to mongomock;
+every call into it goes through here so the rest of the server stays typed and one module owns
+the dependency.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mongomock
+from mongomock import aggregate as _aggregate
+from mongomock import filtering as _filtering
+from mongomock import helpers as _helpers
+
+Document = dict[str, Any]
+
+ENGINE_ERRORS: tuple[type[BaseException], ...] = (
+    mongomock.OperationFailure,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    NotImplementedError,
+)
+"""What the engine raises for a request it rejects; the server answers these as command errors."""
+
+
+def new_client() -> Any:
+    """An empty engine client; its store holds the documents of one catalog."""
+    return mongomock.MongoClient()
+
+
+def matches(query: Document, doc: Any) -> bool:
+    """True when ``doc`` matches the MongoDB filter ``query`` (raises on an invalid filter)."""
+    return bool(_filtering.filter_applies(query, doc))  # type: ignore[no-untyped-call]
+
+
+def sort_key(path: str, doc: Document) -> Any:
+    """The key MongoDB sorts ``doc`` by for ``path`` (missing sorts as null, arrays by first element)."""
+    return _filtering.resolve_sort_key(path, doc)  # type: ignore[no-untyped-call]
+
+
+def dotted_values(doc: Document, path: str) -> Any:
+    """The value at a dotted path, arrays of subdocuments expanded; KeyError when absent."""
+    return _helpers.get_value_by_dot(doc, path, can_generate_array=True)  # type: ignore[no-untyped-call]
+
+
+def run_stages(docs: list[Document], database: Any, pipeline: list[Document]) -> list[Document]:
+    """Run aggregation ``pipeline`` over ``docs``; ``database`` resolves ``$lookup`` and friends."""
+    return list(_aggregate.process_pipeline(docs, database, pipeline, None))  # type: ignore[no-untyped-call]
+
+
+# The engine's update, projection and upsert logic lives on its collection objects; ``tools`` is
+# such an object for the namespace being written (it reads no data of its own here).
+
+
+def apply_update_document(
+    tools: Any, doc: Document, query: Document, update: Document, inserting: bool
+) -> None:
+    """Apply update operators to ``doc`` in place (``inserting``: honour ``$setOnInsert``)."""
+    tools._apply_update_document(doc, query, update, inserting)
+
+
+def apply_update_pipeline(tools: Any, doc: Document, pipeline: list[Document]) -> None:
+    """Apply a pipeline-style update to ``doc`` in place."""
+    tools._apply_update_pipeline(doc, pipeline, None)
+
+
+def update_field(tools: Any, doc: Document, path: str, value: Any, updater: Any) -> None:
+    """Call ``updater(parent, last_part, value)`` on the parent of a dotted path (created as needed)."""
+    tools._update_document_single_field(doc, path, value, updater)
+
+
+def project(tools: Any, doc: Document, projection: Document) -> Document:
+    """A copy of ``doc`` with a find projection applied."""
+    result: Document = tools._copy_only_fields(doc, dict(projection), dict)
+    return result
+
+
+def upsert_seed(tools: Any, equalities: Document) -> Document:
+    """The document an upsert starts from: the filter's equality fields, dotted paths expanded."""
+    expanded = tools._expand_dots(equalities)
+    seed, _ = tools._discard_operators(expanded)
+    return dict(seed)
