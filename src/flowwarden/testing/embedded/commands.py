@@ -828,6 +828,11 @@ async def cmd_coll_mod(ctx: Context) -> Document:
             raise CommandError(
                 40415, f"BSON field 'collMod.{key}' is an unknown field.", code_name="Location40415"
             )
+    state_before: Document = {"collectionOptions": dict(coll.options)}
+    if "index" in changes:
+        state_before["indexOptions"] = {
+            k: reply[f"{k}_old"] for k in ("expireAfterSeconds", "hidden") if f"{k}_old" in reply
+        }
     for key, value in changes.items():
         if key == "index":
             continue
@@ -836,7 +841,9 @@ async def cmd_coll_mod(ctx: Context) -> Document:
         else:
             coll.options[key] = value
     if changes:
-        ctx.scope.emit(OplogOp("modify", ctx.db, name, description=changes))
+        ctx.scope.emit(
+            OplogOp("modify", ctx.db, name, description={**changes, "stateBeforeChange": state_before})
+        )
     reply["ok"] = 1.0
     return reply
 
