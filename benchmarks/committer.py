@@ -81,7 +81,8 @@ async def time_commits(order: list[int], toks: list[dict[str, Any]]) -> tuple[fl
 
 
 def sync_saves(uri: str, count: int) -> float:
-    with pymongo.MongoClient(uri) as client:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri)
+    with client:
         store = MongoCheckpointStore(client["bench_sync"])
         toks = tokens(count)
         start = time.perf_counter()

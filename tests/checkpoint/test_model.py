@@ -24,7 +24,7 @@ def test_only_stream_id_is_required_and_construction_is_by_keyword() -> None:
     assert checkpoint.resume_token is None
     assert (checkpoint.events_processed, checkpoint.epoch, checkpoint.metadata) == (0, 0, {})
     with pytest.raises(TypeError):
-        Checkpoint("s")  # type: ignore[misc]
+        Checkpoint("s")  # type: ignore[call-arg]
 
 
 def test_it_is_frozen_and_does_not_share_state_with_the_caller() -> None:

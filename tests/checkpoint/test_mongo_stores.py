@@ -103,7 +103,10 @@ class TestMongoCheckpointStore(CheckpointStoreContract):
         self, client: pymongo.MongoClient[Any], mongodb_uri: str
     ) -> None:
         app = f"fw-cp-{uuid.uuid4().hex[:8]}"
-        with pymongo.MongoClient(mongodb_uri, appname=app, retryReads=False, retryWrites=False) as own:
+        own: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+            mongodb_uri, appname=app, retryReads=False, retryWrites=False
+        )
+        with own:
             store = MongoCheckpointStore(own[self.database.name])
             store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1)))
             with _fail_command(client, app, ["find"], error_code=2):
@@ -115,9 +118,10 @@ class TestMongoCheckpointStore(CheckpointStoreContract):
             assert store.load(STREAM) is not None
 
     def test_an_unreachable_server_raises(self) -> None:
-        with pymongo.MongoClient(
+        dead: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
             "mongodb://127.0.0.1:1/", serverSelectionTimeoutMS=100, connect=False
-        ) as dead:
+        )
+        with dead:
             store = MongoCheckpointStore(dead["db"])
             with pytest.raises(CheckpointError, match="load failed"):
                 store.load(STREAM)
@@ -175,7 +179,8 @@ async def test_the_committer_saves_through_the_sync_store_and_survives_a_failed_
 ) -> None:
     app = f"fw-cp-{uuid.uuid4().hex[:8]}"
     errors: list[BaseException] = []
-    with pymongo.MongoClient(mongodb_uri, appname=app) as own:
+    own: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongodb_uri, appname=app)
+    with own:
         store = MongoCheckpointStore(own[db_name])
         committer = CheckpointCommitter(
             store,
