@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import mongomock
+from bson import MaxKey, MinKey, Timestamp
 from mongomock import aggregate as _aggregate
 from mongomock import filtering as _filtering
 from mongomock import helpers as _helpers
@@ -26,6 +27,33 @@ ENGINE_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError,
 )
 """What the engine raises for a request it rejects; the server answers these as command errors."""
+
+
+def _extend_type_order() -> None:
+    """Teach the engine's BSON comparison order the types it does not know.
+
+    Without this, a filter such as ``{ts: {$gt: Timestamp(...)}}`` (how clients read the oplog
+    window) fails. Only values that made the engine raise before get an order, at MongoDB's
+    places: MinKey first, Timestamp between Date and Regex, MaxKey last.
+    """
+    original = _filtering._get_compare_type
+    if getattr(original, "_flowwarden_extended", False):
+        return
+
+    def compare_type(value: Any) -> Any:
+        if isinstance(value, Timestamp):
+            return 47
+        if isinstance(value, MinKey):
+            return -1
+        if isinstance(value, MaxKey):
+            return 127
+        return original(value)  # type: ignore[no-untyped-call]
+
+    compare_type._flowwarden_extended = True  # type: ignore[attr-defined]
+    _filtering._get_compare_type = compare_type
+
+
+_extend_type_order()
 
 
 def new_client() -> Any:

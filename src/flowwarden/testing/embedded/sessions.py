@@ -40,7 +40,6 @@ _NOT_IN_TRANSACTION = frozenset(
         "collMod",
         "dropIndexes",
         "createIndexes",
-        "create",
         "configureFailPoint",
         "endSessions",
         "killCursors",
@@ -197,6 +196,8 @@ class SessionRegistry:
                 code_name="TransactionCommitted",
             )
         if txn.state is TxnState.IN_PROGRESS and command_name in _NOT_IN_TRANSACTION:
+            # As any failed statement does, a refused one aborts the transaction.
+            self.abort(session)
             raise CommandError(
                 263,
                 f"Cannot run '{command_name}' in a multi-document transaction.",

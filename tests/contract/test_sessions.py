@@ -1,0 +1,288 @@
+"""Sessions, multi-document transactions and retryable writes."""
+
+from __future__ import annotations
+
+import pymongo
+import pytest
+from bson import Int64
+from pymongo.errors import OperationFailure
+from wire_helpers import command, connect, new_lsid
+
+
+def test_transaction_is_invisible_until_commit(
+    client: pymongo.MongoClient, db_name: str, mongodb_uri: str
+) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": "pre"})
+    with pymongo.MongoClient(mongodb_uri) as other:
+        other_coll = other[db_name].c
+        with client.start_session() as session:
+            session.start_transaction()
+            coll.insert_one({"_id": "t1"}, session=session)
+            coll.update_one({"_id": "pre"}, {"$set": {"touched": True}}, session=session)
+            # The transaction reads its own writes...
+            assert coll.count_documents({}, session=session) == 2
+            assert coll.find_one({"_id": "pre"}, session=session)["touched"] is True
+            # ...and nobody else sees them yet.
+            assert other_coll.find_one({"_id": "t1"}) is None
+            assert "touched" not in other_coll.find_one({"_id": "pre"})
+            session.commit_transaction()
+        assert other_coll.find_one({"_id": "t1"}) == {"_id": "t1"}
+        assert other_coll.find_one({"_id": "pre"})["touched"] is True
+
+
+def test_aborted_transaction_leaves_nothing(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": 1, "v": 1})
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.insert_one({"_id": 2}, session=session)
+        coll.delete_one({"_id": 1}, session=session)
+        session.abort_transaction()
+    assert list(coll.find()) == [{"_id": 1, "v": 1}]
+
+
+async def test_transaction_commit_and_abort_async(
+    async_client: pymongo.AsyncMongoClient, db_name: str
+) -> None:
+    coll = async_client[db_name].c
+    async with async_client.start_session() as session:
+        await session.start_transaction()
+        await coll.insert_many([{"_id": 1}, {"_id": 2}], session=session)
+        assert await coll.count_documents({}) == 0
+        await session.commit_transaction()
+    assert await coll.count_documents({}) == 2
+    async with async_client.start_session() as session:
+        await session.start_transaction()
+        await coll.delete_many({}, session=session)
+        await session.abort_transaction()
+    assert await coll.count_documents({}) == 2
+
+
+def test_with_transaction_commits_once(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": "acct", "balance": 10})
+    calls = []
+
+    def transfer(session: pymongo.client_session.ClientSession) -> None:
+        calls.append(1)
+        coll.update_one({"_id": "acct"}, {"$inc": {"balance": -3}}, session=session)
+        coll.insert_one({"_id": "ledger", "amount": 3}, session=session)
+
+    with client.start_session() as session:
+        session.with_transaction(transfer)
+    assert calls == [1]
+    assert coll.find_one({"_id": "acct"})["balance"] == 7
+    assert coll.find_one({"_id": "ledger"})["amount"] == 3
+
+
+def test_transaction_creates_collection_on_commit(client: pymongo.MongoClient, db_name: str) -> None:
+    db = client[db_name]
+    with client.start_session() as session:
+        session.start_transaction()
+        db.brand_new.insert_one({"_id": 1}, session=session)
+        assert "brand_new" not in db.list_collection_names()
+        session.commit_transaction()
+    assert db.brand_new.find_one() == {"_id": 1}
+
+
+def test_write_conflict_between_transactions(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": 1, "v": 0})
+    with client.start_session() as first, client.start_session() as second:
+        first.start_transaction()
+        second.start_transaction()
+        coll.update_one({"_id": 1}, {"$set": {"v": 1}}, session=first)
+        with pytest.raises(OperationFailure) as info:
+            coll.update_one({"_id": 1}, {"$set": {"v": 2}}, session=second)
+        assert info.value.code == 112
+        assert info.value.has_error_label("TransientTransactionError")
+        first.commit_transaction()
+        # The failed write aborted the second transaction.
+        with pytest.raises(OperationFailure) as aborted:
+            second.commit_transaction()
+        assert aborted.value.code == 251
+    assert coll.find_one({"_id": 1})["v"] == 1
+
+
+def test_commit_conflicts_with_a_later_plain_write(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": 1, "v": 0})
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.find_one({"_id": 1}, session=session)
+        coll.update_one({"_id": 1}, {"$set": {"v": "txn"}}, session=session)
+        try:
+            coll.update_one({"_id": 1}, {"$set": {"v": "plain"}})
+        except OperationFailure:
+            # MongoDB makes the plain write wait for the transaction; it may time out instead.
+            session.abort_transaction()
+            return
+        with pytest.raises(OperationFailure) as info:
+            session.commit_transaction()
+        assert info.value.code == 112
+    assert coll.find_one({"_id": 1})["v"] == "plain"
+
+
+def test_errors_inside_a_transaction(mongodb_uri: str, db_name: str) -> None:
+    lsid = new_lsid()
+    with connect(mongodb_uri) as sock:
+        unknown = command(
+            sock, {"find": "c", "lsid": lsid, "txnNumber": Int64(5), "autocommit": False, "$db": db_name}
+        )
+        assert unknown["ok"] == 0 and unknown["code"] == 251
+        assert unknown["codeName"] == "NoSuchTransaction"
+        assert "TransientTransactionError" in unknown["errorLabels"]
+
+        started = command(
+            sock,
+            {
+                "insert": "c",
+                "documents": [{"_id": 1}],
+                "lsid": lsid,
+                "txnNumber": Int64(6),
+                "startTransaction": True,
+                "autocommit": False,
+                "$db": db_name,
+            },
+        )
+        assert started["ok"] == 1.0 and started["n"] == 1
+        refused = command(
+            sock, {"count": "c", "lsid": lsid, "txnNumber": Int64(6), "autocommit": False, "$db": db_name}
+        )
+        assert refused["ok"] == 0 and refused["code"] == 263
+        # The refused command aborted the transaction.
+        commit = command(
+            sock,
+            {
+                "commitTransaction": 1,
+                "lsid": lsid,
+                "txnNumber": Int64(6),
+                "autocommit": False,
+                "$db": "admin",
+            },
+        )
+        assert commit["ok"] == 0 and commit["code"] == 251
+        assert "TransientTransactionError" in commit["errorLabels"]
+
+        command(
+            sock,
+            {
+                "insert": "c",
+                "documents": [{"_id": 2}],
+                "lsid": lsid,
+                "txnNumber": Int64(7),
+                "startTransaction": True,
+                "autocommit": False,
+                "$db": db_name,
+            },
+        )
+        first = command(
+            sock,
+            {
+                "commitTransaction": 1,
+                "lsid": lsid,
+                "txnNumber": Int64(7),
+                "autocommit": False,
+                "$db": "admin",
+            },
+        )
+        assert first["ok"] == 1.0
+        # A retried commit of a committed transaction succeeds again.
+        again = command(
+            sock,
+            {
+                "commitTransaction": 1,
+                "lsid": lsid,
+                "txnNumber": Int64(7),
+                "autocommit": False,
+                "$db": "admin",
+            },
+        )
+        assert again["ok"] == 1.0
+        abort_late = command(
+            sock,
+            {"abortTransaction": 1, "lsid": lsid, "txnNumber": Int64(7), "autocommit": False, "$db": "admin"},
+        )
+        assert abort_late["ok"] == 0 and abort_late["code"] == 256
+        older = command(
+            sock,
+            {
+                "find": "c",
+                "lsid": lsid,
+                "txnNumber": Int64(3),
+                "startTransaction": True,
+                "autocommit": False,
+                "$db": db_name,
+            },
+        )
+        assert older["ok"] == 0 and older["code"] == 225
+
+
+def test_transaction_commits_at_one_cluster_time(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": "warmup"})
+    newest = client.local["oplog.rs"].find_one(sort=[("$natural", -1)])
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.insert_many([{"_id": i} for i in range(3)], session=session)
+        coll.update_one({"_id": "warmup"}, {"$set": {"x": 1}}, session=session)
+        session.commit_transaction()
+    entries = list(client.local["oplog.rs"].find({"ts": {"$gt": newest["ts"]}}))
+    assert len(entries) == 1
+    [entry] = entries
+    assert entry["op"] == "c" and len(entry["o"]["applyOps"]) == 4
+    assert "lsid" in entry and "txnNumber" in entry
+
+
+def test_retryable_write_is_applied_once(mongodb_uri: str, db_name: str, client: pymongo.MongoClient) -> None:
+    lsid = new_lsid()
+    insert = {
+        "insert": "c",
+        "documents": [{"_id": "once"}],
+        "lsid": lsid,
+        "txnNumber": Int64(1),
+        "$db": db_name,
+    }
+    update = {
+        "update": "c",
+        "updates": [{"q": {"_id": "once"}, "u": {"$inc": {"n": 1}}}],
+        "lsid": lsid,
+        "txnNumber": Int64(2),
+        "$db": db_name,
+    }
+    with connect(mongodb_uri) as sock:
+        first = command(sock, insert)
+        assert first["ok"] == 1.0 and first["n"] == 1
+        retried = command(sock, insert)
+        assert retried["ok"] == 1.0 and retried["n"] == 1 and "writeErrors" not in retried
+        assert command(sock, update)["nModified"] == 1
+        assert command(sock, update)["nModified"] == 1
+        stale = command(sock, {**insert, "documents": [{"_id": "late"}]})
+        assert stale["ok"] == 0 and stale["code"] == 225
+    assert list(client[db_name].c.find()) == [{"_id": "once", "n": 1}]
+
+
+def test_retryable_writes_through_pymongo(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    with client.start_session() as session:
+        coll.insert_one({"_id": 1}, session=session)
+        coll.update_one({"_id": 1}, {"$inc": {"n": 1}}, session=session)
+        coll.find_one_and_update({"_id": 1}, {"$inc": {"n": 1}}, session=session)
+        coll.delete_one({"_id": 1}, session=session)
+    assert coll.count_documents({}) == 0
+
+
+@pytest.mark.embedded_only
+def test_end_sessions_closes_the_sessions_cursors(
+    mongodb_uri: str, db_name: str, client: pymongo.MongoClient
+) -> None:
+    client[db_name].c.insert_many([{"_id": i} for i in range(5)])
+    lsid = new_lsid()
+    with connect(mongodb_uri) as sock:
+        opened = command(sock, {"find": "c", "batchSize": 1, "lsid": lsid, "$db": db_name})
+        cursor_id = opened["cursor"]["id"]
+        assert cursor_id != 0
+        assert command(sock, {"endSessions": [lsid], "$db": "admin"})["ok"] == 1.0
+        gone = command(sock, {"getMore": cursor_id, "collection": "c", "$db": db_name})
+    assert gone["ok"] == 0 and gone["code"] == 43
