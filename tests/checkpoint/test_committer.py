@@ -553,6 +553,21 @@ async def test_close_reports_a_failed_final_save() -> None:
     assert await c.close() is False
 
 
+async def test_concurrent_closes_share_one_outcome() -> None:
+    store = GatedAsyncStore()
+    store.gate.clear()
+    c = committer(store, save_every_n=100)
+    await c.commit(1, tok(1))
+    first = asyncio.ensure_future(c.close(timeout=30))
+    await asyncio.wait_for(store.started.wait(), 10)
+    second = asyncio.ensure_future(c.close(timeout=30))
+    await settle()
+    assert not second.done()  # waits for the first close instead of answering early
+    store.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, second), 10) == [True, True]
+    assert store.inner.saved == [1]
+
+
 async def test_async_with_closes() -> None:
     store = RecordingStore()
     async with committer(store, save_every_n=100) as c:

@@ -172,7 +172,7 @@ class CheckpointCommitter:
         # commit() checks this one attribute: set once the committer is closed or failed.
         self._refusal: BaseException | None = None
         self._closed = False
-        self._close_result: bool | None = None
+        self._close_result: asyncio.Future[bool] | None = None
         self._stopping = False
 
         self.failed: asyncio.Future[BaseException] = self._loop.create_future()
@@ -260,8 +260,10 @@ class CheckpointCommitter:
         checkpoint stays at its last saved position (safe: it is behind, never ahead). Events
         past a gap are not saved. Calling close again returns the first result.
         """
-        if self._closed:
-            return bool(self._close_result)
+        if self._close_result is not None:
+            # A second close waits for the first one's outcome rather than racing it.
+            return await asyncio.shield(self._close_result)
+        self._close_result = self._loop.create_future()
         self._closed = True
         if self._refusal is None:
             self._refusal = CommitterClosedError(
@@ -271,25 +273,26 @@ class CheckpointCommitter:
         shutdown = self._loop.create_task(
             self._shutdown(), name=f"flowwarden-checkpoint-close[{self.stream_id}]"
         )
+        clean = False
         try:
             done, _ = await asyncio.wait({shutdown}, timeout=timeout)
+            if shutdown in done:
+                clean = shutdown.result()
+            else:
+                self._abandon(shutdown)
+                logger.warning(
+                    "stream %r: checkpoint store did not answer within %.3gs at close; the save in "
+                    "progress was abandoned. Stored position: sequence %d of frontier %d.",
+                    self.stream_id,
+                    timeout,
+                    self._saved_sequence,
+                    self._frontier,
+                )
         except asyncio.CancelledError:
             self._abandon(shutdown)
             raise
-        if shutdown in done:
-            clean = shutdown.result()
-        else:
-            self._abandon(shutdown)
-            logger.warning(
-                "stream %r: checkpoint store did not answer within %.3gs at close; the save in "
-                "progress was abandoned. Stored position: sequence %d of frontier %d.",
-                self.stream_id,
-                timeout,
-                self._saved_sequence,
-                self._frontier,
-            )
-            clean = False
-        self._close_result = clean
+        finally:
+            self._close_result.set_result(clean)
         return clean
 
     async def __aenter__(self) -> CheckpointCommitter:
