@@ -23,6 +23,7 @@ once, and shared by every stream; a batch costs a namespace check and a list app
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -49,6 +50,7 @@ DEFAULT_AWAIT_MS = 1000
 """How long a getMore waits for events when the client sends no ``maxTimeMS`` (MongoDB's default)."""
 
 DEFAULT_FIRST_BATCH = 101
+_WARM_STEP = 128  # records encoded ahead per event-loop step
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 INTERNAL_DATABASES = frozenset({"admin", "config", "local"})
 
@@ -78,7 +80,6 @@ _BSON_TYPE_NAMES = {
     list: "array",
     Timestamp: "timestamp",
 }
-_INVALIDATE = 2  # event_cache key of the invalidate that follows a command
 
 
 class ChangeStreamHost(Protocol):
@@ -242,6 +243,8 @@ class ChangeStreamCursor:
         self._full_document = str(spec.get("fullDocument", "default"))
         self._before = str(spec.get("fullDocumentBeforeChange", "off"))
         self._needs_images = self._needs_images_for(spec)
+        self._fast = not stages and not self._needs_images and not self._raw_update
+        self._warming = False
         self._shape = int(self._expanded)
         self._exhausted = False
         self._closed = False
@@ -316,6 +319,8 @@ class ChangeStreamCursor:
         if first and batch_size == 0:
             return [], {"postBatchResumeToken": self._pbrt}
         batch = self._scan(limit)
+        if limit is not None and len(batch) == limit:
+            self._warm_ahead(2 * limit)
         if batch or first or self._exhausted:
             return batch, {"postBatchResumeToken": self._pbrt}
         wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms
@@ -329,6 +334,37 @@ class ChangeStreamCursor:
                 break
             batch = self._scan(limit)
         return batch, {"postBatchResumeToken": self._pbrt}
+
+    def _warm_ahead(self, count: int) -> None:
+        """Encode, between requests, the events the next getMore will most likely return.
+
+        The client decodes one batch while the server prepares the next, so a stream read from a
+        long oplog costs the server almost nothing when the getMore arrives. The work is cut into
+        small steps on the event loop, so other connections are served in between.
+        """
+        if self._fast and not self._warming and self._shape == 0 and not self._exhausted:
+            self._warming = True
+            asyncio.get_running_loop().call_soon(self._warm_step, self._next_seq, count)
+
+    def _warm_step(self, seq: int, count: int) -> None:
+        self._warming = False
+        if self._closed:
+            return
+        oplog = self._oplog
+        records, base = oplog.view()
+        index = max(seq, oplog.first_seq) - base
+        stop = min(len(records), index + _WARM_STEP)
+        match = self._match
+        while index < stop and count > 0:
+            record = records[index]
+            index += 1
+            if match(record) and record.kind in CLASSIC_OPS:
+                count -= 1
+                if record.raw is None:
+                    self._encoded_base(record)
+        if count > 0 and index < len(records):
+            self._warming = True
+            asyncio.get_running_loop().call_soon(self._warm_step, base + index, count)
 
     # -- scanning ---------------------------------------------------------------------------------
 
@@ -345,55 +381,59 @@ class ChangeStreamCursor:
         if self._next_seq < oplog.first_seq:
             self._exhausted = True
             raise _history_lost()
+        batch: list[Any] = []
+        if self._pending_invalidate is not None:
+            self._emit_invalidate(batch)
+            if self._exhausted:
+                return batch
         records, base = oplog.view()
         index = self._next_seq - base
         end = len(records)
-        batch: list[Any] = []
         size = 0
         cap = -1 if limit is None else limit
         match = self._match
-        fast = not self._stages and not self._needs_images and not self._raw_update
+        fast = self._fast
         shape = self._shape
         expanded = self._expanded
+        # Most records of a collection stream are its own document writes: test those inline.
+        quick_db = self._db if self._coll is not None else None
+        quick_coll = self._coll
         last: OplogRecord | None = None
         try:
-            while len(batch) != cap and size < MAX_BATCH_BYTES:
-                pending = self._pending_invalidate
-                if pending is not None:
-                    self._pending_invalidate = None
-                    if self._resume_position is not None and not self._passes_resume_point(pending, 1):
-                        continue
-                    event = self._deliver(self._invalidate_event(pending), self._stages)
-                    if event is not None:
-                        batch.append(event)
-                    # The stream ends here: nothing after an invalidate is ever read.
-                    self._pbrt = pending.invalidate_token()
-                    self._exhausted = True
-                    return batch
-                if index >= end:
-                    break
+            while index < end and len(batch) != cap and size < MAX_BATCH_BYTES:
                 record = records[index]
                 index += 1
-                verdict = match(record)
-                if not verdict:
-                    continue
+                if record.coll == quick_coll and record.db == quick_db and record.kind in DOCUMENT_OPS:
+                    verdict = 1
+                else:
+                    verdict = match(record)
+                    if not verdict:
+                        continue
+                if (self._resume_position is None or self._passes_resume_point(record, 0)) and (
+                    expanded or record.kind in CLASSIC_OPS
+                ):
+                    if fast:
+                        raw = record.raw if shape == 0 else None
+                        if raw is None:
+                            raw = self._encoded_base(record)
+                        size += len(raw.raw)
+                        batch.append(raw)
+                        last = record
+                    else:
+                        transformed = self._transform(record)
+                        if transformed is not None:
+                            size += len(transformed.raw)
+                            batch.append(transformed)
+                            last = record
                 if verdict == 2:
                     self._pending_invalidate = record
-                if self._resume_position is not None and not self._passes_resume_point(record, 0):
-                    continue
-                if not expanded and record.kind not in CLASSIC_OPS:
-                    continue
-                if fast:
-                    raw = record.event_cache.get(shape)
-                    if raw is None:
-                        raw = self._cache_base(record)
-                else:
-                    raw = self._transform(record)
-                    if raw is None:
-                        continue
-                size += len(raw.raw)
-                batch.append(raw)
-                last = record
+                    if len(batch) == cap:
+                        break
+                    if last is record:
+                        self._pbrt = record.token()
+                    self._emit_invalidate(batch)
+                    if self._exhausted:
+                        return batch
         finally:
             self._next_seq = base + index
         if last is not None:
@@ -405,6 +445,20 @@ class ChangeStreamCursor:
                 self._pbrt = high_water_mark(key_timestamp(newest))
                 self._latest_key = newest
         return batch
+
+    def _emit_invalidate(self, batch: list[Any]) -> None:
+        """The pending invalidate: swallowed when it is the ``startAfter`` token, else the end."""
+        record = self._pending_invalidate
+        assert record is not None
+        self._pending_invalidate = None
+        if self._resume_position is not None and not self._passes_resume_point(record, 1):
+            return
+        event = self._deliver(self._invalidate_event(record), self._stages)
+        if event is not None:
+            batch.append(event)
+        # The stream ends here: nothing after an invalidate is ever read.
+        self._pbrt = record.invalidate_token()
+        self._exhausted = True
 
     def _namespace_matcher(self) -> Callable[[OplogRecord], int]:
         """0: not this stream's; 1: an event of this stream; 2: an event that invalidates it."""
@@ -463,7 +517,7 @@ class ChangeStreamCursor:
         if mine < position:
             return False
         if mine == position:
-            data = (record.invalidate_token() if sub else record.token())["_data"]
+            data = record.invalidate_token()["_data"] if sub else record.data()
             if data == self._resume_data:
                 self._must_find = False
                 self._resume_position = None
@@ -482,33 +536,40 @@ class ChangeStreamCursor:
 
     # -- events -----------------------------------------------------------------------------------
 
-    def _cache_base(self, record: OplogRecord) -> RawBSONDocument:
-        raw = RawBSONDocument(bson.encode(self._base_event(record)))
-        record.event_cache[self._shape] = raw
-        return raw
+    def _encoded_base(self, record: OplogRecord) -> RawBSONDocument:
+        """The event as every stream of this shape sees it, encoded once and kept."""
+        if self._shape == 0:
+            raw = record.raw = RawBSONDocument(bson.encode(self._base_event(record)))
+            return raw
+        cache = record.cache
+        if cache is None:
+            cache = record.cache = {}
+        found = cache.get(self._shape)
+        if found is None:
+            found = cache[self._shape] = RawBSONDocument(bson.encode(self._base_event(record)))
+        return found
 
     def _base_event(self, record: OplogRecord) -> dict[str, Any]:
         """The event as every stream of this shape sees it, before images and user stages."""
         op = record.op
         kind = record.kind
-        entry = record.entry
         expanded = self._expanded
         event: dict[str, Any] = {}
         if kind == "rename":
             event["to"] = {"db": record.to_db, "coll": record.to_coll}
-        if entry.txn_number is not None:
-            event["txnNumber"] = entry.txn_number
-        if entry.lsid is not None:
-            event["lsid"] = entry.lsid
+        if record.txn_number is not None:
+            event["txnNumber"] = Int64(record.txn_number)
+        if record.lsid is not None:
+            event["lsid"] = record.lsid
         event["_id"] = record.token()
         event["operationType"] = kind
         event["clusterTime"] = record.ts
         if expanded and record.uuid is not None:
             event["collectionUUID"] = bson.Binary(record.uuid, 4)
-        event["wallTime"] = entry.wall
+        event["wallTime"] = record.wall
         if kind in ("insert", "replace"):
             event["fullDocument"] = op.after
-        event["ns"] = record.ns_doc
+        event["ns"] = record.ns_doc()
         if kind in DOCUMENT_OPS:
             event["documentKey"] = op.document_key
         description = None if kind in DOCUMENT_OPS else record.operation_description()
@@ -527,7 +588,7 @@ class ChangeStreamCursor:
 
     def _transform(self, record: OplogRecord) -> RawBSONDocument | None:
         """The event through images and user stages, encoded; None when a stage dropped it."""
-        event = self._shared_base(record)
+        event = self._base_event(record)
         for stage in self._early:
             if stage(event) is None:
                 return None
@@ -566,23 +627,13 @@ class ChangeStreamCursor:
             event["fullDocument"] = after
         return event
 
-    def _shared_base(self, record: OplogRecord) -> dict[str, Any]:
-        key = 10 + self._shape + (4 if self._raw_update else 0)  # decoded form, for transforming streams
-        cached = record.event_cache.get(key)
-        if cached is None:
-            cached = record.event_cache[key] = self._base_event(record)
-        return cached
-
     def _invalidate_event(self, record: OplogRecord) -> dict[str, Any]:
-        cached = record.event_cache.get(_INVALIDATE)
-        if cached is None:
-            cached = record.event_cache[_INVALIDATE] = {
-                "_id": record.invalidate_token(),
-                "operationType": "invalidate",
-                "clusterTime": record.ts,
-                "wallTime": record.entry.wall,
-            }
-        return cached
+        return {
+            "_id": record.invalidate_token(),
+            "operationType": "invalidate",
+            "clusterTime": record.ts,
+            "wallTime": record.wall,
+        }
 
     def _deliver(self, event: dict[str, Any], stages: list[Stage]) -> RawBSONDocument | None:
         """Run user stages on one event, check its ``_id`` survived, encode it."""
@@ -622,11 +673,11 @@ def _show(value: Any) -> str:
 def _describe(record: OplogRecord) -> str:
     """MongoDB's description of an event whose image is missing."""
     parts = [f'operationType: "{record.kind}"']
-    ns = ", ".join(f'{k}: "{v}"' for k, v in record.ns_doc.items())
+    ns = ", ".join(f'{k}: "{v}"' for k, v in record.ns_doc().items())
     parts.append(f"ns: {{{ns}}}")
     parts.append(f"clusterTime: Timestamp({record.ts.time}, {record.ts.inc})")
-    if record.entry.txn_number is not None:
-        parts.append(f"txnNumber: {int(record.entry.txn_number)}")
+    if record.txn_number is not None:
+        parts.append(f"txnNumber: {record.txn_number}")
     return "{" + ", ".join(parts) + "}"
 
 

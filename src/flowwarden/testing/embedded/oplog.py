@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bson import Binary, Int64, Timestamp
+from bson.raw_bson import RawBSONDocument
 
 from flowwarden.testing.embedded.tokens import event_token_data, key_timestamp, ts_key
 from flowwarden.testing.embedded.updates import DocDiff, bson_equal, compute_diff, oplog_diff
@@ -74,48 +75,77 @@ class OplogOp:
 class OplogRecord:
     """One event-producing operation at one oplog position ``(cluster time, txnOpIndex)``.
 
-    Records are immutable once appended, except for caches that change streams fill lazily
-    (token, event documents, update delta): each is computed once and shared by every stream.
+    The records of one oplog entry (one ``append`` call) share its cluster time, wall time and
+    transaction ids; ``count`` is how many records the entry has, ``index`` this one's place.
+    Records are immutable once appended, except for caches change streams fill lazily (token,
+    encoded event, update delta), each computed once and shared by every stream. They hold plain
+    values where they can: a long oplog is scanned by the garbage collector, so every object a
+    record keeps alive costs on every allocation-heavy request.
     """
 
     __slots__ = (
+        "cache",
         "coll",
+        "count",
         "db",
         "diff",
-        "entry",
-        "event_cache",
-        "id_doc",
         "index",
         "key",
         "kind",
-        "ns_doc",
+        "lsid",
         "op",
+        "raw",
         "seq",
         "to_coll",
         "to_db",
         "token_data",
-        "ts",
+        "txn_number",
         "uuid",
+        "wall",
     )
 
-    def __init__(self, seq: int, entry: OplogEntry, index: int, op: OplogOp, uuid: bytes | None) -> None:
+    def __init__(
+        self,
+        seq: int,
+        key: int,
+        index: int,
+        count: int,
+        op: OplogOp,
+        uuid: bytes | None,
+        wall: _dt.datetime,
+        lsid: dict[str, Any] | None,
+        txn_number: int | None,
+    ) -> None:
         self.seq = seq
-        self.entry = entry
-        self.key = entry.key
-        self.ts = entry.ts
+        self.key = key
         self.index = index
+        self.count = count
         self.op = op
         self.kind = op.op
         self.db = op.db
         self.coll = op.coll
-        self.to_db = op.to[0] if op.to else None
-        self.to_coll = op.to[1] if op.to else None
+        to = op.to
+        self.to_db = to[0] if to else None
+        self.to_coll = to[1] if to else None
         self.uuid = uuid
-        self.ns_doc: dict[str, Any] = {"db": op.db} if op.coll is None else {"db": op.db, "coll": op.coll}
+        self.wall = wall
+        self.lsid = lsid
+        self.txn_number = txn_number
         self.token_data: str | None = None
-        self.id_doc: dict[str, str] | None = None
+        self.raw: RawBSONDocument | None = None
+        self.cache: dict[int, Any] | None = None
         self.diff: DocDiff | None = None
-        self.event_cache: dict[int, Any] = {}
+
+    @property
+    def ts(self) -> Timestamp:
+        """The entry's cluster time."""
+        return key_timestamp(self.key)
+
+    def ns_doc(self) -> dict[str, Any]:
+        """The event's ``ns``: ``{db, coll}``, or ``{db}`` for a database-level command."""
+        if self.coll is None:
+            return {"db": self.db}
+        return {"db": self.db, "coll": self.coll}
 
     def operation_description(self) -> dict[str, Any] | None:
         """What MongoDB puts in ``operationDescription`` (and in the token) for command events."""
@@ -142,21 +172,24 @@ class OplogRecord:
             return desc
         return None
 
-    def token(self) -> dict[str, str]:
-        """The event's resume token (computed once, shared)."""
-        id_doc = self.id_doc
-        if id_doc is None:
-            data = event_token_data(
+    def data(self) -> str:
+        """The ``_data`` hex of the event's resume token (computed once)."""
+        data = self.token_data
+        if data is None:
+            document_op = self.kind in DOCUMENT_OPS
+            data = self.token_data = event_token_data(
                 self.key,
                 self.index,
                 self.uuid,
                 self.kind,
-                self.op.document_key if self.kind in DOCUMENT_OPS else None,
-                None if self.kind in DOCUMENT_OPS else self.operation_description(),
+                self.op.document_key if document_op else None,
+                None if document_op else self.operation_description(),
             )
-            self.token_data = data
-            id_doc = self.id_doc = {"_data": data}
-        return id_doc
+        return data
+
+    def token(self) -> dict[str, str]:
+        """The event's resume token, ``{"_data": ...}`` (a new dict each call)."""
+        return {"_data": self.data()}
 
     def invalidate_token(self) -> dict[str, str]:
         """The token of the invalidate that follows this command: same position, fromInvalidate."""
@@ -178,23 +211,6 @@ class OplogRecord:
         return diff
 
 
-class OplogEntry:
-    """One oplog entry: one cluster time, one or more records (several for a transaction)."""
-
-    __slots__ = ("key", "lsid", "records", "rs_doc", "ts", "txn_number", "wall")
-
-    def __init__(
-        self, ts: Timestamp, wall: _dt.datetime, lsid: dict[str, Any] | None, txn_number: int | None
-    ) -> None:
-        self.ts = ts
-        self.key = ts_key(ts)
-        self.wall = wall
-        self.lsid = lsid
-        self.txn_number: Int64 | None = Int64(txn_number) if txn_number is not None else None
-        self.records: tuple[OplogRecord, ...] = ()
-        self.rs_doc: dict[str, Any] | None = None
-
-
 def _now_wall(now: float) -> _dt.datetime:
     """Naive UTC wall time at millisecond precision (what a BSON date holds)."""
     return _EPOCH + _dt.timedelta(milliseconds=int(now * 1000))
@@ -210,8 +226,9 @@ class Oplog:
         self._records: list[OplogRecord] = []
         self._base = 0  # seq of self._records[0]
         self._head = 0  # index in self._records of the oldest kept record
-        self._entries: deque[OplogEntry] = deque()
+        self._entry_sizes: deque[int] = deque()  # records per kept entry, oldest first
         self._last = Timestamp(int(time.time()), 0)
+        self._last_key = ts_key(self._last)
         self._dropped_key: int | None = None
         self._waiters: set[asyncio.Future[None]] = set()
         self._uuids: dict[tuple[str, str], bytes] = {}
@@ -225,12 +242,10 @@ class Oplog:
         """The newest cluster time (for ``$clusterTime`` and ``operationTime``)."""
         return self._last
 
-    def _next_time(self, now: float) -> Timestamp:
-        seconds = int(now)
-        last = self._last
-        if seconds > last.time:
-            return Timestamp(seconds, 1)
-        return Timestamp(last.time, last.inc + 1)
+    def _next_key(self, now: float) -> int:
+        candidate = int(now) << 32 | 1
+        last = self._last_key
+        return candidate if candidate > last else last + 1
 
     # -- collection UUIDs ---------------------------------------------------------------------
 
@@ -277,19 +292,23 @@ class Oplog:
         ``dropDatabase`` is preceded by one ``drop`` entry per collection of that database still
         live, as MongoDB drops the collections first. Returns the cluster time used.
         """
-        kept = [op for op in ops if not self._is_noop(op)]
-        for op in kept:
-            if op.op not in _ALL_OPS:
-                raise ValueError(f"unknown oplog operation {op.op!r}; expected one of {sorted(_ALL_OPS)}")
-        if not kept:
-            return self._last
-        if lsid is None and txn_number is None:
+        if len(ops) == 1 and ops[0].op == "insert":
+            kept: Sequence[OplogOp] = ops  # the hot path: nothing to filter
+        else:
+            kept = [op for op in ops if not self._is_noop(op)]
             for op in kept:
-                if op.op == "dropDatabase":
-                    for coll in self._live_collections(op.db, kept):
-                        self._append_entry([OplogOp("drop", op.db, coll)], None, None)
+                if op.op not in _ALL_OPS:
+                    raise ValueError(f"unknown oplog operation {op.op!r}; expected one of {sorted(_ALL_OPS)}")
+            if not kept:
+                return self._last
+            if lsid is None and txn_number is None:
+                for op in kept:
+                    if op.op == "dropDatabase":
+                        for coll in self._live_collections(op.db, kept):
+                            self._append_entry([OplogOp("drop", op.db, coll)], None, None)
         ts = self._append_entry(kept, lsid, txn_number)
-        self._wake()
+        if self._waiters:
+            self._wake()
         return ts
 
     def _is_noop(self, op: OplogOp) -> bool:
@@ -308,34 +327,31 @@ class Oplog:
         self, ops: Sequence[OplogOp], lsid: dict[str, Any] | None, txn_number: int | None
     ) -> Timestamp:
         now = time.time()
-        ts = self._next_time(now)
-        entry = OplogEntry(ts, _now_wall(now), lsid, txn_number)
-        seq = self._base + len(self._records)
-        records = []
+        key = self._next_key(now)
+        wall = _now_wall(now)
+        records = self._records
+        seq = self._base + len(records)
+        count = len(ops)
         for index, op in enumerate(ops):
             if op.op == "dropDatabase":
-                for key in [k for k in self._uuids if k[0] == op.db]:
-                    del self._uuids[key]
+                for ns in [k for k in self._uuids if k[0] == op.db]:
+                    del self._uuids[ns]
                 uuid = None
             else:
                 uuid = self._uuid_for(op)
-            record = OplogRecord(seq + index, entry, index, op, uuid)
-            records.append(record)
-        entry.records = tuple(records)
-        self._records.extend(records)
-        self._entries.append(entry)
-        self._last = ts
-        self._trim()
+            records.append(OplogRecord(seq + index, key, index, count, op, uuid, wall, lsid, txn_number))
+        self._entry_sizes.append(count)
+        self._last_key = key
+        ts = self._last = key_timestamp(key)
+        if self.max_events is not None:
+            self._trim(self.max_events)
         return ts
 
-    def _trim(self) -> None:
-        limit = self.max_events
-        if limit is None:
-            return
-        while len(self._entries) > limit:
-            dropped = self._entries.popleft()
-            self._head += len(dropped.records)
-            self._dropped_key = dropped.key
+    def _trim(self, limit: int) -> None:
+        sizes = self._entry_sizes
+        while len(sizes) > limit:
+            self._dropped_key = self._records[self._head].key
+            self._head += sizes.popleft()
         # Compact lazily so trimming one entry per append stays O(1) amortized.
         if self._head > 4096 and self._head * 2 > len(self._records):
             del self._records[: self._head]
@@ -382,7 +398,7 @@ class Oplog:
 
     @property
     def newest_key(self) -> int:
-        return ts_key(self._last)
+        return self._last_key
 
     def view(self) -> tuple[list[OplogRecord], int]:
         """``(records, base)``: record with sequence ``s`` is ``records[s - base]`` (for ``s`` kept).
@@ -396,7 +412,8 @@ class Oplog:
         """Whether a resume point at cluster time ``key`` is older than the oldest kept entry."""
         if self._dropped_key is None:
             return False
-        oldest = self._entries[0].key if self._entries else self.newest_key + 1
+        records = self._records
+        oldest = records[self._head].key if self._head < len(records) else self._last_key + 1
         return key < oldest
 
     def seek(self, key: int, index: int = 0) -> int:
@@ -410,14 +427,21 @@ class Oplog:
 
         Oldest first for ``sort_natural`` 1, newest first for -1.
         """
-        entries: Iterable[OplogEntry] = reversed(self._entries) if sort_natural < 0 else self._entries
+        records = self._records
         out: list[dict[str, Any]] = []
-        for entry in entries:
-            if limit is not None and limit > 0 and len(out) >= limit:
-                break
-            if entry.rs_doc is None:
-                entry.rs_doc = _rs_document(entry)
-            out.append(entry.rs_doc)
+        wanted = limit if limit is not None and limit > 0 else None
+        if sort_natural < 0:
+            pos = len(records) - 1
+            while pos >= self._head and (wanted is None or len(out) < wanted):
+                start = pos - records[pos].index
+                out.append(_rs_document(records[start : pos + 1]))
+                pos = start - 1
+        else:
+            pos = self._head
+            while pos < len(records) and (wanted is None or len(out) < wanted):
+                count = records[pos].count
+                out.append(_rs_document(records[pos : pos + count]))
+                pos += count
         return out
 
 
@@ -480,17 +504,18 @@ def _command_object(record: OplogRecord) -> dict[str, Any]:
     return {"collMod": op.coll, **desc}
 
 
-def _rs_document(entry: OplogEntry) -> dict[str, Any]:
-    tail: dict[str, Any] = {"ts": entry.ts, "t": Int64(1), "v": Int64(2), "wall": entry.wall}
-    if entry.lsid is not None or entry.txn_number is not None:
+def _rs_document(records: Sequence[OplogRecord]) -> dict[str, Any]:
+    first = records[0]
+    tail: dict[str, Any] = {"ts": first.ts, "t": Int64(1), "v": Int64(2), "wall": first.wall}
+    if first.lsid is not None or first.txn_number is not None:
         head: dict[str, Any] = {}
-        if entry.lsid is not None:
-            head["lsid"] = entry.lsid
-        if entry.txn_number is not None:
-            head["txnNumber"] = entry.txn_number
-        apply_ops = [_rs_op(record) for record in entry.records]
+        if first.lsid is not None:
+            head["lsid"] = first.lsid
+        if first.txn_number is not None:
+            head["txnNumber"] = Int64(first.txn_number)
+        apply_ops = [_rs_op(record) for record in records]
         return {**head, "op": "c", "ns": "admin.$cmd", "o": {"applyOps": apply_ops}, **tail}
-    return {**_rs_op(entry.records[0]), **tail}
+    return {**_rs_op(first), **tail}
 
 
 __all__ = [
@@ -498,7 +523,6 @@ __all__ = [
     "DOCUMENT_OPS",
     "EXPANDED_OPS",
     "Oplog",
-    "OplogEntry",
     "OplogOp",
     "OplogRecord",
     "key_timestamp",

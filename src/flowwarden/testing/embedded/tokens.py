@@ -112,6 +112,12 @@ def key_timestamp(key: int) -> Timestamp:
 
 def _int_body(value: int) -> bytes:
     """KeyString bytes of an integer: type byte from the magnitude's width, then ``|n| << 1``."""
+    if 0 <= value < 256:
+        return _SMALL_INTS[value]
+    return _int_body_uncached(value)
+
+
+def _int_body_uncached(value: int) -> bytes:
     if value == 0:
         return bytes((_NUMERIC_ZERO,))
     magnitude = -value if value < 0 else value
@@ -123,6 +129,9 @@ def _int_body(value: int) -> bytes:
         return bytes((_NUMERIC_POSITIVE_1_BYTE_INT + width - 1,)) + shifted.to_bytes(width, "big")
     inverted = (~shifted) & ((1 << (8 * width)) - 1)
     return bytes((_NUMERIC_NEGATIVE_1_BYTE_INT - (width - 1),)) + inverted.to_bytes(width, "big")
+
+
+_SMALL_INTS = [_int_body_uncached(i) for i in range(256)]
 
 
 def _double_body(value: float) -> bytes:
@@ -145,6 +154,14 @@ def _binary_body(data: bytes, subtype: int) -> bytes:
     size = len(data)
     head = bytes((size,)) if size < 0xFF else b"\xff" + size.to_bytes(4, "big")
     return bytes((_BINDATA,)) + head + bytes((subtype,)) + data
+
+
+_UUID_HEAD = bytes((_BINDATA, 16, 4))
+_OID_BYTE = bytes((_OID,))
+
+
+def _uuid_body(uuid: bytes) -> bytes:
+    return _UUID_HEAD + uuid if len(uuid) == 16 else _binary_body(uuid, 4)
 
 
 def _ctype(value: Any) -> int:
@@ -180,6 +197,13 @@ def _ctype(value: Any) -> int:
 
 def encode_value(value: Any) -> bytes:
     """KeyString bytes (type byte + body) of one BSON value, ascending order."""
+    kind = type(value)
+    if kind is ObjectId:
+        return _OID_BYTE + bytes(value.binary)
+    if kind is int:
+        return _int_body(value)
+    if kind is str:
+        return _string_body(value)
     if value is None:
         return bytes((_NULLISH,))
     if value is True:
@@ -240,6 +264,25 @@ _OP_DESC_FIELD = bytes((_OBJECT,)) + b"operationDescription\x00"
 _END_BYTE = bytes((_END,))
 
 
+_IDENTIFIER_HEADS: dict[str, bytes] = {}
+_ID_FIELD = b"_id\x00"
+_OBJECT_BYTE = bytes((_OBJECT,))
+
+
+def _document_identifier(operation_type: str, document_key: Mapping[str, Any]) -> bytes:
+    """``operationType`` + ``documentKey`` fields of an event identifier (the hot path of tokens)."""
+    head = _IDENTIFIER_HEADS.get(operation_type)
+    if head is None:
+        head = _OP_TYPE_FIELD + _string_body(operation_type) + _DOC_KEY_FIELD
+        _IDENTIFIER_HEADS[operation_type] = head
+    if len(document_key) == 1 and "_id" in document_key:
+        value = document_key["_id"]
+        return b"".join(
+            (head, _OBJECT_BYTE, bytes((_ctype(value),)), _ID_FIELD, encode_value(value), b"\x00")
+        )
+    return head + encode_object(document_key)
+
+
 def high_water_mark(cluster_time: Timestamp) -> dict[str, str]:
     """A high-water-mark token: "every event at ``cluster_time`` or later is still to come"."""
     raw = b"".join(
@@ -274,9 +317,7 @@ def event_token_data(
     MongoDB's version-2 tokens.
     """
     if document_key is not None:
-        identifier = (
-            _OP_TYPE_FIELD + _string_body(operation_type) + _DOC_KEY_FIELD + encode_object(document_key)
-        )
+        identifier = _document_identifier(operation_type, document_key)
     elif operation_description is not None:
         identifier = (
             _OP_TYPE_FIELD
@@ -294,8 +335,8 @@ def event_token_data(
             _EVENT_TYPE_BYTES,
             _int_body(txn_op_index),
             _TRUE if from_invalidate else _FALSE,
-            _binary_body(uuid, 4) if uuid is not None else _NULL,
-            bytes((_OBJECT,)),
+            _uuid_body(uuid) if uuid is not None else _NULL,
+            _OBJECT_BYTE,
             identifier,
             b"\x00",
             _END_BYTE,
