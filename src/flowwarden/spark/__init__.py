@@ -1,0 +1,85 @@
+"""flowwarden.spark: change events as Arrow tables and Spark DataFrames, and the
+Structured Streaming source ``flowwarden``.
+
+Importing this package imports neither pyspark nor pyarrow (they are the ``spark`` extra); each
+name below loads its module on first use, and a missing package fails with
+``pip install "flowwarden[spark]"``.
+
+- :func:`events_to_arrow` / :func:`events_to_dataframe`: a batch of change events, column-wise.
+- :func:`model_to_struct_type`, :func:`change_event_struct_type` ...: the schemas involved.
+- :func:`get_or_create_session`: a SparkSession whose Python workers can import flowwarden.
+- :func:`register`: make ``spark.readStream.format("flowwarden")`` available.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from flowwarden.spark.arrow import ArrowBatch as ArrowBatch
+    from flowwarden.spark.arrow import MalformedRow as MalformedRow
+    from flowwarden.spark.arrow import events_to_arrow as events_to_arrow
+    from flowwarden.spark.dataframe import DataFrameBatch as DataFrameBatch
+    from flowwarden.spark.dataframe import events_to_dataframe as events_to_dataframe
+    from flowwarden.spark.extjson import JsonMode as JsonMode
+    from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN as CORRUPT_RECORD_COLUMN
+    from flowwarden.spark.schema import EVENT_COLUMNS as EVENT_COLUMNS
+    from flowwarden.spark.schema import ObjectIdStr as ObjectIdStr
+    from flowwarden.spark.schema import change_event_arrow_schema as change_event_arrow_schema
+    from flowwarden.spark.schema import change_event_struct_type as change_event_struct_type
+    from flowwarden.spark.schema import model_to_arrow_schema as model_to_arrow_schema
+    from flowwarden.spark.schema import model_to_struct_type as model_to_struct_type
+    from flowwarden.spark.schema import struct_type_to_arrow_schema as struct_type_to_arrow_schema
+    from flowwarden.spark.session import get_or_create_session as get_or_create_session
+    from flowwarden.spark.source import FlowWardenDataSource as FlowWardenDataSource
+
+_LAZY = {
+    "ArrowBatch": "flowwarden.spark.arrow",
+    "MalformedRow": "flowwarden.spark.arrow",
+    "events_to_arrow": "flowwarden.spark.arrow",
+    "DataFrameBatch": "flowwarden.spark.dataframe",
+    "events_to_dataframe": "flowwarden.spark.dataframe",
+    "JsonMode": "flowwarden.spark.extjson",
+    "CORRUPT_RECORD_COLUMN": "flowwarden.spark.schema",
+    "EVENT_COLUMNS": "flowwarden.spark.schema",
+    "ObjectIdStr": "flowwarden.spark.schema",
+    "change_event_arrow_schema": "flowwarden.spark.schema",
+    "change_event_struct_type": "flowwarden.spark.schema",
+    "model_to_arrow_schema": "flowwarden.spark.schema",
+    "model_to_struct_type": "flowwarden.spark.schema",
+    "struct_type_to_arrow_schema": "flowwarden.spark.schema",
+    "get_or_create_session": "flowwarden.spark.session",
+    "FlowWardenDataSource": "flowwarden.spark.source",
+}
+
+__all__ = [*sorted(_LAZY), "register"]
+
+
+def register(spark: SparkSession) -> None:
+    """Register the Python data source ``flowwarden`` with ``spark``.
+
+    Afterwards ``spark.readStream.format("flowwarden").option("uri", ...)`` reads change events;
+    see :class:`~flowwarden.spark.source.FlowWardenDataSource` for the options.
+    """
+    from flowwarden.spark._extra import require
+
+    require("pyspark.sql.datasource", "the flowwarden streaming source")
+    from flowwarden.spark.source import FlowWardenDataSource
+
+    spark.dataSource.register(FlowWardenDataSource)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flowwarden.spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

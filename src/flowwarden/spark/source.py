@@ -1,0 +1,609 @@
+"""The Structured Streaming source ``flowwarden``: a change stream as a streaming DataFrame.
+
+After ``flowwarden.spark.register(spark)``::
+
+    spark.readStream.format("flowwarden")
+        .option("uri", "mongodb://.../?replicaSet=rs0")
+        .option("database", "shop").option("collection", "orders")
+        .load()
+
+returns the change-event columns of :data:`~flowwarden.spark.schema.EVENT_COLUMNS`.
+
+Offsets are resume tokens, never timestamps. A micro-batch covers the events after its start
+token up to and including its end token; ``read`` re-opens the change stream with
+``startAfter=<start>`` and stops at ``<end>``, so a micro-batch replayed after a failure, or
+re-run after a restart from the query's checkpointLocation, yields exactly the same events, and
+the next one begins right after the last committed event. The offset JSON kept in the
+checkpoint is ``{"_data": "<token hex>"}``; two other shapes exist:
+
+- ``{"startAtOperationTime": {"t": .., "i": ..}}``: only a query's initial offset for
+  ``start_position`` ``earliest`` or ``timestamp`` (the first micro-batch starts at that cluster
+  time, inclusive);
+- ``{"_data": .., "readFrom": {"t": .., "i": ..}}`` or ``{"_data": .., "skipped": true}``: the
+  end of a micro-batch that followed a history loss (``on_history_lost``), read from the oplog
+  start or skipped entirely.
+
+The reader holds no cursor between calls: every call opens its own change stream and closes
+it, so nothing but the offsets carries state, and ``read`` runs in any executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pymongo
+from bson import Timestamp, json_util
+from pymongo.errors import OperationFailure
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from flowwarden.config import (
+    ChangeStreamOptions,
+    OnHistoryLost,
+    PipelineOptions,
+    SchemaMode,
+    validate_options,
+)
+from flowwarden.errors import ConfigurationError, HistoryLostError, StreamError
+from flowwarden.events import compare_tokens, timestamp_datetime, token_datetime
+from flowwarden.spark.arrow import events_to_arrow
+from flowwarden.spark.extjson import JsonMode
+from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS
+
+__all__ = ["FlowWardenDataSource", "FlowWardenStreamReader", "SourceOptions", "TokenRange"]
+
+_OWNER = "flowwarden streaming source"
+HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
+DEFAULT_MAX_EVENTS_PER_TRIGGER = 10_000
+ARROW_BATCH_ROWS = 10_000
+# How long a read waits for the events of its range to show up again before giving up: they
+# were seen when the range was planned, so only a lost oplog or an unreachable server delays them.
+READ_STALL_SECONDS = 120.0
+
+Offset = dict[str, Any]
+
+
+def _allowed(values: Any) -> str:
+    return ", ".join(str(v).lower() for v in values)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, validated once when the source is created.
+
+    ``readStream.option(...)`` values arrive as strings; every problem is a ConfigurationError
+    naming the option and the allowed values.
+    """
+
+    uri: str
+    database: str | None = None
+    collection: str | None = None
+    pipeline: tuple[dict[str, Any], ...] = ()
+    full_document: str = "default"
+    full_document_before_change: str = "off"
+    start_position: str = "latest"
+    start_at: Timestamp | None = None
+    max_events_per_trigger: int | None = DEFAULT_MAX_EVENTS_PER_TRIGGER
+    on_history_lost: OnHistoryLost = OnHistoryLost.FAIL
+    schema_ddl: str | None = None
+    mode: SchemaMode = SchemaMode.PERMISSIVE
+    json_mode: JsonMode = JsonMode.CANONICAL
+    max_await_time_ms: int = 250
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        known = {
+            "uri",
+            "database",
+            "collection",
+            "pipeline",
+            "full_document",
+            "full_document_before_change",
+            "start_position",
+            "start_at",
+            "max_events_per_trigger",
+            "on_history_lost",
+            "schema",
+            "mode",
+            "json_mode",
+            "max_await_time_ms",
+            "path",  # Spark passes load(path) as an option; the source has no use for it
+        }
+        lowered = {key.lower(): value for key, value in options.items()}
+        unknown = sorted(set(lowered) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) {', '.join(unknown)}", owner=_OWNER, allowed=", ".join(sorted(known))
+            )
+        uri = lowered.get("uri")
+        if not uri:
+            raise ConfigurationError(
+                "the option uri is required",
+                owner=_OWNER,
+                option="uri",
+                allowed="a MongoDB connection string",
+            )
+        stream = validate_options(
+            ChangeStreamOptions,
+            _OWNER,
+            {
+                "database": lowered.get("database") or None,
+                "collection": lowered.get("collection") or None,
+                "full_document": lowered.get("full_document", "default"),
+                "full_document_before_change": lowered.get("full_document_before_change", "off"),
+            },
+        )
+        pipeline: tuple[dict[str, Any], ...] = ()
+        if lowered.get("pipeline"):
+            try:
+                stages = json_util.loads(lowered["pipeline"])
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"the pipeline is not JSON: {exc}",
+                    owner=_OWNER,
+                    option="pipeline",
+                    allowed='a JSON array of stages, e.g. [{"$match": {"operationType": "insert"}}]',
+                ) from exc
+            pipeline = validate_options(PipelineOptions, _OWNER, {"stages": stages}).stages
+        position = lowered.get("start_position", "latest").lower()
+        if position not in ("latest", "earliest", "timestamp"):
+            raise ConfigurationError(
+                f"start_position {position!r} is not known",
+                owner=_OWNER,
+                option="start_position",
+                allowed="latest, earliest, timestamp",
+            )
+        start_at = _parse_start_at(lowered.get("start_at"), position)
+        return cls(
+            uri=uri,
+            database=stream.database,
+            collection=stream.collection,
+            pipeline=pipeline,
+            full_document=stream.full_document,
+            full_document_before_change=stream.full_document_before_change,
+            start_position=position,
+            start_at=start_at,
+            max_events_per_trigger=_parse_max_events(lowered.get("max_events_per_trigger")),
+            on_history_lost=_parse_choice(OnHistoryLost, lowered, "on_history_lost", OnHistoryLost.FAIL),
+            schema_ddl=lowered.get("schema") or None,
+            mode=_parse_choice(SchemaMode, lowered, "mode", SchemaMode.PERMISSIVE),
+            json_mode=_parse_choice(JsonMode, lowered, "json_mode", JsonMode.CANONICAL),
+            max_await_time_ms=_parse_positive_int(lowered.get("max_await_time_ms"), "max_await_time_ms", 250),
+        )
+
+    @property
+    def namespace(self) -> str:
+        if self.collection is not None:
+            return f"{self.database}.{self.collection}"
+        return self.database if self.database is not None else "*"
+
+    def schema_ddl_of_events(self) -> str:
+        """The DDL of the source's rows (Spark parses it; the source never needs a JVM)."""
+        document = f"STRUCT<{self.schema_ddl}>" if self.schema_ddl else "STRING"
+        columns = [
+            "`_id` STRING",
+            "`operation_type` STRING",
+            "`cluster_time` TIMESTAMP",
+            "`wall_time` TIMESTAMP",
+            "`database` STRING",
+            "`collection` STRING",
+            "`document_key` STRING",
+            f"`full_document` {document}",
+            f"`full_document_before_change` {document}",
+            "`updated_fields` STRING",
+            "`removed_fields` ARRAY<STRING>",
+        ]
+        if self.schema_ddl and self.mode is SchemaMode.PERMISSIVE:
+            columns.append(f"`{CORRUPT_RECORD_COLUMN}` STRING")
+        return ", ".join(columns)
+
+
+def _parse_choice(enum: Any, options: Mapping[str, str], name: str, default: Any) -> Any:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"{name} {value!r} is not known", owner=_OWNER, option=name, allowed=_allowed(enum)
+        ) from None
+
+
+def _parse_positive_int(value: str | None, name: str, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigurationError(
+            f"{name} {value!r} is not a positive integer", owner=_OWNER, option=name, allowed="an int >= 1"
+        )
+    return number
+
+
+def _parse_max_events(value: str | None) -> int | None:
+    if value is not None and value.strip().lower() in ("none", "unlimited", "all"):
+        return None
+    return _parse_positive_int(value, "max_events_per_trigger", DEFAULT_MAX_EVENTS_PER_TRIGGER)
+
+
+def _parse_start_at(value: str | None, position: str) -> Timestamp | None:
+    if position != "timestamp":
+        if value:
+            raise ConfigurationError(
+                "start_at is only read with start_position=timestamp",
+                owner=_OWNER,
+                option="start_at",
+                allowed="no start_at, or start_position=timestamp",
+            )
+        return None
+    if not value:
+        raise ConfigurationError(
+            "start_position=timestamp needs start_at",
+            owner=_OWNER,
+            option="start_at",
+            allowed="an ISO-8601 date-time, e.g. 2024-05-01T12:00:00Z",
+        )
+    try:
+        moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ConfigurationError(
+            f"start_at {value!r} is not an ISO-8601 date-time",
+            owner=_OWNER,
+            option="start_at",
+            allowed="an ISO-8601 date-time, e.g. 2024-05-01T12:00:00Z",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    # Cluster times have whole seconds plus an increment: round down, so every event of the
+    # second named is included.
+    return Timestamp(int(moment.timestamp() // 1), 0)
+
+
+def _timestamp_offset(ts: Timestamp) -> dict[str, int]:
+    return {"t": ts.time, "i": ts.inc}
+
+
+def _offset_timestamp(value: Mapping[str, Any]) -> Timestamp:
+    return Timestamp(int(value["t"]), int(value["i"]))
+
+
+def _token(offset: Mapping[str, Any]) -> dict[str, Any] | None:
+    data = offset.get("_data")
+    return {"_data": data} if isinstance(data, str) else None
+
+
+class TokenRange(InputPartition):
+    """One micro-batch: the events after ``start`` up to and including ``end``."""
+
+    def __init__(self, start: Offset, end: Offset) -> None:
+        super().__init__((start, end))
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"TokenRange({self.start!r}, {self.end!r})"
+
+
+class FlowWardenDataSource(DataSource):
+    """The ``flowwarden`` data source: reads a MongoDB change stream as a stream of events.
+
+    Options (all strings): ``uri`` (required), ``database``, ``collection`` (none: the whole
+    cluster; only database: that database), ``pipeline`` (a JSON array of stages run after
+    ``$changeStream``; they must keep ``_id``), ``full_document`` (default, updateLookup,
+    whenAvailable, required), ``full_document_before_change`` (off, whenAvailable, required),
+    ``start_position`` (latest: events after the query first starts; earliest: the oldest entry
+    in the oplog; timestamp: from ``start_at``, an ISO-8601 date-time), ``max_events_per_trigger``
+    (default 10000; ``none`` for no limit), ``on_history_lost`` (fail, resume_from_oplog_start,
+    resume_from_now), ``schema`` (a DDL field list typing ``full_document``, e.g.
+    ``"sku STRING, qty INT"``; without it the document is Extended JSON), ``mode`` (permissive,
+    dropmalformed, failfast: what a document that does not fit ``schema`` does), ``json_mode``
+    (canonical, relaxed).
+
+    The start position only matters for a new query: a query restarted from its
+    checkpointLocation continues after its last committed offset.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.source_options = SourceOptions.parse(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "flowwarden"
+
+    def schema(self) -> str:
+        return self.source_options.schema_ddl_of_events()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return FlowWardenStreamReader(self.source_options, schema)
+
+
+class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches as token ranges and replays a range on any executor.
+
+    Hard rule: a range is (start, end], both resume positions; ``read`` of a range yields the
+    same events every time it runs, in change-stream order.
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        names = [field.name for field in schema.fields]
+        expected = list(EVENT_COLUMNS)
+        if options.schema_ddl and options.mode is SchemaMode.PERMISSIVE:
+            expected.append(CORRUPT_RECORD_COLUMN)
+        if names != expected:
+            raise ConfigurationError(
+                f"the schema's columns {names} are not the change-event columns",
+                owner=_OWNER,
+                option="schema",
+                allowed=", ".join(expected)
+                + " (type full_document with the schema option rather than readStream.schema())",
+            )
+        document = schema["full_document"].dataType
+        self.document_schema = document if isinstance(document, StructType) else None
+        self._target: dict[str, Any] | None = None
+        self._client: pymongo.MongoClient[dict[str, Any]] | None = None
+
+    # The reader is pickled to executors for read(): the client stays behind.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    # ------------------------------------------------------------------------------------------
+    # driver side
+
+    def initialOffset(self) -> Offset:
+        position = self.options.start_position
+        if position == "timestamp":
+            assert self.options.start_at is not None
+            return {"startAtOperationTime": _timestamp_offset(self.options.start_at)}
+        if position == "earliest":
+            oldest = self._oplog_edge(1)
+            if oldest is None:
+                raise StreamError(
+                    f"{_OWNER} {self.options.namespace}: start_position=earliest needs to read "
+                    "local.oplog.rs, which this user cannot; grant read on 'local' or choose latest "
+                    "or timestamp",
+                    stream=self.options.namespace,
+                )
+            return {"startAtOperationTime": _timestamp_offset(oldest)}
+        with self._watch({}, counting=True) as stream:
+            token = stream.resume_token
+        if token is None:
+            raise StreamError(
+                f"{_OWNER} {self.options.namespace}: the server returned no postBatchResumeToken; "
+                "MongoDB 4.0.7+ replica sets and sharded clusters send one",
+                stream=self.options.namespace,
+            )
+        return {"_data": token["_data"]}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_events_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_events_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the end of an availableNow run: the position of the stream right now."""
+        with self._watch({}, counting=True) as stream:
+            token = stream.resume_token
+        self._target = {"_data": token["_data"]} if token is not None else None
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        """Read forward from ``start`` to find the end of the next micro-batch.
+
+        The end is the token of the ``max_rows``-th event, or, when fewer events are there, the
+        stream's postBatchResumeToken (everything up to it has been seen). With no new event
+        the offset stays ``start`` and Spark runs no micro-batch.
+        """
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        try:
+            return self._scan(start, self._resume_options(start), max_rows)
+        except OperationFailure as error:
+            if error.code != HISTORY_LOST:
+                raise
+            return self._after_history_lost(start, max_rows, error)
+
+    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> Offset:
+        target = self._target
+        count = 0
+        last: dict[str, Any] | None = None
+        caught_up = False
+        with self._watch(resume, counting=True) as stream:
+            while max_rows is None or count < max_rows:
+                event = stream.try_next()
+                if event is None:
+                    caught_up = True
+                    break
+                token = {"_data": event["_id"]["_data"]}
+                if target is not None and compare_tokens(token, target) > 0:
+                    break
+                last = token
+                count += 1
+            position = stream.resume_token
+        if last is None:
+            return start
+        end: dict[str, Any] = last
+        if caught_up and position is not None and compare_tokens(position, last) > 0:
+            end = {"_data": position["_data"]}
+            if target is not None and compare_tokens(end, target) > 0:
+                end = dict(target)
+        return end
+
+    def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> Offset:
+        strategy = self.options.on_history_lost
+        oldest = self._oplog_edge(1)
+        if strategy is OnHistoryLost.FAIL or (
+            strategy is OnHistoryLost.RESUME_FROM_OPLOG_START and oldest is None
+        ):
+            newest = self._oplog_edge(-1)
+            token = _token(start)
+            raise HistoryLostError(
+                f"{_OWNER} {self.options.namespace}",
+                checkpoint_time=token_datetime(token) if token else None,
+                oplog_start=timestamp_datetime(oldest) if oldest else None,
+                oplog_end=timestamp_datetime(newest) if newest else None,
+                server_message=str(error),
+            ) from error
+        if strategy is OnHistoryLost.RESUME_FROM_OPLOG_START:
+            assert oldest is not None
+            end = self._scan(start, {"start_at_operation_time": oldest}, max_rows)
+            if end == start:
+                return start
+            return {**end, "readFrom": _timestamp_offset(oldest)}
+        with self._watch({}, counting=True) as stream:
+            now = stream.resume_token
+        if now is None:
+            raise StreamError(
+                f"{_OWNER} {self.options.namespace}: history lost and no current position to skip to",
+                stream=self.options.namespace,
+            ) from error
+        return {"_data": now["_data"], "skipped": True}
+
+    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
+        return [TokenRange(start, end)]
+
+    def commit(self, end: Offset) -> None:
+        """Nothing to release: the server keeps no state for a reader between calls."""
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ------------------------------------------------------------------------------------------
+    # executor side
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Yield the events of one token range as Arrow record batches, in stream order."""
+        assert isinstance(partition, TokenRange)
+        start, end = partition.start, partition.end
+        if end.get("skipped"):
+            return
+        end_token = _token(end)
+        assert end_token is not None, f"a micro-batch must end at a resume token, got {end!r}"
+        if "readFrom" in end:
+            resume: dict[str, Any] = {"start_at_operation_time": _offset_timestamp(end["readFrom"])}
+        else:
+            resume = self._resume_options(start)
+        expected = _spark_arrow_schema(self.schema)
+        events: list[Mapping[str, Any]] = []
+        try:
+            for event in self._replay(resume, end_token):
+                events.append(event)
+                if len(events) >= ARROW_BATCH_ROWS:
+                    yield from self._batches(events, expected)
+                    events = []
+        finally:
+            self.stop()
+        if events:
+            yield from self._batches(events, expected)
+
+    def _replay(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[Mapping[str, Any]]:
+        deadline = time.monotonic() + READ_STALL_SECONDS
+        with self._watch(resume, counting=False) as stream:
+            while True:
+                event = stream.try_next()
+                if event is None:
+                    position = stream.resume_token
+                    if position is not None and compare_tokens(position, end) >= 0:
+                        return
+                    if time.monotonic() > deadline:
+                        raise StreamError(
+                            f"{_OWNER} {self.options.namespace}: the events up to {end['_data']} "
+                            f"did not come back within {READ_STALL_SECONDS:.0f} s while replaying a "
+                            "micro-batch; the server or its oplog changed under the query",
+                            stream=self.options.namespace,
+                        )
+                    continue
+                order = compare_tokens(event["_id"], end)
+                if order > 0:
+                    return
+                yield event
+                if order == 0:
+                    return
+                deadline = time.monotonic() + READ_STALL_SECONDS
+
+    def _batches(self, events: list[Mapping[str, Any]], expected: Any) -> Iterator[Any]:
+        batch = events_to_arrow(
+            events, schema=self.document_schema, mode=self.options.mode, json_mode=self.options.json_mode
+        )
+        yield from batch.table.cast(expected).to_batches()
+
+    # ------------------------------------------------------------------------------------------
+    # MongoDB
+
+    def _client_for(self) -> pymongo.MongoClient[dict[str, Any]]:
+        if self._client is None:
+            self._client = pymongo.MongoClient(self.options.uri, appname="flowwarden-spark")
+        return self._client
+
+    def _resume_options(self, start: Offset) -> dict[str, Any]:
+        token = _token(start)
+        if token is not None:
+            # startAfter rather than resumeAfter: it also continues after an invalidate event.
+            return {"start_after": token}
+        if "startAtOperationTime" in start:
+            return {"start_at_operation_time": _offset_timestamp(start["startAtOperationTime"])}
+        raise StreamError(
+            f"{_OWNER}: offset {start!r} is not a flowwarden offset", stream=self.options.namespace
+        )
+
+    def _watch(self, resume: dict[str, Any], *, counting: bool) -> Any:
+        """A change stream with the source's options from ``resume``.
+
+        ``counting`` streams only find where a micro-batch ends: they see the same events
+        (same pipeline, same full-document options, so the same filters) but bring back only
+        ``_id``.
+        """
+        client = self._client_for()
+        options = self.options
+        target: Any = client
+        if options.database is not None:
+            target = client[options.database]
+            if options.collection is not None:
+                target = target[options.collection]
+        pipeline = [dict(stage) for stage in options.pipeline]
+        if counting and not (pipeline and "$changeStreamSplitLargeEvent" in pipeline[-1]):
+            pipeline.append({"$project": {"_id": 1}})
+        kwargs: dict[str, Any] = {"max_await_time_ms": options.max_await_time_ms, **resume}
+        if options.full_document != "default":
+            kwargs["full_document"] = options.full_document
+        if options.full_document_before_change != "off":
+            kwargs["full_document_before_change"] = options.full_document_before_change
+        return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
+
+    def _oplog_edge(self, direction: int) -> Timestamp | None:
+        """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read."""
+        try:
+            doc = self._client_for()["local"]["oplog.rs"].find_one(
+                {}, projection={"ts": 1}, sort=[("$natural", direction)]
+            )
+        except OperationFailure:
+            return None
+        if doc is None or not isinstance(doc.get("ts"), Timestamp):
+            return None
+        ts: Timestamp = doc["ts"]
+        return ts
+
+
+def _spark_arrow_schema(schema: StructType) -> Any:
+    """The exact Arrow schema Spark checks the record batches of ``read`` against."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
