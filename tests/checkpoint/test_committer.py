@@ -303,18 +303,22 @@ async def test_a_failed_synchronous_save_is_retried_by_the_next_commit() -> None
     await c.close()
 
 
-async def test_saves_run_one_at_a_time_and_coalesce_triggers() -> None:
+async def test_count_saves_finish_before_commit_returns_one_at_a_time_and_coalesce() -> None:
     store = GatedAsyncStore()
     store.gate.clear()
     c = committer(store, save_every_n=1)
-    await c.commit(1, tok(1))
+    first = asyncio.create_task(c.commit(1, tok(1)))
     await asyncio.wait_for(store.started.wait(), 10)
-    for sequence in range(2, 10):
-        await c.commit(sequence, tok(sequence))
-        await settle()
+    await settle()
+    assert not first.done(), "a count save must finish before commit returns"
+    # Handlers finishing meanwhile (concurrent streams) wait for the save in flight...
+    others = [asyncio.create_task(c.commit(sequence, tok(sequence))) for sequence in range(2, 10)]
+    await settle()
     assert store.in_save == 1
     store.gate.set()
-    await eventually(store.inner, lambda: c.saved_sequence == 9)
+    await asyncio.wait_for(asyncio.gather(first, *others), 10)
+    # ...and are covered by one save of the frontier they reached: never two saves at once.
+    assert c.saved_sequence == 9
     assert store.max_in_save == 1
     assert store.inner.saved == [1, 9]
     await c.close()
@@ -519,10 +523,12 @@ async def test_close_returns_within_its_timeout_when_an_async_store_hangs() -> N
     store = GatedAsyncStore()
     store.gate.clear()  # never opened: the save hangs
     c = committer(store, save_every_n=1, save_interval_seconds=60)
-    await c.commit(1, tok(1))
+    stuck = asyncio.create_task(c.commit(1, tok(1)))  # its count save hangs in the store
     await asyncio.wait_for(store.started.wait(), 10)
     assert await asyncio.wait_for(c.close(timeout=0.1), 10) is False
     assert store.inner.saved == []
+    with pytest.raises(CommitterClosedError):
+        await asyncio.wait_for(stuck, 10)  # released by close, not left hanging
     with pytest.raises(CommitterClosedError):
         await c.commit(2, tok(2))
 

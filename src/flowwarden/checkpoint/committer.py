@@ -5,9 +5,11 @@ call :meth:`CheckpointCommitter.commit`. The committer keeps the contiguous fron
 sequence with every lower one completed) and saves ONLY the frontier's token: a gap holds the
 checkpoint back until it closes, so a restart never skips an unfinished event.
 
-Saves run one at a time, in a single long-lived task that is woken every ``save_every_n`` frontier
-advances and ticks every ``save_interval_seconds`` (the heartbeat, which also writes the last
-seen token). With both set to 0, each advancing commit is saved before it returns. The hot path
+Saves run one at a time. Every ``save_every_n`` frontier advances, the commit that reaches the
+count saves before it returns, so the stored position is never more than ``save_every_n`` events
+behind the handlers. A single long-lived task ticks every ``save_interval_seconds`` (the
+heartbeat, which also writes the last seen token). With both set to 0, each advancing commit is
+saved before it returns. The hot path
 (:meth:`commit`) takes no lock, logs nothing and allocates nothing but a dict slot for an
 out-of-order completion.
 """
@@ -82,10 +84,12 @@ class CheckpointCommitter:
     Rules:
 
     * never saves past a gap: only the highest contiguous completed sequence is written;
-    * saves when ``save_every_n`` frontier advances happened since the last save, and every
-      ``save_interval_seconds`` while there is unsaved progress or a newer seen token;
-      0 disables either; both 0 means each advancing commit is saved before it returns;
-    * one save at a time; triggers during a save are coalesced into the next one;
+    * saves when ``save_every_n`` frontier advances happened since the last save (before the
+      commit that reached the count returns), and every ``save_interval_seconds`` while there is
+      unsaved progress or a newer seen token; 0 disables either; both 0 means each advancing
+      commit is saved before it returns;
+    * one save at a time; commits that reach the count during a save wait for it, and one save
+      of the frontier they reached covers them all;
     * a failed save keeps the frontier and is retried at the next trigger (timer or count).
       ``on_save_error`` hears about every failure. After ``max_consecutive_failures`` in a row,
       a FencedError, or an error :func:`is_retryable_save_error` rejects, the committer fails:
@@ -180,6 +184,7 @@ class CheckpointCommitter:
         a failure without committing. Never resolves on a clean run."""
 
         self._save_lock = asyncio.Lock()
+        self._count_save: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         if not self._every_commit:
@@ -192,9 +197,10 @@ class CheckpointCommitter:
 
         Any completion order is fine; a commit at or below the frontier (a duplicate) is a no-op.
         The frontier advances only over contiguous sequences, so the saved token never passes an
-        unfinished event. Only when both save_every_n and save_interval_seconds are 0 does this
-        wait for a store write. Raises CommitterClosedError after close, or the failure (for
-        instance FencedError or CheckpointSaveFailedError) once the committer failed.
+        unfinished event. Waits for a store write only when this commit reaches the save count
+        (every ``save_every_n`` events; every advancing commit when both options are 0). Raises
+        CommitterClosedError after close, or the failure (for instance FencedError or
+        CheckpointSaveFailedError) once the committer failed.
         """
         if self._refusal is not None:
             raise self._refusal.with_traceback(None)
@@ -215,10 +221,10 @@ class CheckpointCommitter:
         self._frontier = sequence
         self._frontier_token = token
         if sequence >= self._save_at:
-            if self._every_commit:
-                await self._save_now()
-            else:
-                self._wake.set()
+            # Count saves finish before commit returns, so the stored position is never more
+            # than save_every_n events behind the handlers, however slow the store is: a crash
+            # redelivers at most save_every_n events.
+            await self._save_now()
 
     def observe_seen(self, token: ResumeToken) -> None:
         """Offer a post-batch resume token taken while no event was in flight; never blocks.
@@ -356,7 +362,7 @@ class CheckpointCommitter:
     # -- saving -------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        """The one long-lived save task: count triggers wake it, the interval is its heartbeat."""
+        """The one long-lived save task: the heartbeat (close wakes it to end it)."""
         interval = self.save_interval_seconds or None
         while True:
             ticked = False
@@ -379,7 +385,23 @@ class CheckpointCommitter:
                     pass  # counted and reported by _save_pending; retried at the next trigger
 
     async def _save_now(self) -> None:
-        """Every-commit mode: save before commit returns; raise only once the committer failed."""
+        """A count save, before commit returns; raise only once the committer failed.
+
+        It runs as its own task so that close() can give up on a hung store: the waiting commit
+        then raises CommitterClosedError instead of hanging with it.
+        """
+        save = self._loop.create_task(self._locked_save())
+        self._count_save = save
+        try:
+            await save
+        except asyncio.CancelledError:
+            if save.cancelled() and self._closed and self._refusal is not None:
+                raise self._refusal.with_traceback(None) from None
+            raise
+        finally:
+            self._count_save = None
+
+    async def _locked_save(self) -> None:
         async with self._save_lock:
             try:
                 await self._save_pending()
@@ -525,6 +547,8 @@ class CheckpointCommitter:
         shutdown.cancel()
         if self._task is not None:
             self._task.cancel()
+        if self._count_save is not None:
+            self._count_save.cancel()
         # Nobody awaits these any more; retrieve their outcome so asyncio does not warn.
         shutdown.add_done_callback(_consume_outcome)
 
