@@ -66,24 +66,28 @@ class BatchDelivery:
         items, self._items = self._items, []
         return items
 
-    async def deliver(self, items: list[Item]) -> list[MutableMapping[str, Any]]:
+    async def deliver(self, items: list[Item]) -> list[tuple[MutableMapping[str, Any], Any]]:
         """Hand the batch to the method (with its retry policy).
 
-        Returns the events a DROPMALFORMED DataFrame conversion left out, for the caller to
-        dead-letter or count; raises :class:`Exhausted` when the batch failed for good.
+        Returns the events a DROPMALFORMED DataFrame conversion left out, each with its
+        ``MalformedRow`` (field and error), for the caller to dead-letter; raises
+        :class:`Exhausted` when the batch failed for good.
         """
         if not self._dataframe:
             await self._invoker([ChangeEvent(change) for _, change in items])
             return []
         from flowwarden.spark import events_to_dataframe
 
-        spark = self._spark_provider() if self._spark_provider is not None else None
+        assert self._spark_provider is not None
         raws = [change for _, change in items]
         try:
+            spark = await asyncio.to_thread(self._spark_provider)
             frame, malformed = await asyncio.to_thread(
                 events_to_dataframe, spark, raws, schema=self._schema, mode=self._mode
             )
         except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
             raise Exhausted(error, 1) from error
         await self._invoker(frame)
-        return [raws[m.index] for m in malformed]
+        if self._mode != SchemaMode.DROPMALFORMED:
+            return []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
+        return [(raws[m.index], m) for m in malformed]

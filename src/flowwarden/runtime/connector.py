@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from flowwarden.config import OnError
+from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
 from flowwarden.runtime.dead_letter import DeadLetterWriter
@@ -220,9 +220,9 @@ class Connector:
         db = client[self._database_for(spec)]
         store = spec.checkpoint.store or self._checkpoint_store or AsyncMongoCheckpointStore(db)
         dead_letters = None
-        if spec.retry.on_exhausted == OnError.DEAD_LETTER or spec.dead_letter is not None:
-            options = spec.dead_letter
-            assert options is not None
+        drops_malformed = spec.dataframe is not None and spec.dataframe.mode == SchemaMode.DROPMALFORMED
+        if spec.retry.on_exhausted == OnError.DEAD_LETTER or spec.dead_letter is not None or drops_malformed:
+            options = spec.dead_letter or DeadLetterOptions()
             dlq_db = client[options.database] if options.database else db
             dead_letters = DeadLetterWriter(dlq_db[options.collection], options.retention_days)
         return StreamRunner(

@@ -8,7 +8,6 @@ and ``BaseException``s that are not ``Exception`` (KeyboardInterrupt, SystemExit
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,38 +55,71 @@ class Invoker:
         self._stopping = stopping
         self._threaded = threaded and not is_async
 
+        # A sync method on the loop needs no coroutine at all: see call_inline().
+        self.inline = not is_async and not self._threaded
+
     def _call_once(self, arg: Any) -> Awaitable[Any] | Any:
         args = (arg, self._ctx) if self._wants_ctx else (arg,)
         if self._threaded:
             return asyncio.to_thread(self._bound, *args)
         return self._bound(*args)
 
+    def call_inline(self, arg: Any) -> BaseException | None:
+        """First attempt of an :attr:`inline` (sync, on-loop) method: no await on the hot path.
+
+        Returns None on success, else the error, for :meth:`retry` to take over.
+        """
+        self._ctx.attempt = 1
+        try:
+            if self._wants_ctx:
+                self._bound(arg, self._ctx)
+            else:
+                self._bound(arg)
+        except Exception as error:  # handed to retry(), which applies the policy's rule
+            return error
+        return None
+
     async def __call__(self, arg: Any) -> None:
         """Call until success; raise :class:`Exhausted` or :class:`Interrupted` otherwise."""
-        policy = self._policy
-        attempt = 1
+        if self.inline:
+            error = self.call_inline(arg)
+            if error is not None:
+                await self.retry(arg, error)
+            return
+        await self._attempts(arg, 1)
+
+    async def retry(self, arg: Any, error: BaseException) -> None:
+        """Go on after a failed first attempt, under the retry policy."""
+        await self._backoff_or_give_up(error, 1)
+        await self._attempts(arg, 2)
+
+    async def _attempts(self, arg: Any, attempt: int) -> None:
         while True:
             self._ctx.attempt = attempt
             try:
                 result = self._call_once(arg)
-                if self._is_async or self._threaded or inspect.isawaitable(result):
+                if not self.inline:
                     await result
                 return
-            except Exception as error:  # the retry rule is RetryPolicy.should_retry(), right below
-                if attempt >= policy.max_attempts or not policy.should_retry(error):
-                    raise Exhausted(error, attempt) from error
-                delay = policy.delay_for(attempt)
-                self._ctx.logger.warning(
-                    "handler failed (attempt %d of %d), retrying in %.2fs: %s: %s",
-                    attempt,
-                    policy.max_attempts,
-                    delay,
-                    type(error).__name__,
-                    error,
-                )
-                if await _wait_or_stop(self._stopping, delay):
-                    raise Interrupted() from error
+            except Exception as error:  # the retry rule is RetryPolicy.should_retry(), below
+                await self._backoff_or_give_up(error, attempt)
                 attempt += 1
+
+    async def _backoff_or_give_up(self, error: BaseException, attempt: int) -> None:
+        policy = self._policy
+        if attempt >= policy.max_attempts or not policy.should_retry(error):
+            raise Exhausted(error, attempt) from error
+        delay = policy.delay_for(attempt)
+        self._ctx.logger.warning(
+            "handler failed (attempt %d of %d), retrying in %.2fs: %s: %s",
+            attempt,
+            policy.max_attempts,
+            delay,
+            type(error).__name__,
+            error,
+        )
+        if await _wait_or_stop(self._stopping, delay):
+            raise Interrupted() from error
 
 
 async def _wait_or_stop(stopping: asyncio.Event, delay: float) -> bool:

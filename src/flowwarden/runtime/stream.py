@@ -41,6 +41,7 @@ from flowwarden.errors import (
     FlowWardenError,
     HandlerError,
     HistoryLostError,
+    SchemaMismatchError,
     StreamError,
     StreamInvalidatedError,
 )
@@ -122,6 +123,11 @@ class StreamRunner:
         self._spark_provider = spark_provider
         self.log = logger or logging.getLogger(f"flowwarden.stream.{spec.name}")
         self._stopping = asyncio.Event()
+        # The read loop checks this one flag per event; whoever sets it leaves the reason in
+        # _stopping, _lost_lease, _task_error or the committer's failure.
+        self._halt = False
+        self._lost_lease = False
+        self._task_error: BaseException | None = None
         self._handler = spec.handler_class()
         self._ctx = StreamContext(stream=self.name, logger=self.log)
         self._lease = (
@@ -187,6 +193,7 @@ class StreamRunner:
     def request_stop(self) -> None:
         """Ask the stream to stop: no new reads; in-flight handlers finish; checkpoints flush."""
         self._stopping.set()
+        self._halt = True
 
     def status(self) -> StreamStatus:
         processed, seen = self._last_processed_time, self._last_seen_time
@@ -320,6 +327,7 @@ class StreamRunner:
                 renewed = self._lease.held()
             if not renewed or not self._lease.held():
                 self._lost_lease = True
+                self._halt = True
                 return
 
     # ------------------------------------------------------------------------------------------
@@ -327,6 +335,7 @@ class StreamRunner:
 
     async def _run_once(self) -> None:
         self._lost_lease = False
+        self._halt = self._stopping.is_set()
         checkpoint = await self._store.load(self.name)
         epoch = (
             self._lease.lease.epoch
@@ -547,20 +556,19 @@ class StreamRunner:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._key_tails: dict[bytes, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(self._concurrency) if self._concurrency > 1 else None
-        self._task_error: BaseException | None = None
+        self._task_error = None
+        self._halt = self._stopping.is_set()
         position: Mapping[str, Any] | None = None
-        stopping = self._stopping
+        committer.failed.add_done_callback(lambda _: self._set_halt())
         batch = self._batch
+        invokers = self._event_invokers
+        fallback = self._fallback_invoker
+        ctx = self._ctx
         while True:
-            if self._task_error is not None:
-                raise self._task_error
-            if stopping.is_set() or self._lost_lease:
-                if self._lost_lease:
-                    raise _LostOwnership()
+            if self._halt:
+                # One flag for the hot path; the reason is sorted out here.
+                self._raise_for_halt(committer)
                 return
-            failed = committer.failure
-            if failed is not None:
-                raise failed
             try:
                 change = await stream.try_next()
             except InvalidBSON as error:
@@ -584,20 +592,45 @@ class StreamRunner:
                         await self._persist_history_audit(committer, token)
                         save_initial = False
                 continue
-            token = change.get("_id")
+            position = token = change["_id"]
             self._sequence += 1
-            position = token
+            operation = change.get("operationType")
             if batch is not None:
                 batch.add(self._sequence, change)
                 if batch.due():
                     await self._deliver_batch(committer)
-            elif self._slots is None:
-                await self._handle_event(self._sequence, change, committer)
-            else:
+            elif self._slots is not None:
                 await self._spawn(self._sequence, change, committer)
-            if change.get("operationType") == "invalidate":
+            else:
+                # The common case inline: one event at a time, a sync handler on the loop.
+                invoker = invokers.get(operation, fallback)
+                first_error = None
+                if invoker is None or (
+                    invoker.inline and (first_error := invoker.call_inline(ChangeEvent(change))) is None
+                ):
+                    await committer.commit(self._sequence, token)
+                    self.events_processed += 1
+                    if ctx._save_requested:
+                        ctx._save_requested = False
+                        await committer.flush()
+                else:
+                    await self._handle_event(self._sequence, change, committer, first_error)
+            if operation == "invalidate":
                 await self._on_invalidate(change)
                 return
+
+    def _set_halt(self) -> None:
+        self._halt = True
+
+    def _raise_for_halt(self, committer: CheckpointCommitter) -> None:
+        """Why the read loop must end: a failed handler task, a lost lease, a failed committer, or
+        a stop request (the only one that ends it without an error)."""
+        if self._task_error is not None:
+            raise self._task_error
+        if self._lost_lease:
+            raise _LostOwnership()
+        if committer.failure is not None:
+            raise committer.failure
 
     def _idle(self) -> bool:
         if self._in_flight:
@@ -624,13 +657,24 @@ class StreamRunner:
     # per-event dispatch ------------------------------------------------------------------------
 
     async def _handle_event(
-        self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter
+        self,
+        sequence: int,
+        change: MutableMapping[str, Any],
+        committer: CheckpointCommitter,
+        first_error: BaseException | None = None,
     ) -> None:
+        """Handle one event under the retry policy, then commit it (unless the stream stops).
+
+        ``first_error``: the first attempt already ran inline and failed with it.
+        """
         invoker = self._event_invokers.get(change.get("operationType", ""), self._fallback_invoker)
         token = change["_id"]
         if invoker is not None:
             try:
-                await invoker(ChangeEvent(change))
+                if first_error is None:
+                    await invoker(ChangeEvent(change))
+                else:
+                    await invoker.retry(ChangeEvent(change), first_error)
             except Exhausted as exhausted:
                 await self._give_up([change], exhausted.error, exhausted.attempts)
             except Interrupted:
@@ -681,6 +725,7 @@ class StreamRunner:
         if not task.cancelled() and task.exception() is not None and self._task_error is None:
             # The read loop raises it at its next turn.
             self._task_error = task.exception()
+            self._halt = True
 
     # batch dispatch ----------------------------------------------------------------------------
 
@@ -690,7 +735,9 @@ class StreamRunner:
         if not items:
             return
         try:
-            await self._batch.deliver(items)
+            dropped = await self._batch.deliver(items)
+            if dropped:
+                await self._park_malformed(dropped)
         except Exhausted as exhausted:
             await self._give_up([change for _, change in items], exhausted.error, exhausted.attempts)
         except Interrupted:
@@ -700,6 +747,24 @@ class StreamRunner:
         self.events_processed += len(items)
         if self._ctx._take_save_request():
             await committer.flush()
+
+    async def _park_malformed(self, dropped: list[tuple[MutableMapping[str, Any], Any]]) -> None:
+        """Dead-letter the events DROPMALFORMED left out of a DataFrame; they count as failed."""
+        assert self._dead_letters is not None
+        self.events_failed += len(dropped)
+        for change, row in dropped:
+            error = SchemaMismatchError(field=row.field, token=row.token, index=row.index, reason=row.error)
+            try:
+                await self._dead_letters.write(
+                    stream=self.name, event=change, token=change.get("_id"), error=error, attempts=1
+                )
+            except PyMongoError as dlq_error:
+                raise HandlerError(self.name, token=change.get("_id"), attempts=1, cause=error) from dlq_error
+        self.log.warning(
+            "stream %s: %d event(s) did not fit the DataFrame schema and were dead-lettered",
+            self.name,
+            len(dropped),
+        )
 
     # giving up ---------------------------------------------------------------------------------
 
