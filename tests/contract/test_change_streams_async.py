@@ -1,0 +1,172 @@
+"""Change streams through PyMongo's AsyncMongoClient (and one motor smoke test)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pymongo
+import pytest
+from bson import Int64
+from pymongo import monitoring
+from pymongo.asynchronous.change_stream import AsyncChangeStream
+from pymongo.errors import OperationFailure
+
+from flowwarden.events import compare_tokens, token_cluster_time
+
+AWAIT_MS = 100
+
+
+async def next_change(stream: AsyncChangeStream, attempts: int = 100) -> dict[str, Any]:
+    for _ in range(attempts):
+        change = await stream.try_next()
+        if change is not None:
+            return change
+        if not stream.alive:
+            break
+    raise AssertionError("no change arrived")
+
+
+async def changes(stream: AsyncChangeStream, count: int) -> list[dict[str, Any]]:
+    return [await next_change(stream) for _ in range(count)]
+
+
+async def test_document_events(async_client: pymongo.AsyncMongoClient, db_name: str) -> None:
+    coll = async_client[db_name].c
+    async with await coll.watch(max_await_time_ms=AWAIT_MS) as stream:
+        await coll.insert_one({"_id": 1, "a": {"b": 1}})
+        await coll.update_one({"_id": 1}, {"$set": {"a.b": 2}})
+        await coll.delete_one({"_id": 1})
+        insert, update, delete = await changes(stream, 3)
+    assert insert["fullDocument"] == {"_id": 1, "a": {"b": 1}}
+    assert update["updateDescription"]["updatedFields"] == {"a.b": 2}
+    assert delete["documentKey"] == {"_id": 1}
+    assert compare_tokens(insert["_id"], update["_id"]) == -1 == compare_tokens(update["_id"], delete["_id"])
+
+
+async def test_pre_and_post_images(async_client: pymongo.AsyncMongoClient, db_name: str) -> None:
+    db = async_client[db_name]
+    await db.create_collection("c", changeStreamPreAndPostImages={"enabled": True})
+    await db.c.insert_one({"_id": 1, "v": 1})
+    async with await db.c.watch(
+        full_document="required", full_document_before_change="required", max_await_time_ms=AWAIT_MS
+    ) as stream:
+        await db.c.update_one({"_id": 1}, {"$inc": {"v": 1}})
+        event = await next_change(stream)
+    assert event["fullDocumentBeforeChange"] == {"_id": 1, "v": 1}
+    assert event["fullDocument"] == {"_id": 1, "v": 2}
+
+
+async def test_post_batch_resume_token_advances_when_filtered(
+    async_client: pymongo.AsyncMongoClient, db_name: str
+) -> None:
+    coll = async_client[db_name].c
+    pipeline = [{"$match": {"operationType": "delete"}}]
+    async with await coll.watch(pipeline, max_await_time_ms=AWAIT_MS) as stream:
+        assert await stream.try_next() is None
+        before = stream.resume_token
+        async with async_client.start_session() as session:
+            await coll.insert_one({"_id": 1}, session=session)
+            written = session.operation_time
+        assert written is not None
+        for _ in range(50):
+            assert await stream.try_next() is None
+            if token_cluster_time(stream.resume_token) >= written:
+                break
+        assert compare_tokens(stream.resume_token, before) == 1
+        assert token_cluster_time(stream.resume_token) >= written
+
+
+async def test_transaction_events(async_client: pymongo.AsyncMongoClient, db_name: str) -> None:
+    db = async_client[db_name]
+    await db.create_collection("c")
+    async with await db.c.watch(max_await_time_ms=AWAIT_MS) as stream:
+        async with async_client.start_session() as session:
+            async with await session.start_transaction():
+                await db.c.insert_one({"_id": 1}, session=session)
+                await db.c.insert_one({"_id": 2}, session=session)
+            lsid = session.session_id
+        first, second = await changes(stream, 2)
+    assert first["clusterTime"] == second["clusterTime"]
+    assert first["lsid"] == lsid == second["lsid"]
+    assert first["txnNumber"] == Int64(1) == second["txnNumber"]
+
+
+async def test_invalidate_and_start_after(async_client: pymongo.AsyncMongoClient, db_name: str) -> None:
+    coll = async_client[db_name].c
+    await coll.insert_one({"_id": 0})
+    async with await coll.watch(max_await_time_ms=AWAIT_MS) as stream:
+        await coll.drop()
+        drop, invalidate = await changes(stream, 2)
+        assert (drop["operationType"], invalidate["operationType"]) == ("drop", "invalidate")
+        assert not stream.alive
+    await coll.insert_one({"_id": 1})
+    async with await coll.watch(start_after=invalidate["_id"], max_await_time_ms=AWAIT_MS) as again:
+        assert (await next_change(again))["documentKey"] == {"_id": 1}
+    with pytest.raises(OperationFailure) as info:
+        await coll.watch(resume_after=invalidate["_id"])
+    assert info.value.code == 260
+
+
+async def test_forbidden_stage(async_client: pymongo.AsyncMongoClient, db_name: str) -> None:
+    with pytest.raises(OperationFailure) as info:
+        await async_client[db_name].c.watch([{"$group": {"_id": None}}])
+    assert info.value.code == 20
+
+
+class _Aggregates(monitoring.CommandListener):
+    def __init__(self) -> None:
+        self.aggregates: list[dict[str, Any]] = []
+        self.get_more_sent = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "aggregate":
+            self.aggregates.append(event.command)
+        elif event.command_name == "getMore":
+            self.loop.call_soon_threadsafe(self.get_more_sent.set)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.mark.embedded_only
+async def test_resume_after_dropped_connections(mongodb_uri: str, db_name: str, rs: Any) -> None:
+    listener = _Aggregates()
+    client: pymongo.AsyncMongoClient = pymongo.AsyncMongoClient(mongodb_uri, event_listeners=[listener])
+    try:
+        coll = client[db_name].c
+        async with await coll.watch(max_await_time_ms=10_000) as stream:
+            await coll.insert_one({"_id": 1})
+            assert (await stream.next())["documentKey"] == {"_id": 1}
+            listener.get_more_sent.clear()
+            reader = asyncio.ensure_future(stream.next())
+            await asyncio.wait_for(listener.get_more_sent.wait(), 10)
+            await asyncio.to_thread(rs.drop_connections)
+            await coll.insert_one({"_id": 2})
+            event = await asyncio.wait_for(reader, 30)
+        assert event["documentKey"] == {"_id": 2}
+        assert len(listener.aggregates) >= 2
+        assert "resumeAfter" in listener.aggregates[1]["pipeline"][0]["$changeStream"]
+    finally:
+        await client.close()
+
+
+async def test_motor_watch_smoke(mongodb_uri: str, db_name: str) -> None:
+    motor = pytest.importorskip("motor.motor_asyncio")
+    client = motor.AsyncIOMotorClient(mongodb_uri)
+    try:
+        coll = client[db_name].c
+        async with coll.watch(max_await_time_ms=AWAIT_MS) as stream:
+            await coll.insert_one({"_id": "motor"})
+            event = None
+            for _ in range(100):
+                event = await stream.try_next()
+                if event is not None:
+                    break
+        assert event is not None and event["documentKey"] == {"_id": "motor"}
+    finally:
+        client.close()
