@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,3 +37,15 @@ def running(uri: str, handlers: list[type], **kwargs: Any) -> Iterator[Connector
 def checkpoint_doc(client: pymongo.MongoClient[Any], db: str, stream: str) -> dict[str, Any] | None:
     doc: dict[str, Any] | None = client[db]["_fw_checkpoints"].find_one({"_id": stream})
     return doc
+
+
+async def wait_until_async(
+    predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
+) -> Any:
+    """wait_until for tests running on an event loop (the connector shares the loop)."""
+    for _ in range(int(timeout / 0.02)):
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
