@@ -225,7 +225,7 @@ def test_schema_modes(spark: SparkSession) -> None:
     assert dropped.columns == list(EVENT_COLUMNS)
     assert [r["_id"] for r in dropped.select("_id").collect()] == [token(0)["_data"]]
     assert bad == bad_dropped and [m.index for m in bad] == [1]
-    with pytest.raises(SchemaMismatchError, match="full_document.big"):
+    with pytest.raises(SchemaMismatchError, match=r"full_document\.big"):
         events_to_dataframe(spark, events, schema=Small, mode="FAILFAST")
 
 

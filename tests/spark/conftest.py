@@ -1,0 +1,35 @@
+"""One local SparkSession for the whole test run, shared by every Spark test.
+
+Starting Spark costs seconds, so the session is session-scoped; tests must not stop it or
+change its global settings. Spark tests are marked ``spark``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from flowwarden.spark import get_or_create_session, register
+
+    session = get_or_create_session(
+        "local[2]",
+        app_name="flowwarden-tests",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        },
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()

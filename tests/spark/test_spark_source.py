@@ -1,0 +1,388 @@
+"""The ``flowwarden`` Structured Streaming source: options, offsets, exact replay and restarts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pymongo
+import pytest
+from bson import Timestamp, json_util
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from flowwarden.config import OnHistoryLost, SchemaMode
+from flowwarden.errors import ConfigurationError, HistoryLostError
+from flowwarden.events import compare_tokens
+from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
+from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions
+from flowwarden.testing import EmbeddedReplicaSet
+
+pytestmark = pytest.mark.spark
+
+
+# ----------------------------------------------------------------------------------------------
+# Options
+
+
+def parse(**options: str) -> SourceOptions:
+    return SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/?replicaSet=rs0", **options})
+
+
+def test_options_parse() -> None:
+    options = parse(
+        database="shop",
+        collection="orders",
+        pipeline='[{"$match": {"operationType": "insert"}}]',
+        full_document="updateLookup",
+        full_document_before_change="whenAvailable",
+        start_position="TIMESTAMP",
+        start_at="2024-05-01T12:00:00.750+02:00",
+        max_events_per_trigger="500",
+        on_history_lost="resume_from_now",
+        schema="sku STRING",
+        mode="dropmalformed",
+        json_mode="relaxed",
+    )
+    assert options.namespace == "shop.orders"
+    assert options.pipeline == ({"$match": {"operationType": "insert"}},)
+    assert options.start_at == Timestamp(
+        int(dt.datetime(2024, 5, 1, 10, tzinfo=dt.timezone.utc).timestamp()), 0
+    )
+    assert options.max_events_per_trigger == 500
+    assert options.on_history_lost is OnHistoryLost.RESUME_FROM_NOW
+    assert options.mode is SchemaMode.DROPMALFORMED
+    assert parse(max_events_per_trigger="none").max_events_per_trigger is None
+    assert parse().namespace == "*" and parse(database="shop").namespace == "shop"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"uri": ""}, "the option uri is required"),
+        ({"colection": "x"}, "unknown option(s) colection"),
+        ({"collection": "orders"}, "collection"),
+        ({"start_position": "now"}, "start_position 'now' is not known"),
+        ({"start_position": "timestamp"}, "start_position=timestamp needs start_at"),
+        ({"start_position": "timestamp", "start_at": "yesterday"}, "not an ISO-8601 date-time"),
+        ({"start_at": "2024-01-01T00:00:00Z"}, "start_at is only read with start_position=timestamp"),
+        ({"pipeline": "[{'$match': 1}]"}, "the pipeline is not JSON"),
+        ({"pipeline": '[{"$project": {"_id": 0}}]'}, "_id"),
+        ({"pipeline": '[{"$out": "x"}]'}, "not allowed in a change stream"),
+        ({"full_document": "always"}, "full_document"),
+        ({"max_events_per_trigger": "0"}, "max_events_per_trigger '0' is not a positive integer"),
+        ({"on_history_lost": "ignore"}, "on_history_lost 'ignore' is not known"),
+        ({"mode": "lenient"}, "mode 'lenient' is not known"),
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        parse(**options)
+    assert message in str(caught.value)
+
+
+def test_the_schema_of_the_source(spark: SparkSession) -> None:
+    def schema(**options: str) -> Any:
+        reader = spark.readStream.format("flowwarden").option("uri", "mongodb://127.0.0.1:1/")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load().schema
+
+    assert schema() == change_event_struct_type()
+    typed = schema(schema="sku STRING, qty INT, lines ARRAY<STRUCT<n: BIGINT>>")
+    assert typed.fieldNames() == [*EVENT_COLUMNS, CORRUPT_RECORD_COLUMN]
+    assert (
+        typed["full_document"].dataType.simpleString()
+        == "struct<sku:string,qty:int,lines:array<struct<n:bigint>>>"
+    )
+    assert schema(schema="sku STRING", mode="failfast").fieldNames() == list(EVENT_COLUMNS)
+    with pytest.raises(Exception, match="unknown option"):
+        schema(bogus="1")
+
+
+# ----------------------------------------------------------------------------------------------
+# The reader on its own: offsets and replay
+
+
+def reader_for(uri: str, database: str, **options: str) -> FlowWardenStreamReader:
+    source = SourceOptions.parse({"uri": uri, "database": database, "collection": "orders", **options})
+    return FlowWardenStreamReader(source, change_event_struct_type())
+
+
+def read_rows(
+    reader: FlowWardenStreamReader, start: dict[str, Any], end: dict[str, Any]
+) -> list[dict[str, Any]]:
+    (partition,) = reader.partitions(start, end)
+    batches = list(reader.read(partition))
+    if not batches:
+        return []
+    return pa.Table.from_batches(batches).to_pylist()
+
+
+def numbers(rows: list[dict[str, Any]]) -> list[int]:
+    return [json_util.loads(r["full_document"])["n"] for r in rows]
+
+
+def test_offsets_are_tokens_and_a_range_replays_exactly(
+    spark: SparkSession, client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name)
+    try:
+        collection.insert_one({"n": -1})  # before the query starts: latest skips it
+        initial = reader.initialOffset()
+        assert set(initial) == {"_data"}
+        assert reader.latestOffset(initial, ReadMaxRows(5)) == initial  # nothing new: no micro-batch
+
+        collection.insert_many([{"n": n} for n in range(12)])
+        first = reader.latestOffset(initial, ReadMaxRows(5))
+        second = reader.latestOffset(first, ReadMaxRows(100))
+        assert set(first) == {"_data"} and set(second) == {"_data"}
+        assert compare_tokens(initial, first) < 0 < compare_tokens(second, first)
+        assert reader.latestOffset(second, ReadAllAvailable()) == second
+
+        rows = read_rows(reader, initial, first)
+        assert numbers(rows) == [0, 1, 2, 3, 4]
+        assert rows[-1]["_id"] == first["_data"]  # the end token is the last event's own token
+        assert numbers(read_rows(reader, first, second)) == list(range(5, 12))
+
+        # Replays of a range are identical, also after newer events and other changes arrived.
+        collection.insert_many([{"n": n} for n in range(12, 15)])
+        collection.update_many({}, {"$set": {"touched": True}})
+        assert read_rows(reader, initial, first) == rows
+        assert numbers(read_rows(reader, first, second)) == list(range(5, 12))
+        third = reader.latestOffset(second, ReadMaxRows(100))
+        assert numbers([r for r in read_rows(reader, second, third) if r["operation_type"] == "insert"]) == [
+            12,
+            13,
+            14,
+        ]
+    finally:
+        reader.stop()
+
+
+def test_start_positions(client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str) -> None:
+    collection = client[db_name]["orders"]
+    collection.insert_many([{"n": n} for n in range(3)])
+    time.sleep(1.1)  # the next inserts land in a later cluster-time second
+    after = dt.datetime.now(dt.timezone.utc)
+    collection.insert_many([{"n": n} for n in range(3, 6)])
+
+    timed = reader_for(mongodb_uri, db_name, start_position="timestamp", start_at=after.isoformat())
+    try:
+        start = timed.initialOffset()
+        assert start == {"startAtOperationTime": {"t": int(after.timestamp()), "i": 0}}
+        end = timed.latestOffset(start, ReadAllAvailable())
+        assert numbers(read_rows(timed, start, end)) == [3, 4, 5]
+    finally:
+        timed.stop()
+
+
+def test_earliest_reads_the_whole_oplog() -> None:
+    with EmbeddedReplicaSet() as rs, pymongo.MongoClient(rs.uri) as client:
+        client.shop.orders.insert_many([{"n": n} for n in range(4)])
+        reader = reader_for(rs.uri, "shop", start_position="earliest")
+        try:
+            start = reader.initialOffset()
+            assert set(start) == {"startAtOperationTime"}
+            end = reader.latestOffset(start, ReadMaxRows(3))
+            assert numbers(read_rows(reader, start, end)) == [0, 1, 2]
+        finally:
+            reader.stop()
+
+
+def test_history_lost() -> None:
+    with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient(rs.uri) as client:
+        orders = client.shop.orders
+
+        def reader(strategy: str) -> FlowWardenStreamReader:
+            return reader_for(rs.uri, "shop", on_history_lost=strategy)
+
+        fail = reader("fail")
+        start = fail.initialOffset()
+        orders.insert_many([{"n": n} for n in range(60)])  # the oplog keeps the last 20 entries
+
+        with pytest.raises(HistoryLostError, match="no longer in the oplog"):
+            fail.latestOffset(start, ReadMaxRows(1000))
+
+        skip = reader("resume_from_now")
+        skipped = skip.latestOffset(start, ReadMaxRows(1000))
+        assert skipped.get("skipped") is True
+        assert read_rows(skip, start, skipped) == []
+        orders.insert_one({"n": 60})
+        after = skip.latestOffset(skipped, ReadMaxRows(1000))
+        assert numbers(read_rows(skip, skipped, after)) == [60]
+
+        oldest = reader("resume_from_oplog_start")
+        end = oldest.latestOffset(start, ReadMaxRows(5))
+        assert "readFrom" in end
+        replay = numbers(read_rows(oldest, start, end))
+        assert len(replay) == 5 and replay == sorted(replay) and replay[0] >= 40
+        assert numbers(read_rows(oldest, start, end)) == replay  # the same range replays the same
+        for r in (fail, skip, oldest):
+            r.stop()
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming queries
+
+
+def source(spark: SparkSession, uri: str, database: str, **options: str) -> DataFrame:
+    reader = (
+        spark.readStream.format("flowwarden")
+        .option("uri", uri)
+        .option("database", database)
+        .option("collection", "orders")
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def test_restarted_three_times_every_event_once_in_order(
+    spark: SparkSession,
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    tmp_path: Path,
+) -> None:
+    orders = client[db_name]["orders"]
+    start_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    written = 0
+
+    def insert(count: int) -> None:
+        nonlocal written
+        orders.insert_many([{"n": n} for n in range(written, written + count)])
+        written += count
+
+    def run(trigger: dict[str, Any]) -> Any:
+        stream = source(
+            spark,
+            mongodb_uri,
+            db_name,
+            start_position="timestamp",
+            start_at=start_at,
+            max_events_per_trigger="7",
+        )
+        return (
+            stream.writeStream.format("parquet")
+            .option("path", output)
+            .option("checkpointLocation", checkpoint)
+            .trigger(**trigger)
+            .start()
+        )
+
+    insert(30)
+    run({"availableNow": True}).awaitTermination(120)  # first start
+
+    insert(25)
+    orders.update_many({"n": {"$lt": 5}}, {"$set": {"seen": True}})
+    run({"availableNow": True}).awaitTermination(120)  # restart 1
+
+    # Restart 2: a continuous query stopped in the middle of its work while writes go on.
+    query = run({"processingTime": "100 milliseconds"})
+    writer = threading.Thread(target=lambda: [insert(5) for _ in range(6)])
+    writer.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sum(p["numInputRows"] for p in query.recentProgress) < 20:
+        time.sleep(0.05)
+    query.stop()
+    writer.join()
+
+    insert(10)
+    run({"availableNow": True}).awaitTermination(120)  # restart 3 drains the rest
+
+    rows = spark.read.parquet(output).select("_id", "operation_type", "full_document").collect()
+    ids = [r["_id"] for r in rows]
+    assert len(ids) == len(set(ids)), "an event was delivered twice"
+    ordered = sorted(rows, key=lambda r: r["_id"])
+    inserted = [json_util.loads(r["full_document"])["n"] for r in ordered if r["operation_type"] == "insert"]
+    assert inserted == list(range(written)), "events missing or out of order"
+    assert sum(1 for r in rows if r["operation_type"] == "update") == 5
+
+
+def test_a_failed_micro_batch_replays_the_same_events(
+    spark: SparkSession,
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    tmp_path: Path,
+) -> None:
+    orders = client[db_name]["orders"]
+    start_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    orders.insert_many([{"n": n} for n in range(20)])
+    attempts: dict[int, list[list[str]]] = {}
+
+    def sink(batch: DataFrame, batch_id: int) -> None:
+        ids = [r["_id"] for r in batch.select("_id").collect()]
+        attempts.setdefault(batch_id, []).append(ids)
+        if batch_id == 1 and len(attempts[batch_id]) == 1:
+            orders.insert_many([{"n": n} for n in range(20, 30)])  # newer events must not leak in
+            raise RuntimeError("the sink failed after reading the batch")
+
+    def run() -> Any:
+        return (
+            source(
+                spark,
+                mongodb_uri,
+                db_name,
+                start_position="timestamp",
+                start_at=start_at,
+                max_events_per_trigger="8",
+            )
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    with pytest.raises(StreamingQueryException, match="the sink failed"):
+        run().awaitTermination(120)
+    run().awaitTermination(120)
+
+    assert len(attempts[1]) == 2 and attempts[1][0] == attempts[1][1] and len(attempts[1][0]) == 8
+    delivered = [i for batch_id in sorted(attempts) for i in attempts[batch_id][-1]]
+    assert len(delivered) == 30 and delivered == sorted(delivered)
+
+
+def test_pipeline_update_lookup_and_typed_documents(
+    spark: SparkSession,
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    tmp_path: Path,
+) -> None:
+    orders = client[db_name]["orders"]
+    start_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    orders.insert_many([{"_id": 1, "sku": "a", "qty": 1}, {"_id": 2, "sku": "b", "qty": "many"}])
+    orders.update_one({"_id": 1}, {"$set": {"qty": 5}})
+    orders.delete_one({"_id": 2})
+    stream = source(
+        spark,
+        mongodb_uri,
+        db_name,
+        start_position="timestamp",
+        start_at=start_at,
+        pipeline=json.dumps([{"$match": {"operationType": {"$in": ["insert", "update"]}}}]),
+        full_document="updateLookup",
+        schema="sku STRING, qty INT",
+    )
+    name = f"typed_{db_name}"
+    query = stream.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    rows = spark.sql(
+        "SELECT operation_type, full_document.sku, full_document.qty, updated_fields, "
+        f"{CORRUPT_RECORD_COLUMN} FROM {name} ORDER BY _id"
+    ).collect()
+    assert [tuple(r) for r in rows] == [
+        ("insert", "a", 1, None, None),
+        ("insert", "b", None, None, '{"_id":{"$numberInt":"2"},"sku":"b","qty":"many"}'),
+        ("update", "a", 5, '{"qty":{"$numberInt":"5"}}', None),
+    ]
