@@ -1,22 +1,24 @@
-"""The README's example runs as written."""
+"""The README's example and the runtime guide's examples run as written."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "runtime.md"]
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-def test_readme_has_an_example() -> None:
-    assert python_blocks(), "README.md lost its python example"
-
-
-def test_readme_example_runs() -> None:
-    for block in python_blocks():
-        namespace: dict[str, object] = {"__name__": "readme_example"}
-        exec(compile(block, str(README), "exec"), namespace)
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_doc_examples_run(path: Path) -> None:
+    blocks = python_blocks(path)
+    assert blocks, f"{path.name} lost its python examples"
+    for block in blocks:
+        namespace: dict[str, object] = {"__name__": f"doc_{path.stem}"}
+        exec(compile(block, str(path), "exec"), namespace)
