@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pymongo
 import pytest
+from bson.codec_options import TypeDecoder, TypeRegistry
+from bson.decimal128 import Decimal128
+from bson.errors import InvalidBSON
 
 from flowwarden import (
     ChangeEvent,
+    Connector,
     HandlerError,
     HistoryLostError,
     OnError,
@@ -22,7 +27,7 @@ from flowwarden import (
 )
 from flowwarden.testing import EmbeddedReplicaSet
 
-from .conftest import checkpoint_doc, running, wait_until
+from .conftest import checkpoint_doc, running, wait_until, wait_until_async
 from .handlers import recording_handler
 
 # ------------------------------------------------------------------------------------------------
@@ -252,3 +257,72 @@ def test_restart_after_invalidate_when_configured(mongodb_uri, client, db_name):
         client[db_name].orders.insert_one({"_id": 2})
         wait_until(lambda: ("insert", 2) in seen, what="the insert after the restart")
         assert connector.status()["orders"].state == StreamState.RUNNING
+
+
+# ------------------------------------------------------------------------------------------------
+# events that cannot be decoded
+
+
+class _PoisonDecimal(TypeDecoder):
+    """Refuses to decode the amount 666, as a codec does with a value it cannot read."""
+
+    bson_type = Decimal128
+
+    def transform_bson(self, value: Decimal128) -> Decimal128:
+        if value == Decimal128("666"):
+            raise InvalidBSON("cannot decode the amount of this order")
+        return value
+
+
+def _undecodable_run(mongodb_uri, client, db_name, on_exhausted: OnError):
+    """Ten orders in one batch; order 5 cannot be decoded by the connector's client."""
+    calls: list[int] = []
+    handler = failing_handler(db_name, on_exhausted, poison=-1, calls=calls)
+    registry = TypeRegistry([_PoisonDecimal()])
+
+    async def run() -> Connector:
+        async_client = pymongo.AsyncMongoClient(mongodb_uri, type_registry=registry)
+        connector = Connector(async_client, [handler])
+        task = asyncio.create_task(connector.run_async())
+        try:
+            await wait_until_async(
+                lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint"
+            )
+            client[db_name].orders.insert_many(
+                [{"_id": i, "amount": Decimal128("666" if i == 5 else str(i))} for i in range(10)]
+            )
+            await wait_until_async(
+                lambda: connector.status()["orders"].events_failed == 1, what="the undecodable event"
+            )
+            await wait_until_async(
+                lambda: len(calls) == 9 or connector.status()["orders"].state == StreamState.FAILED,
+                what="the other events",
+            )
+        finally:
+            connector.stop()
+            await task
+            await async_client.close()
+        return connector
+
+    return asyncio.run(run()), calls
+
+
+def test_undecodable_event_with_skip_is_skipped_and_its_batch_mates_handled(mongodb_uri, client, db_name):
+    _, calls = _undecodable_run(mongodb_uri, client, db_name, OnError.SKIP)
+    assert calls == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 10
+
+
+def test_undecodable_event_with_dead_letter_is_parked(mongodb_uri, client, db_name):
+    _, calls = _undecodable_run(mongodb_uri, client, db_name, OnError.DEAD_LETTER)
+    assert calls == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    (letter,) = client[db_name]["_fw_dlq"].find()
+    assert letter["event"]["documentKey"] == {"_id": 5}
+    assert letter["errorType"] == "bson.errors.InvalidBSON" and letter["attempts"] == 1
+
+
+def test_undecodable_event_with_stop_fails_before_it(mongodb_uri, client, db_name):
+    connector, calls = _undecodable_run(mongodb_uri, client, db_name, OnError.STOP)
+    assert calls == [0, 1, 2, 3, 4]
+    assert connector.status()["orders"].state == StreamState.FAILED
+    assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 5

@@ -24,6 +24,7 @@ import bson
 from bson import Timestamp
 from bson.codec_options import CodecOptions
 from bson.errors import InvalidBSON
+from bson.raw_bson import RawBSONDocument
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from flowwarden.checkpoint import Checkpoint, CheckpointCommitter
@@ -79,6 +80,10 @@ class _HistoryLost(Exception):
 
 class _Stop(Exception):
     """The stream ends on purpose (stop requested, invalidated with on_invalidate=stop)."""
+
+
+class _Reopen(Exception):
+    """Re-open the stream at once from its saved checkpoint (no backoff, not a failure)."""
 
 
 class _LostOwnership(Exception):
@@ -155,6 +160,7 @@ class StreamRunner:
         self._last_seen_time: datetime | None = None
         self._first_run = True
         self._forced_start: dict[str, Any] | None = None
+        self._opened_with: dict[str, Any] = {}
         self._history_audit: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------------------------
@@ -233,6 +239,8 @@ class StreamRunner:
                     break
                 except _Stop:
                     break
+                except _Reopen:
+                    continue
                 except _LostOwnership:
                     self.log.warning("stream %s: lost ownership to another instance; standing by", self.name)
                     self.state = StreamState.STANDBY
@@ -361,6 +369,7 @@ class StreamRunner:
             self._last_seen_time = checkpoint.last_seen_at
         try:
             start, save_initial = await self._start_options(checkpoint)
+            self._opened_with = start
             stream = await self._open(start)
             self.state = StreamState.RUNNING
             self._first_run = False
@@ -573,7 +582,7 @@ class StreamRunner:
                 change = await stream.try_next()
             except InvalidBSON as error:
                 await self._poison(committer, position, error)
-                return  # re-opened by the outer loop from the checkpoint, past the poison event
+                raise _Reopen() from error  # from the checkpoint, now past the poison event
             if change is None:
                 if batch is not None and batch.due():
                     await self._deliver_batch(committer)
@@ -593,16 +602,10 @@ class StreamRunner:
                         save_initial = False
                 continue
             position = token = change["_id"]
-            self._sequence += 1
             operation = change.get("operationType")
-            if batch is not None:
-                batch.add(self._sequence, change)
-                if batch.due():
-                    await self._deliver_batch(committer)
-            elif self._slots is not None:
-                await self._spawn(self._sequence, change, committer)
-            else:
+            if batch is None and self._slots is None:
                 # The common case inline: one event at a time, a sync handler on the loop.
+                self._sequence += 1
                 invoker = invokers.get(operation, fallback)
                 first_error = None
                 if invoker is None or (
@@ -615,9 +618,24 @@ class StreamRunner:
                         await committer.flush()
                 else:
                     await self._handle_event(self._sequence, change, committer, first_error)
+            else:
+                await self._dispatch(change, committer)
             if operation == "invalidate":
                 await self._on_invalidate(change)
                 return
+
+    async def _dispatch(self, change: MutableMapping[str, Any], committer: CheckpointCommitter) -> None:
+        """Give the next event its sequence number and hand it to the stream's delivery mode."""
+        self._sequence += 1
+        batch = self._batch
+        if batch is not None:
+            batch.add(self._sequence, change)
+            if batch.due():
+                await self._deliver_batch(committer)
+        elif self._slots is not None:
+            await self._spawn(self._sequence, change, committer)
+        else:
+            await self._handle_event(self._sequence, change, committer)
 
     def _set_halt(self) -> None:
         self._halt = True
@@ -811,30 +829,53 @@ class StreamRunner:
     async def _poison(
         self, committer: CheckpointCommitter, position: Mapping[str, Any] | None, error: InvalidBSON
     ) -> None:
-        """An event the driver cannot decode: read it once more leniently and give up on it.
+        """The driver could not decode a batch: find the event that cannot be decoded, give up on it.
 
-        Retrying the decode cannot help, so the retry policy's on_exhausted applies at once: STOP
-        leaves the checkpoint before the event; SKIP and DEAD_LETTER move past it.
+        PyMongo decodes a whole batch at once, so the batch is read again as raw BSON and each
+        event decoded on its own with the stream's codec options. Events that decode are handled
+        as usual; the first that does not gets the retry policy's on_exhausted at once (decoding
+        again cannot help): STOP leaves the checkpoint before it, SKIP and DEAD_LETTER move past
+        it. The outer loop then re-opens from the saved checkpoint.
         """
+        target = self._watch_target()
+        strict: CodecOptions[Any] = getattr(target, "codec_options", None) or CodecOptions()
+        if target is self._client:
+            raise error  # a cluster stream's codec cannot be changed per stream: fail visibly
+        raw_options: CodecOptions[Any] = CodecOptions(
+            document_class=RawBSONDocument,
+            tz_aware=strict.tz_aware,
+            tzinfo=strict.tzinfo,
+            unicode_decode_error_handler="surrogateescape",
+        )
+        start = {"resume_after": position} if position is not None else dict(self._opened_with)
+        stream = await self._open(start, codec_options=raw_options)
+        try:
+            while not self._stopping.is_set():
+                raw = await stream.try_next()
+                if raw is None:
+                    continue
+                try:
+                    change = bson.decode(raw.raw, codec_options=strict)
+                except Exception as decode_error:  # whatever the codec raised: this event is poison
+                    await self._give_up_undecodable(committer, raw.raw, decode_error)
+                    return
+                await self._dispatch(change, committer)
+        finally:
+            await _close_stream(stream)
+
+    async def _give_up_undecodable(
+        self, committer: CheckpointCommitter, data: bytes, error: BaseException
+    ) -> None:
         await self._wait_in_flight()
         if self._batch is not None and not self._batch.empty():
             await self._deliver_batch(committer)
-        start: dict[str, Any] = {"resume_after": position} if position is not None else {}
-        lenient: CodecOptions[Any] = CodecOptions(
-            tz_aware=True, unicode_decode_error_handler="backslashreplace"
+        readable: dict[str, Any] = bson.decode(
+            data, codec_options=CodecOptions(tz_aware=True, unicode_decode_error_handler="backslashreplace")
         )
-        stream = await self._open(start, codec_options=lenient)
-        try:
-            change = None
-            while change is None and not self._stopping.is_set():
-                change = await stream.try_next()
-        finally:
-            await _close_stream(stream)
-        if change is None:
-            return
         self._sequence += 1
-        await self._give_up([change], error, attempts=1)
-        await committer.commit(self._sequence, change["_id"])
+        self.log.error("stream %s: an event cannot be decoded: %s", self.name, error)
+        await self._give_up([readable], error, attempts=1)
+        await committer.commit(self._sequence, readable["_id"])
         await committer.flush()
 
 
