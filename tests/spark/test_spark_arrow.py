@@ -72,7 +72,8 @@ def event(i: int, op: str = "insert", doc: Any = None, **fields: Any) -> dict[st
 
 def rows(batch: Any) -> list[dict[str, Any]]:
     table: pa.Table = batch.table
-    return table.to_pylist()
+    result: list[dict[str, Any]] = table.to_pylist()
+    return result
 
 
 # ----------------------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ def read_rows(
     batches = list(reader.read(partition))
     if not batches:
         return []
-    return pa.Table.from_batches(batches).to_pylist()
+    result: list[dict[str, Any]] = pa.Table.from_batches(batches).to_pylist()
+    return result
 
 
 def numbers(rows: list[dict[str, Any]]) -> list[int]:
@@ -185,7 +186,7 @@ def test_start_positions(client: pymongo.MongoClient[dict[str, Any]], mongodb_ur
 
 
 def test_earliest_reads_the_whole_oplog() -> None:
-    with EmbeddedReplicaSet() as rs, pymongo.MongoClient(rs.uri) as client:
+    with EmbeddedReplicaSet() as rs, pymongo.MongoClient[dict[str, Any]](rs.uri) as client:
         client.shop.orders.insert_many([{"n": n} for n in range(4)])
         reader = reader_for(rs.uri, "shop", start_position="earliest")
         try:
@@ -198,7 +199,7 @@ def test_earliest_reads_the_whole_oplog() -> None:
 
 
 def test_history_lost() -> None:
-    with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient(rs.uri) as client:
+    with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient[dict[str, Any]](rs.uri) as client:
         orders = client.shop.orders
 
         def reader(strategy: str) -> FlowWardenStreamReader:
@@ -288,7 +289,12 @@ def test_restarted_three_times_every_event_once_in_order(
 
     # Restart 2: a continuous query stopped in the middle of its work while writes go on.
     query = run({"processingTime": "100 milliseconds"})
-    writer = threading.Thread(target=lambda: [insert(5) for _ in range(6)])
+
+    def keep_writing() -> None:
+        for _ in range(6):
+            insert(5)
+
+    writer = threading.Thread(target=keep_writing)
     writer.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and sum(p["numInputRows"] for p in query.recentProgress) < 20:

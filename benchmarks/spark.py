@@ -1,0 +1,306 @@
+"""How fast change events become Spark DataFrames, and how fast the streaming source reads.
+
+On the same batch of change events (default 100,000; 60% inserts, 30% updates with
+updateLookup, 10% deletes), in one run and one local SparkSession, for two schemas (the default
+Extended JSON ``full_document`` and a pydantic model typing it as a struct):
+
+- by hand: build a list of dicts (what users write) and ``spark.createDataFrame(rows, schema)``;
+- flowwarden: ``events_to_dataframe(spark, events, schema=...)`` (column-wise through Arrow);
+- ceiling: ``spark.createDataFrame(table, schema)`` of an already-built Arrow table of the same
+  data (what ingestion costs with no conversion at all).
+
+Every DataFrame is fully materialised by a ``noop`` write, so each figure covers the rows
+actually reaching Spark's executors, not a lazy plan. Each variant runs ``--repeat`` times and
+the best run counts. Then the streaming source reads ``--stream-events`` change events from an
+EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
+
+Prints plain figures and ratios; asserts nothing. Run:
+
+    .venv/bin/python benchmarks/spark.py            # full run
+    .venv/bin/python benchmarks/spark.py --events 5000 --stream-events 2000 --repeat 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pymongo
+from bson import Decimal128, ObjectId, Timestamp, json_util
+from pydantic import BaseModel, Field
+
+from flowwarden.spark import (
+    ObjectIdStr,
+    change_event_struct_type,
+    events_to_arrow,
+    events_to_dataframe,
+    get_or_create_session,
+    register,
+)
+from flowwarden.spark.extjson import JSON_OPTIONS, JsonMode
+
+
+class Item(BaseModel):
+    sku: str
+    qty: int
+    price: float
+
+
+class Address(BaseModel):
+    city: str
+    zip: str
+
+
+class Order(BaseModel):
+    id: ObjectIdStr = Field(alias="_id")
+    customer: str
+    status: str
+    amount: Decimal = Field(max_digits=12, decimal_places=2)
+    qty: int
+    created: dt.datetime
+    items: list[Item]
+    tags: list[str]
+    address: Address
+
+
+def make_events(count: int, seed: int = 7) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    base = dt.datetime(2024, 1, 1)
+    events: list[dict[str, Any]] = []
+    for i in range(count):
+        oid = ObjectId()
+        doc = {
+            "_id": oid,
+            "customer": f"customer-{rng.randrange(5000)}",
+            "status": rng.choice(["new", "paid", "shipped", "cancelled"]),
+            "amount": Decimal128(f"{rng.randrange(1, 100000)}.{rng.randrange(100):02d}"),
+            "qty": rng.randrange(1, 20),
+            "created": base + dt.timedelta(milliseconds=rng.randrange(10**10)),
+            "items": [
+                {
+                    "sku": f"sku-{rng.randrange(1000)}",
+                    "qty": rng.randrange(1, 5),
+                    "price": rng.randrange(100, 9999) / 100,
+                }
+                for _ in range(rng.randrange(1, 4))
+            ],
+            "tags": rng.sample(["gift", "express", "b2b", "promo", "fragile"], 2),
+            "address": {
+                "city": rng.choice(["Paris", "Lyon", "Oslo", "Porto"]),
+                "zip": f"{rng.randrange(10000, 99999)}",
+            },
+        }
+        roll = rng.random()
+        event: dict[str, Any] = {
+            "_id": {
+                "_data": f"82{1_700_000_000 + i // 10:08X}{i % 10 + 1:08X}2B042C0100296E5A1004{i:032X}04"
+            },
+            "clusterTime": Timestamp(1_700_000_000 + i // 10, i % 10 + 1),
+            "wallTime": base + dt.timedelta(seconds=i // 10, milliseconds=i % 10),
+            "ns": {"db": "shop", "coll": "orders"},
+            "documentKey": {"_id": oid},
+        }
+        if roll < 0.6:
+            event.update(operationType="insert", fullDocument=doc)
+        elif roll < 0.9:
+            event.update(
+                operationType="update",
+                fullDocument=doc,
+                updateDescription={
+                    "updatedFields": {"status": doc["status"], "amount": doc["amount"]},
+                    "removedFields": ["promo"],
+                    "truncatedArrays": [],
+                },
+            )
+        else:
+            event.update(operationType="delete")
+        events.append(event)
+    return events
+
+
+# ----------------------------------------------------------------------------------------------
+# What users write by hand: one dict per event, then createDataFrame(list_of_dicts, schema).
+
+_CANONICAL = JSON_OPTIONS[JsonMode.CANONICAL]
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json_util.dumps(value, json_options=_CANONICAL, separators=(",", ":"), ensure_ascii=False)
+
+
+def _typed(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    if doc is None:
+        return None
+    return {
+        "id": str(doc["_id"]),
+        "customer": doc["customer"],
+        "status": doc["status"],
+        "amount": doc["amount"].to_decimal(),
+        "qty": doc["qty"],
+        "created": doc["created"].replace(tzinfo=dt.timezone.utc),
+        "items": [dict(item) for item in doc["items"]],
+        "tags": list(doc["tags"]),
+        "address": dict(doc["address"]),
+    }
+
+
+def by_hand(events: list[dict[str, Any]], typed: bool) -> list[dict[str, Any]]:
+    document = _typed if typed else _json
+    rows = []
+    for event in events:
+        update = event.get("updateDescription")
+        rows.append(
+            {
+                "_id": event["_id"]["_data"],
+                "operation_type": event["operationType"],
+                "cluster_time": dt.datetime.fromtimestamp(event["clusterTime"].time, dt.timezone.utc),
+                "wall_time": event["wallTime"].replace(tzinfo=dt.timezone.utc),
+                "database": event["ns"]["db"],
+                "collection": event["ns"]["coll"],
+                "document_key": _json(event["documentKey"]),
+                "full_document": document(event.get("fullDocument")),
+                "full_document_before_change": document(event.get("fullDocumentBeforeChange")),
+                "updated_fields": _json(update["updatedFields"]) if update else None,
+                "removed_fields": update["removedFields"] if update else None,
+            }
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def best_of(repeat: int, run: Callable[[], None]) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def materialise(df: Any) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def line(label: str, count: int, seconds: float) -> str:
+    return f"  {label:<52} {count / seconds:>10,.0f} events/s {seconds:8.3f} s"
+
+
+def variant(spark: Any, events: list[dict[str, Any]], repeat: int, label: str, schema: Any) -> None:
+    count = len(events)
+    struct = change_event_struct_type(schema)
+    typed = schema is not None
+    table = events_to_arrow(events, schema=schema).table
+    rows = by_hand(events, typed)
+
+    def hand() -> None:
+        materialise(spark.createDataFrame(by_hand(events, typed), struct))
+
+    def hand_prebuilt_rows() -> None:
+        materialise(spark.createDataFrame(rows, struct))
+
+    def flowwarden() -> None:
+        materialise(events_to_dataframe(spark, events, schema=schema).dataframe)
+
+    def ceiling() -> None:
+        materialise(spark.createDataFrame(table, struct))
+
+    def arrow_only() -> None:
+        events_to_arrow(events, schema=schema)
+
+    t_hand = best_of(repeat, hand)
+    t_rows = best_of(repeat, hand_prebuilt_rows)
+    t_fw = best_of(repeat, flowwarden)
+    t_ceiling = best_of(repeat, ceiling)
+    t_arrow = best_of(repeat, arrow_only)
+    print(f"\n{label}: {count:,} change events, best of {repeat}, each materialised by a noop write")
+    print(line("by hand: dicts per event + createDataFrame(rows, schema)", count, t_hand))
+    print(line("  of which createDataFrame(prebuilt rows, schema)", count, t_rows))
+    print(line("flowwarden: events_to_dataframe", count, t_fw))
+    print(line("  of which events_to_arrow", count, t_arrow))
+    print(line("ceiling: createDataFrame(prebuilt Arrow table, schema)", count, t_ceiling))
+    print(f"  flowwarden vs by hand: {t_hand / t_fw:.2f}x faster (target >= 3)")
+    print(f"  flowwarden time / ceiling time: {t_fw / t_ceiling:.2f} (target <= 1.5)")
+
+
+def conversion(spark: Any, events: list[dict[str, Any]], repeat: int) -> None:
+    variant(spark, events, repeat, "Extended JSON full_document (default)", None)
+    variant(spark, events, repeat, "full_document typed by a pydantic model", Order)
+
+
+def streaming(spark: Any, count: int) -> None:
+    """End to end: the source reads ``count`` change events into a noop sink (availableNow)."""
+    from flowwarden.testing import EmbeddedReplicaSet
+
+    docs = [event["fullDocument"] for event in make_events(count * 2) if "fullDocument" in event][:count]
+    checkpoint = tempfile.mkdtemp(prefix="fw-bench-stream-")
+    try:
+        with EmbeddedReplicaSet() as rs, pymongo.MongoClient[dict[str, Any]](rs.uri) as client:
+            for offset in range(0, len(docs), 5000):
+                client.shop.orders.insert_many(docs[offset : offset + 5000])
+            events = (
+                spark.readStream.format("flowwarden")
+                .option("uri", rs.uri)
+                .option("database", "shop")
+                .option("collection", "orders")
+                .option("start_position", "earliest")
+                .option("max_events_per_trigger", "20000")
+                .load()
+            )
+            start = time.perf_counter()
+            query = (
+                events.writeStream.format("noop")
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            elapsed = time.perf_counter() - start
+            rows = sum(progress["numInputRows"] for progress in query.recentProgress)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    print(f"\nstreaming source on EmbeddedReplicaSet: {rows:,} change events, readStream -> noop sink")
+    print(line("end to end, query start to termination", rows, elapsed))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--stream-events", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-streaming", action="store_true")
+    args = parser.parse_args()
+
+    spark = get_or_create_session(
+        "local[2]",
+        app_name="flowwarden-benchmark",
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "2",
+        },
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    if not args.skip_streaming:
+        register(spark)
+    print(f"flowwarden Spark benchmark: Spark {spark.version}, master {spark.sparkContext.master}")
+    conversion(spark, make_events(args.events), args.repeat)
+    if not args.skip_streaming:
+        streaming(spark, args.stream_events)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
