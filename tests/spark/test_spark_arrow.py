@@ -529,3 +529,18 @@ def test_typed_columns_keep_every_fitting_value_and_report_the_rest(docs: list[d
             assert got["n"] is None
         if fits_float(doc.get("score")):
             assert got["score"] == (None if doc.get("score") is None else float(doc["score"]))
+
+
+@pytest.mark.parametrize("mode", list(JsonMode))
+def test_document_keys_are_the_encoders_text(mode: JsonMode) -> None:
+    keys = [
+        {"_id": ObjectId("65f000000000000000000009")},
+        SON([("_id", ObjectId("65f00000000000000000000a"))]),
+        {"_id": 5},
+        {"_id": ObjectId("65f00000000000000000000b"), "shard": "eu"},
+        {"_id": {"a": 1}},
+    ]
+    events = [event(i, "delete", None, documentKey=key) for i, key in enumerate(keys)]
+    assert [r["document_key"] for r in rows(events_to_arrow(events, json_mode=mode))] == [
+        dumps(key, mode) for key in keys
+    ]

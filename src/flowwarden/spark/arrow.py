@@ -62,6 +62,16 @@ _DICTS = frozenset({dict, _NONE})
 _LISTS = frozenset({list, _NONE})
 _STRINGS_AND_IDS = frozenset({str, ObjectId, _NONE})
 _ZERO_WORD = bytes(16)
+_EVENT_KEYS = (
+    "operationType",
+    "clusterTime",
+    "wallTime",
+    "ns",
+    "documentKey",
+    "updateDescription",
+    "fullDocument",
+    "fullDocumentBeforeChange",
+)
 _WIDE = Context(prec=200, Emax=999_999, Emin=-999_999)
 # Decimal128 (IEEE 754-2008 BID) fields, see flowwarden.spark.extjson.decimal128_text.
 _COMBINATION = 0x6000000000000000
@@ -324,6 +334,37 @@ def _validity(nulls: list[bool]) -> Any:
     return pa.array(nulls, type=pa.bool_()) if True in nulls else None
 
 
+@functools.lru_cache(maxsize=256)
+def _columns_reader(keys: tuple[str, ...]) -> Callable[[Sequence[Any], Any], list[list[Any]]]:
+    """A function reading ``keys`` from every document in one pass: one list per key.
+
+    Its source is generated (as ``collections.namedtuple`` does) so the loop body is one
+    ``get`` per key and no inner loop: each document is read once, while it is in the CPU cache,
+    instead of once per field, which halves the cost on documents scattered over the heap.
+    Keys enter the source only as ``repr()`` string literals. A None document gives None in
+    every column, a missing key gives ``missing``.
+    """
+    count = len(keys)
+    columns = ", ".join(f"c{i}" for i in range(count))
+    source = "\n".join(
+        [
+            "def read(documents, missing):",
+            *(f"    c{i} = []; a{i} = c{i}.append" for i in range(count)),
+            "    for document in documents:",
+            "        if document is None:",
+            *(f"            a{i}(None)" for i in range(count)),
+            "            continue",
+            "        get = document.get",
+            *(f"        a{i}(get({key!r}, missing))" for i, key in enumerate(keys)),
+            f"    return [{columns}]",
+        ]
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<flowwarden columns {keys!r:.60}>", "exec"), namespace)
+    reader: Callable[[Sequence[Any], Any], list[list[Any]]] = namespace["read"]
+    return reader
+
+
 class _Column:
     """Builds one Arrow array from the list of values of one column (or nested field).
 
@@ -552,12 +593,13 @@ class _MapColumn(_Column):
 
 
 class _StructColumn(_Column):
-    __slots__ = ("children", "fields")
+    __slots__ = ("children", "fields", "read_columns")
 
     def __init__(self, spec: ValueSpec, path: str, children: list[_Column]) -> None:
         super().__init__(spec, path)
         self.fields: tuple[FieldSpec, ...] = spec.fields
         self.children = children
+        self.read_columns = _columns_reader(tuple(f.key for f in spec.fields))
 
     def build(self, values: list[Any], owners: Sequence[int], problems: _Problems) -> Any:
         kinds = set(map(type, values))
@@ -569,12 +611,8 @@ class _StructColumn(_Column):
             kinds = set(map(type, docs))
         null_count = sum(doc is None for doc in docs) if _NONE in kinds else 0
         arrays = []
-        for field, child in zip(self.fields, self.children, strict=True):
-            key = field.key
-            if null_count:
-                column = [doc.get(key, _MISSING) if doc is not None else None for doc in docs]
-            else:
-                column = [doc.get(key, _MISSING) for doc in docs]
+        columns = self.read_columns(docs, _MISSING)
+        for field, child, column in zip(self.fields, self.children, columns, strict=True):
             # Type sets, not `in`/count: those call __eq__ on every BSON value in the column.
             kinds = set(map(type, column))
             if _MISSING_TYPE in kinds or (not field.none_ok and _NONE in kinds):
@@ -682,6 +720,21 @@ def _token_data(raws: list[Mapping[str, Any]]) -> list[str]:
         raise
 
 
+def _document_keys(keys: list[Any], json: Encoder) -> list[str | None]:
+    """Extended JSON of each documentKey; the common ``{_id: ObjectId}`` without the encoder
+    (the text is the same: the tests compare both paths)."""
+    out: list[str | None] = []
+    append = out.append
+    for key in keys:
+        if type(key) is dict and len(key) == 1:
+            oid = key.get("_id")
+            if type(oid) is ObjectId:
+                append(f'{{"_id":{{"$oid":"{oid.binary.hex()}"}}}}')
+                continue
+        append(json(key) if key is not None else None)
+    return out
+
+
 def events_to_arrow(
     events: Sequence[Mapping[str, Any] | ChangeEvent],
     *,
@@ -712,15 +765,9 @@ def events_to_arrow(
     count = len(raws)
 
     ids = _token_data(raws)
-    operation = [raw.get("operationType") for raw in raws]
-    cluster = [raw.get("clusterTime") for raw in raws]
+    operation, cluster, wall, ns, keys, updates, full, before = _columns_reader(_EVENT_KEYS)(raws, None)
     cluster_us = [ts.time * 1_000_000 if type(ts) is Timestamp else None for ts in cluster]
-    wall = [raw.get("wallTime") for raw in raws]
-    namespaces = [raw.get("ns") or {} for raw in raws]
-    keys = [raw.get("documentKey") for raw in raws]
-    updates = [raw.get("updateDescription") for raw in raws]
-    full = [raw.get("fullDocument") for raw in raws]
-    before = [raw.get("fullDocumentBeforeChange") for raw in raws]
+    namespaces = [n if n is not None else {} for n in ns]
 
     problems = _Problems()
     owners = range(count)
@@ -740,7 +787,7 @@ def events_to_arrow(
         pa.array([w if isinstance(w, datetime) else None for w in wall], type=pa.timestamp("us", tz="UTC")),
         pa.array([ns.get("db") for ns in namespaces], type=pa.string()),
         pa.array([ns.get("coll") for ns in namespaces], type=pa.string()),
-        pa.array([json(k) if k is not None else None for k in keys], type=pa.string()),
+        pa.array(_document_keys(keys, json), type=pa.string()),
         full_array,
         before_array,
         pa.array(
