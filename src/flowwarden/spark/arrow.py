@@ -378,7 +378,9 @@ class _Column:
         self.path = path
         self.arrow_type = arrow_type(spec)
 
-    def build(self, values: list[Any], owners: Sequence[int], problems: _Problems) -> Any:
+    def build(
+        self, values: list[Any], owners: Sequence[int], problems: _Problems, kinds: set[type] | None = None
+    ) -> Any:
         raise NotImplementedError
 
 
@@ -412,8 +414,11 @@ class _ScalarColumn(_Column):
         }
         return simple[kind]
 
-    def build(self, values: list[Any], owners: Sequence[int], problems: _Problems) -> Any:
-        kinds = set(map(type, values))
+    def build(
+        self, values: list[Any], owners: Sequence[int], problems: _Problems, kinds: set[type] | None = None
+    ) -> Any:
+        if kinds is None:
+            kinds = set(map(type, values))
         if kinds <= self.exact:
             if kinds == _ONLY_NONE:
                 return pa.nulls(len(values), type=self.arrow_type)
@@ -457,7 +462,9 @@ class _DecimalColumn(_Column):
         self.limit = 10**spec.precision
         self.name = spec.describe()
 
-    def build(self, values: list[Any], owners: Sequence[int], problems: _Problems) -> Any:
+    def build(
+        self, values: list[Any], owners: Sequence[int], problems: _Problems, kinds: set[type] | None = None
+    ) -> Any:
         unscaled = self.unscaled
         words: list[bytes] = []
         valid: list[bool] = []
@@ -527,8 +534,11 @@ class _ListColumn(_Column):
         super().__init__(spec, path)
         self.element = element
 
-    def build(self, values: list[Any], owners: Sequence[int], problems: _Problems) -> Any:
-        kinds = set(map(type, values))
+    def build(
+        self, values: list[Any], owners: Sequence[int], problems: _Problems, kinds: set[type] | None = None
+    ) -> Any:
+        if kinds is None:
+            kinds = set(map(type, values))
         if not kinds <= _LISTS:
             values = [self._array_or_none(v, o, problems) for v, o in zip(values, owners, strict=True)]
             kinds = set(map(type, values))
@@ -562,7 +572,9 @@ class _MapColumn(_Column):
         super().__init__(spec, path)
         self.value = value
 
-    def build(self, values: list[Any], owners: Sequence[int], problems: _Problems) -> Any:
+    def build(
+        self, values: list[Any], owners: Sequence[int], problems: _Problems, kinds: set[type] | None = None
+    ) -> Any:
         offsets = [0]
         keys: list[str] = []
         items: list[Any] = []
@@ -601,8 +613,11 @@ class _StructColumn(_Column):
         self.children = children
         self.read_columns = _columns_reader(tuple(f.key for f in spec.fields))
 
-    def build(self, values: list[Any], owners: Sequence[int], problems: _Problems) -> Any:
-        kinds = set(map(type, values))
+    def build(
+        self, values: list[Any], owners: Sequence[int], problems: _Problems, kinds: set[type] | None = None
+    ) -> Any:
+        if kinds is None:
+            kinds = set(map(type, values))
         if kinds == _ONLY_NONE:
             return pa.nulls(len(values), type=self.arrow_type)
         docs = values
@@ -614,10 +629,12 @@ class _StructColumn(_Column):
         columns = self.read_columns(docs, _MISSING)
         for field, child, column in zip(self.fields, self.children, columns, strict=True):
             # Type sets, not `in`/count: those call __eq__ on every BSON value in the column.
-            kinds = set(map(type, column))
-            if _MISSING_TYPE in kinds or (not field.none_ok and _NONE in kinds):
+            column_kinds = set(map(type, column))
+            if _MISSING_TYPE in column_kinds or (not field.none_ok and _NONE in column_kinds):
                 self._fill(field, child.path, column, docs, owners, problems)
-            arrays.append(child.build(column, owners, problems))
+                arrays.append(child.build(column, owners, problems))  # defaults replaced values
+            else:
+                arrays.append(child.build(column, owners, problems, column_kinds))
         return pa.StructArray.from_arrays(
             arrays,
             fields=list(self.arrow_type),

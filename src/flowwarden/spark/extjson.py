@@ -258,6 +258,7 @@ class _Writer:
                 prefix = _quote(key) + ":"
                 if len(prefixes) < _MAX_CACHED_KEYS:
                     prefixes[key] = prefix
+            # The commonest types inline: a function call per value is most of the cost.
             kind = type(value)
             if kind is str:
                 append(prefix + _quote(value))
@@ -268,6 +269,14 @@ class _Writer:
                     append(f'{prefix}{{"$numberInt":"{value}"}}')
                 else:
                     append(f'{prefix}{{"$numberLong":"{value}"}}')
+            elif kind is dict:
+                append(prefix + self.document(value))
+            elif kind is list:
+                append(prefix + self.array(value))
+            elif kind is ObjectId:
+                append(f'{prefix}{{"$oid":"{value.binary.hex()}"}}')
+            elif kind is float and canonical and value - value == 0.0:  # finite
+                append(f'{prefix}{{"$numberDouble":"{float.__repr__(value)}"}}')
             else:
                 encode = table.get(kind)
                 append(prefix + (encode(value) if encode is not None else self.other(value)))
@@ -281,6 +290,8 @@ class _Writer:
             kind = type(value)
             if kind is str:
                 append(_quote(value))
+            elif kind is dict:
+                append(self.document(value))
             else:
                 encode = table.get(kind)
                 append(encode(value) if encode is not None else self.other(value))

@@ -1,0 +1,29 @@
+"""docs/spark.md runs: each of its Python examples executes as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "spark.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_the_doc_has_its_two_examples() -> None:
+    blocks = python_blocks()
+    assert len(blocks) == 2
+    assert "events_to_dataframe" in blocks[0] and 'format("flowwarden")' in blocks[1]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["batches", "streaming-source"])
+def test_the_examples_run(spark: SparkSession, index: int) -> None:
+    # `spark` is started first so get_or_create_session() in the doc returns the shared session.
+    exec(compile(python_blocks()[index], f"{DOC}#example{index}", "exec"), {"__name__": "__docs__"})
