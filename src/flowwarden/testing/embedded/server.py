@@ -13,6 +13,7 @@ import logging
 import signal
 import threading
 import types
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -32,6 +33,36 @@ _HOUSEKEEPING_SECONDS = 1.0
 _START_TIMEOUT_SECONDS = 30.0
 # Commands a driver may still send as legacy OP_QUERY: only the connection handshake.
 _OP_QUERY_COMMANDS = frozenset({"hello", "isMaster", "ismaster"})
+# Loop iterations between the kernel accepting a connection and the server tracking it.
+_ACCEPT_TURNS = 5
+
+
+class _TrackedProtocol(asyncio.StreamReaderProtocol):
+    """A stream protocol that records its transport from the first moment the loop has one."""
+
+    def __init__(
+        self,
+        registry: set[asyncio.BaseTransport],
+        reader: asyncio.StreamReader,
+        serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+        refusing: Callable[[], bool],
+    ) -> None:
+        super().__init__(reader, serve)
+        self._registry = registry
+        self._refusing = refusing
+        self._tracked: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._tracked = transport
+        self._registry.add(transport)
+        super().connection_made(transport)
+        if self._refusing() and isinstance(transport, asyncio.Transport):
+            transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._tracked is not None:
+            self._registry.discard(self._tracked)
+        super().connection_lost(exc)
 
 
 class EmbeddedReplicaSet:
@@ -53,9 +84,11 @@ class EmbeddedReplicaSet:
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[int, tuple[asyncio.StreamWriter, asyncio.Task[None]]] = {}
+        self._transports: set[asyncio.BaseTransport] = set()
         self._connection_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
         self._refuse_until = 0.0
+        self._stopping = False
         self._housekeeping: asyncio.Task[None] | None = None
         self._lifecycle = threading.Lock()
 
@@ -187,30 +220,59 @@ class EmbeddedReplicaSet:
     async def _open(self) -> None:
         host = self._host
         host.reset_loop_state()
+        self._stopping = False
         port = host.port or self._requested_port
-        self._server = await asyncio.start_server(self._serve_client, "127.0.0.1", port, reuse_address=True)
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> _TrackedProtocol:
+            return _TrackedProtocol(
+                self._transports, asyncio.StreamReader(loop=loop), self._serve_client, self._refusing
+            )
+
+        self._server = await loop.create_server(protocol, "127.0.0.1", port, reuse_address=True)
         host.port = self._server.sockets[0].getsockname()[1]
-        self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
+        self._housekeeping = loop.create_task(self._housekeep())
 
     async def _close(self) -> None:
+        self._stopping = True
         self._host.shutdown_event.set()
+        # Let connections the kernel already accepted reach the loop (they are refused at once)
+        # before the listening socket goes away.
+        await self._settle()
         if self._server is not None:
             self._server.close()
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
         await self._drop_all()
+        # Connections accepted but not yet served, and any other work of this loop, end here too:
+        # nothing may outlive stop() holding a socket.
+        current = asyncio.current_task()
+        others = [task for task in asyncio.all_tasks() if task is not current]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        self._housekeeping = None
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
         self._host.close()
 
+    @staticmethod
+    async def _settle() -> None:
+        """Turn the loop a few times: a connection whose TCP handshake completed before now is
+        accepted and tracked by the time this returns."""
+        for _ in range(_ACCEPT_TURNS):
+            await asyncio.sleep(0)
+
     async def _drop_all(self) -> None:
-        entries = list(self._connections.values())
-        for writer, task in entries:
-            writer.transport.abort()
+        # "Every connection" includes a client that connected just before this call.
+        await self._settle()
+        for transport in list(self._transports):
+            if isinstance(transport, asyncio.Transport):
+                transport.abort()
+        tasks = [task for _, task in self._connections.values()]
+        for task in tasks:
             task.cancel()
-        if entries:
-            await asyncio.gather(*(task for _, task in entries), return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _begin_outage(self, seconds: float) -> None:
         self._refuse_until = asyncio.get_running_loop().time() + seconds
@@ -226,9 +288,12 @@ class EmbeddedReplicaSet:
 
     # -- one connection -----------------------------------------------------------------------
 
+    def _refusing(self) -> bool:
+        """True while stopping or during an outage: new connections are closed on arrival."""
+        return self._stopping or asyncio.get_running_loop().time() < self._refuse_until
+
     async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        if loop.time() < self._refuse_until:
+        if self._refusing():
             writer.transport.abort()
             return
         task = asyncio.current_task()

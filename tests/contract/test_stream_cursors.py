@@ -1,0 +1,192 @@
+"""Change-stream cursors as the server carries them: aggregate, getMore, killCursors, and the
+driver's automatic resume when a cursor or a connection is lost."""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Iterator
+
+import pymongo
+import pytest
+from bson import Int64
+from pymongo.errors import OperationFailure
+from wire_helpers import command, connect, op_msg, receive
+
+
+@pytest.fixture(autouse=True)
+def _fail_point_off(client: pymongo.MongoClient) -> Iterator[None]:
+    yield
+    client.admin.command("configureFailPoint", "failCommand", mode="off")
+
+
+def _next_change(stream: pymongo.change_stream.ChangeStream, attempts: int = 50) -> dict:
+    for _ in range(attempts):
+        change = stream.try_next()
+        if change is not None:
+            return change
+    raise AssertionError("no change arrived")
+
+
+async def _next_change_async(
+    stream: pymongo.asynchronous.change_stream.AsyncChangeStream, attempts: int = 50
+) -> dict:
+    for _ in range(attempts):
+        change = await stream.try_next()
+        if change is not None:
+            return change
+    raise AssertionError("no change arrived")
+
+
+def test_aggregate_opens_a_cursor_and_get_more_serves_it(client: pymongo.MongoClient, db_name: str) -> None:
+    db = client[db_name]
+    db.create_collection("c")
+    opened = db.command("aggregate", "c", pipeline=[{"$changeStream": {}}], cursor={})
+    cursor = opened["cursor"]
+    assert isinstance(cursor["id"], Int64) and cursor["id"] != 0
+    assert cursor["ns"] == f"{db_name}.c"
+    assert cursor["firstBatch"] == []
+    assert "_data" in cursor["postBatchResumeToken"]
+    db.c.insert_many([{"_id": i} for i in range(3)])
+    batches = []
+    while sum(len(b) for b in batches) < 3:
+        more = db.command("getMore", cursor["id"], collection="c", batchSize=2, maxTimeMS=500)
+        assert more["cursor"]["id"] == cursor["id"]
+        assert "_data" in more["cursor"]["postBatchResumeToken"]
+        assert len(more["cursor"]["nextBatch"]) <= 2
+        batches.append(more["cursor"]["nextBatch"])
+    assert [e["documentKey"]["_id"] for b in batches for e in b] == [0, 1, 2]
+    with pytest.raises(OperationFailure) as wrong_ns:
+        db.command("getMore", cursor["id"], collection="other")
+    assert wrong_ns.value.code == 13
+    killed = db.command("killCursors", "c", cursors=[cursor["id"]])
+    assert killed["cursorsKilled"] == [cursor["id"]]
+    with pytest.raises(OperationFailure) as gone:
+        db.command("getMore", cursor["id"], collection="c")
+    assert gone.value.code == 43
+
+
+def test_database_stream_cursor_namespace(client: pymongo.MongoClient, db_name: str) -> None:
+    db = client[db_name]
+    opened = db.command("aggregate", 1, pipeline=[{"$changeStream": {}}], cursor={})
+    assert opened["cursor"]["ns"] == f"{db_name}.$cmd.aggregate"
+    db.c.insert_one({"_id": 1})
+    more = db.command("getMore", opened["cursor"]["id"], collection="$cmd.aggregate", maxTimeMS=500)
+    while not more["cursor"]["nextBatch"]:
+        more = db.command("getMore", opened["cursor"]["id"], collection="$cmd.aggregate", maxTimeMS=500)
+    assert more["cursor"]["nextBatch"][0]["ns"] == {"db": db_name, "coll": "c"}
+    db.command("killCursors", "$cmd.aggregate", cursors=[opened["cursor"]["id"]])
+
+
+def test_resume_after_cursor_not_found(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    with coll.watch(max_await_time_ms=100) as stream:
+        coll.insert_one({"_id": 1})
+        assert _next_change(stream)["documentKey"] == {"_id": 1}
+        # Another client kills the stream's cursor: the next getMore gets CursorNotFound (43),
+        # which the driver resumes from with the token of the last event it returned.
+        client[db_name].command("killCursors", "c", cursors=[stream._cursor.cursor_id])
+        coll.insert_one({"_id": 2})
+        assert _next_change(stream)["documentKey"] == {"_id": 2}
+
+
+async def test_resume_after_cursor_not_found_async(
+    async_client: pymongo.AsyncMongoClient, db_name: str
+) -> None:
+    coll = async_client[db_name].c
+    async with await coll.watch(max_await_time_ms=100) as stream:
+        await coll.insert_one({"_id": 1})
+        assert (await _next_change_async(stream))["documentKey"] == {"_id": 1}
+        await async_client[db_name].command("killCursors", "c", cursors=[stream._cursor.cursor_id])
+        await coll.insert_one({"_id": 2})
+        assert (await _next_change_async(stream))["documentKey"] == {"_id": 2}
+
+
+def test_resume_after_fail_point_closes_the_connection(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    with coll.watch(max_await_time_ms=100) as stream:
+        coll.insert_one({"_id": 1})
+        assert _next_change(stream)["documentKey"] == {"_id": 1}
+        client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={"failCommands": ["getMore"], "closeConnection": True},
+        )
+        coll.insert_one({"_id": 2})
+        assert _next_change(stream)["documentKey"] == {"_id": 2}
+
+
+def test_resumable_error_code_from_a_fail_point(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    with coll.watch(max_await_time_ms=100) as stream:
+        coll.insert_one({"_id": 1})
+        assert _next_change(stream)["documentKey"] == {"_id": 1}
+        # 43 is resumable by code alone; the fail point adds no label and the driver resumes.
+        client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={"failCommands": ["getMore"], "errorCode": 43},
+        )
+        coll.insert_one({"_id": 2})
+        assert _next_change(stream)["documentKey"] == {"_id": 2}
+
+
+@pytest.mark.embedded_only
+def test_resume_after_drop_connections(client: pymongo.MongoClient, db_name: str, rs) -> None:
+    coll = client[db_name].c
+    with coll.watch(max_await_time_ms=100) as stream:
+        coll.insert_one({"_id": 1})
+        assert _next_change(stream)["documentKey"] == {"_id": 1}
+        rs.drop_connections()
+        coll.insert_one({"_id": 2})
+        coll.insert_one({"_id": 3})
+        assert _next_change(stream)["documentKey"] == {"_id": 2}
+        assert _next_change(stream)["documentKey"] == {"_id": 3}
+
+
+@pytest.mark.embedded_only
+async def test_resume_after_drop_connections_async(
+    async_client: pymongo.AsyncMongoClient, db_name: str, rs
+) -> None:
+    coll = async_client[db_name].c
+    async with await coll.watch(max_await_time_ms=100) as stream:
+        await coll.insert_one({"_id": 1})
+        assert (await _next_change_async(stream))["documentKey"] == {"_id": 1}
+        rs.drop_connections()
+        await coll.insert_one({"_id": 2})
+        assert (await _next_change_async(stream))["documentKey"] == {"_id": 2}
+
+
+@pytest.mark.embedded_only
+def test_get_more_interrupted_by_a_dropped_connection_kills_its_cursor(
+    mongodb_uri: str, db_name: str, client: pymongo.MongoClient, rs
+) -> None:
+    client[db_name].create_collection("c")
+    with connect(mongodb_uri) as sock:
+        opened = command(
+            sock, {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {}, "$db": db_name}
+        )
+        cursor_id = opened["cursor"]["id"]
+        with connect(mongodb_uri) as waiting:
+            _, message = op_msg(
+                {"getMore": cursor_id, "collection": "c", "maxTimeMS": 60_000, "$db": db_name}
+            )
+            waiting.sendall(message)
+            # A probe getMore is refused with CursorInUse once the long one is awaiting events. If
+            # the probe took the cursor first, the long one was refused instead: send it again.
+            for _ in range(500):
+                probe = command(
+                    sock, {"getMore": cursor_id, "collection": "c", "maxTimeMS": 1, "$db": db_name}
+                )
+                if probe.get("code") == 292:
+                    break
+                if select.select([waiting], [], [], 0)[0]:
+                    assert receive(waiting).doc.get("code") == 292
+                    waiting.sendall(message)
+            else:
+                raise AssertionError("the getMore never started waiting")
+            rs.drop_connections()
+    with connect(mongodb_uri) as sock:
+        gone = command(sock, {"getMore": cursor_id, "collection": "c", "$db": db_name})
+    assert gone["ok"] == 0 and gone["code"] == 43

@@ -1,0 +1,251 @@
+"""EmbeddedReplicaSet's own guarantees: bad clients hurt only themselves, connection helpers,
+lifecycle. These exercise helpers MongoDB has no command for, so they run only on the embedded server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+
+import bson
+import pymongo
+import pytest
+from pymongo.errors import AutoReconnect, ServerSelectionTimeoutError
+
+from flowwarden.testing import EmbeddedReplicaSet
+
+pytestmark = pytest.mark.embedded_only
+
+
+def _raw(rs_uri: str) -> socket.socket:
+    host, port = pymongo.uri_parser.parse_uri(rs_uri)["nodelist"][0]
+    return socket.create_connection((host, port), timeout=10)
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _op_msg(doc: dict, request_id: int = 7) -> bytes:
+    body = struct.pack("<I", 0) + b"\x00" + bson.encode(doc)
+    return struct.pack("<iiii", 16 + len(body), request_id, 0, 2013) + body
+
+
+MALFORMED = {
+    "garbage": b"\xde\xad\xbe\xef" * 8,
+    "length too small": struct.pack("<iiii", 8, 1, 0, 2013),
+    "length too large": struct.pack("<iiii", 100_000_000, 1, 0, 2013),
+    "unknown opcode": struct.pack("<iiii", 20, 1, 0, 9999) + b"\x00\x00\x00\x00",
+    "invalid bson": struct.pack("<iiii", 16 + 4 + 1 + 8, 1, 0, 2013)
+    + struct.pack("<I", 0)
+    + b"\x00"
+    + b"\x08\x00\x00\x00\xff\x00\x00\x00",
+    "no $db": _op_msg({"ping": 1}),
+    "unknown required flag": struct.pack("<iiii", 16 + 4 + 1 + 5, 1, 0, 2013)
+    + struct.pack("<I", 1 << 4)
+    + b"\x00"
+    + bson.encode({}),
+    "unknown section kind": struct.pack("<iiii", 16 + 4 + 1, 1, 0, 2013) + struct.pack("<I", 0) + b"\x07",
+    "unknown compressor": struct.pack("<iiii", 16 + 9 + 3, 1, 0, 2012)
+    + struct.pack("<iiB", 2013, 3, 99)
+    + b"abc",
+}
+
+
+@pytest.mark.parametrize("payload", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_malformed_message_closes_only_that_connection(rs: EmbeddedReplicaSet, payload: bytes) -> None:
+    with pymongo.MongoClient(rs.uri) as bystander, _raw(rs.uri) as bad:
+        bystander.admin.command("ping")
+        bad.sendall(payload)
+        assert _closed(bad)
+        assert bystander.admin.command("ping")["ok"] == 1.0
+
+
+def test_client_gone_mid_request_and_mid_reply(rs: EmbeddedReplicaSet, db_name: str) -> None:
+    with pymongo.MongoClient(rs.uri) as c:
+        c[db_name].big.insert_many([{"_id": i, "pad": "x" * 1000} for i in range(2000)])
+        message = _op_msg({"insert": "c", "documents": [{"_id": 1}], "$db": db_name})
+        with _raw(rs.uri) as half:
+            half.sendall(message[: len(message) // 2])
+        # The whole batch of a find is requested and the socket closed before reading the reply.
+        with _raw(rs.uri) as impatient:
+            impatient.sendall(_op_msg({"find": "big", "batchSize": 2000, "$db": db_name}))
+        assert c[db_name].c.find_one() is None
+        assert c[db_name].big.count_documents({}) == 2000
+
+
+def test_killed_client_process_does_not_hurt_the_server(rs: EmbeddedReplicaSet, db_name: str) -> None:
+    script = textwrap.dedent(
+        f"""
+        import pymongo, sys
+        c = pymongo.MongoClient({rs.uri!r})
+        coll = c[{db_name!r}].c
+        coll.insert_one({{"_id": "started"}})
+        print("ready", flush=True)
+        i = 0
+        while True:
+            coll.insert_one({{"i": i}})
+            list(coll.find().limit(50))
+            i += 1
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    with pymongo.MongoClient(rs.uri) as c:
+        assert c[db_name].c.find_one({"_id": "started"}) == {"_id": "started"}
+        assert c.admin.command("ping")["ok"] == 1.0
+
+
+def test_unsupported_op_query_command(rs: EmbeddedReplicaSet) -> None:
+    query = b"".join(
+        [struct.pack("<i", 0), b"admin.$cmd\x00", struct.pack("<ii", 0, -1), bson.encode({"ping": 1})]
+    )
+    with _raw(rs.uri) as sock:
+        sock.sendall(struct.pack("<iiii", 16 + len(query), 3, 0, 2004) + query)
+        header = sock.recv(16, socket.MSG_WAITALL)
+        length = struct.unpack("<i", header[:4])[0]
+        body = sock.recv(length - 16, socket.MSG_WAITALL)
+    reply = bson.decode(body[20:])
+    assert reply["ok"] == 0 and reply["code"] == 352
+
+
+def test_drop_connections_clients_reconnect(rs: EmbeddedReplicaSet, db_name: str) -> None:
+    with pymongo.MongoClient(rs.uri) as c:
+        c[db_name].c.insert_one({"_id": 1})
+        with _raw(rs.uri) as idle:
+            rs.drop_connections()
+            assert _closed(idle)
+        # Retryable reads and writes ride over the dropped connection.
+        assert c[db_name].c.find_one({"_id": 1}) == {"_id": 1}
+        c[db_name].c.insert_one({"_id": 2})
+        assert c[db_name].c.count_documents({}) == 2
+
+
+async def test_drop_connections_async_clients_reconnect(rs: EmbeddedReplicaSet, db_name: str) -> None:
+    c = pymongo.AsyncMongoClient(rs.uri)
+    try:
+        await c[db_name].c.insert_one({"_id": 1})
+        rs.drop_connections()
+        assert await c[db_name].c.find_one({"_id": 1}) == {"_id": 1}
+    finally:
+        await c.close()
+
+
+def test_outage_refuses_connections_then_recovers() -> None:
+    with EmbeddedReplicaSet() as rs:
+        with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20_000) as patient:
+            patient.t.c.insert_one({"_id": "before"})
+            rs.outage(1.5)
+            with _raw(rs.uri) as refused:
+                assert _closed(refused)
+            with (
+                pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=200) as hasty,
+                pytest.raises((ServerSelectionTimeoutError, AutoReconnect)),
+            ):
+                hasty.t.c.find_one()
+            # A client willing to wait gets through once the outage is over.
+            assert patient.t.c.find_one({"_id": "before"}) == {"_id": "before"}
+
+
+async def test_outage_async_client_waits_it_out() -> None:
+    with EmbeddedReplicaSet() as rs:
+        c = pymongo.AsyncMongoClient(rs.uri, serverSelectionTimeoutMS=20_000)
+        try:
+            await c.t.c.insert_one({"_id": 1})
+            rs.outage(1.0)
+            assert await c.t.c.find_one({"_id": 1}) == {"_id": 1}
+        finally:
+            await c.close()
+
+
+def test_start_stop_are_idempotent_and_restart_keeps_port_and_data() -> None:
+    rs = EmbeddedReplicaSet()
+    assert not rs.running
+    rs.stop()
+    rs.start()
+    rs.start()
+    uri = rs.uri
+    assert uri == f"mongodb://127.0.0.1:{rs.port}/?replicaSet=rs0" and rs.port > 0
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20_000) as c:
+        c.t.c.insert_one({"_id": "kept"})
+        rs.stop()
+        rs.stop()
+        assert not rs.running
+        rs.start()
+        assert rs.uri == uri
+        assert c.t.c.find_one() == {"_id": "kept"}
+    rs.stop()
+
+
+def test_stop_closes_connections_and_frees_the_port() -> None:
+    rs = EmbeddedReplicaSet().start()
+    port = rs.port
+    sock = _raw(rs.uri)
+    rs.stop()
+    assert _closed(sock)
+    sock.close()
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
+
+
+def test_oplog_max_events_is_validated() -> None:
+    with pytest.raises(ValueError):
+        EmbeddedReplicaSet(oplog_max_events=0)
+    with EmbeddedReplicaSet(oplog_max_events=5) as rs:
+        assert rs.oplog.max_events == 5
+
+
+def test_helpers_need_a_running_server() -> None:
+    rs = EmbeddedReplicaSet()
+    with pytest.raises(RuntimeError):
+        rs.drop_connections()
+    with pytest.raises(RuntimeError):
+        rs.outage(1)
+
+
+def test_serve_forever_stops_cleanly_on_sigterm() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = (
+        f"from flowwarden.testing import EmbeddedReplicaSet; EmbeddedReplicaSet(port={port}).serve_forever()"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        with pymongo.MongoClient(
+            f"mongodb://127.0.0.1:{port}/?replicaSet=rs0", serverSelectionTimeoutMS=30_000
+        ) as c:
+            c.t.c.insert_one({"_id": 1})
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_many_concurrent_clients(rs: EmbeddedReplicaSet, db_name: str) -> None:
+    clients = [pymongo.MongoClient(rs.uri) for _ in range(20)]
+    try:
+        for i, c in enumerate(clients):
+            c[db_name].c.insert_one({"_id": i})
+        status = clients[0].admin.command("serverStatus")
+        assert status["connections"]["current"] >= 20
+        assert clients[-1][db_name].c.count_documents({}) == 20
+    finally:
+        for c in clients:
+            c.close()
