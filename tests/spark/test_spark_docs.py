@@ -26,4 +26,5 @@ def test_the_doc_has_its_two_examples() -> None:
 @pytest.mark.parametrize("index", [0, 1], ids=["batches", "streaming-source"])
 def test_the_examples_run(spark: SparkSession, index: int) -> None:
     # `spark` is started first so get_or_create_session() in the doc returns the shared session.
-    exec(compile(python_blocks()[index], f"{DOC}#example{index}", "exec"), {"__name__": "__docs__"})
+    code = compile(python_blocks()[index], f"{DOC}#example{index}", "exec", dont_inherit=True)
+    exec(code, {"__name__": "__docs__"})
