@@ -392,3 +392,17 @@ def test_pipeline_update_lookup_and_typed_documents(
         ("insert", "b", None, None, '{"_id":{"$numberInt":"2"},"sku":"b","qty":"many"}'),
         ("update", "a", 5, '{"qty":{"$numberInt":"5"}}', None),
     ]
+
+
+def test_not_null_fields_are_refused_with_a_reason() -> None:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    # What Spark hands the reader for the option schema="sku STRING NOT NULL".
+    document = StructType([StructField("sku", StringType(), nullable=False)])
+    typed = change_event_struct_type(document)
+    fields = [
+        StructField(f.name, document) if f.name.startswith("full_document") else f for f in typed.fields
+    ]
+    source = SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/", "schema": "sku STRING NOT NULL"})
+    with pytest.raises(ConfigurationError, match=r"full_document\.sku NOT NULL"):
+        FlowWardenStreamReader(source, StructType(fields))

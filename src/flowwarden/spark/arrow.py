@@ -2,10 +2,10 @@
 
 :func:`events_to_arrow` turns a batch of raw change events (the documents PyMongo decoded, i.e.
 ``ChangeEvent.raw``) into a ``pyarrow.Table`` with the change-event columns of DESIGN.md. Each
-column is built from one Python list in one pass and handed to pyarrow whole; a row is never
-assembled as a dict. A typed full document is split into one list per struct field (recursively
-for nested structs, lists and maps), and a column whose values already have the exact Python
-types pyarrow takes as they are goes to pyarrow without a per-value Python step.
+column is one Python list handed to pyarrow whole; a row is never assembled as a dict. A typed
+full document is split into one list per struct field, reading each document once for all its
+fields (recursively for nested structs, lists and maps), and a column whose values already have
+the exact Python types pyarrow takes as they are goes to pyarrow without a per-value step.
 
 BSON values map exactly or not at all: a value that would change in the conversion (1.5 into a
 bigint column, a datetime with a time of day into a date, a Decimal with more places than the
@@ -26,7 +26,7 @@ import typing
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import date, datetime, timezone
-from decimal import Context, Decimal, localcontext
+from decimal import Context, Decimal
 from typing import Any, NamedTuple
 
 from bson.binary import Binary
@@ -39,7 +39,7 @@ from flowwarden.config import SchemaMode
 from flowwarden.errors import SchemaMismatchError
 from flowwarden.events import ChangeEvent, InvalidTokenError
 from flowwarden.spark._extra import require
-from flowwarden.spark.extjson import Encoder, JsonMode, decimal128_value, encoder_for
+from flowwarden.spark.extjson import Encoder, JsonMode, encoder_for
 from flowwarden.spark.schema import (
     FieldSpec,
     Kind,
@@ -235,37 +235,6 @@ def _to_date(value: Any) -> date:
     raise _Misfit(f"expected a date, got {_found(value)}")
 
 
-def _decimal(precision: int, scale: int) -> Callable[[Any], Decimal]:
-    quantum = Decimal(1).scaleb(-scale)
-    name = f"decimal({precision},{scale})"
-
-    def convert(value: Any) -> Decimal:
-        if isinstance(value, Decimal128):
-            number = decimal128_value(value)
-        elif isinstance(value, Decimal):
-            number = value
-        elif isinstance(value, int) and type(value) is not bool:
-            number = Decimal(int(value))
-        elif type(value) is float:
-            # The shortest text that reads back as this double: what the user wrote (0.1, not
-            # 0.1000000000000000055511151231257827).
-            number = Decimal(repr(value))
-        else:
-            raise _Misfit(f"expected {name}, got {_found(value)}")
-        if not number.is_finite():
-            raise _Misfit(f"{number} has no {name} value")
-        with localcontext() as context:
-            context.prec = 100
-            fitted = number.quantize(quantum)
-        if fitted != number:
-            raise _Misfit(f"{number} has more than {scale} decimal places for {name}")
-        if len(fitted.as_tuple().digits) > precision:
-            raise _Misfit(f"{number} has more than {precision} digits for {name}")
-        return fitted
-
-    return convert
-
-
 def _to_binary(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -288,7 +257,6 @@ _EXACT: dict[Kind, frozenset[type]] = {
     Kind.TIMESTAMP: frozenset({datetime, _NONE}),
     Kind.TIMESTAMP_NTZ: frozenset({_NONE}),
     Kind.DATE: frozenset({date, _NONE}),
-    Kind.DECIMAL: frozenset({Decimal, _NONE}),
     Kind.BINARY: frozenset({bytes, Binary, _NONE}),
     Kind.UUID: frozenset({_NONE}),
     Kind.JSON: frozenset({_NONE}),
@@ -397,8 +365,6 @@ class _ScalarColumn(_Column):
         kind = spec.kind
         if kind in _INT_RANGES:
             return _integer(kind)
-        if kind is Kind.DECIMAL:
-            return _decimal(spec.precision, spec.scale)
         if kind is Kind.JSON:
             return json
         simple: dict[Kind, Callable[[Any], Any]] = {
@@ -679,7 +645,7 @@ def _compile(spec: ValueSpec, path: str, json: Encoder) -> _Column:
     if spec.kind is Kind.MAP:
         assert spec.element is not None
         return _MapColumn(spec, path, _compile(spec.element, f"{path}{{}}", json))
-    if spec.kind is Kind.DECIMAL and spec.choices is None:
+    if spec.kind is Kind.DECIMAL:
         return _DecimalColumn(spec, path)
     return _ScalarColumn(spec, path, json)
 

@@ -356,6 +356,16 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         document = schema["full_document"].dataType
         self.document_schema = document if isinstance(document, StructType) else None
+        required = _non_nullable(document, "full_document")
+        if required:
+            raise ConfigurationError(
+                f"the schema declares {', '.join(required)} NOT NULL; a streaming source's fields "
+                "are nullable (deletes carry no document, and mode=permissive writes null where a "
+                "value does not fit)",
+                owner=_OWNER,
+                option="schema",
+                allowed="fields without NOT NULL",
+            )
         self._target: dict[str, Any] | None = None
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
 
@@ -600,6 +610,28 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return None
         ts: Timestamp = doc["ts"]
         return ts
+
+
+def _non_nullable(data_type: Any, path: str) -> list[str]:
+    """Paths of the fields, elements and map values ``data_type`` declares non-nullable."""
+    from pyspark.sql.types import ArrayType, MapType
+
+    found: list[str] = []
+    if isinstance(data_type, StructType):
+        for field in data_type.fields:
+            child = f"{path}.{field.name}"
+            if not field.nullable:
+                found.append(child)
+            found.extend(_non_nullable(field.dataType, child))
+    elif isinstance(data_type, ArrayType):
+        if not data_type.containsNull:
+            found.append(f"{path}[]")
+        found.extend(_non_nullable(data_type.elementType, f"{path}[]"))
+    elif isinstance(data_type, MapType):
+        if not data_type.valueContainsNull:
+            found.append(f"{path}{{}}")
+        found.extend(_non_nullable(data_type.valueType, f"{path}{{}}"))
+    return found
 
 
 def _spark_arrow_schema(schema: StructType) -> Any:
