@@ -11,10 +11,16 @@ from typing import Any
 
 import bson
 import pytest
-from bson import Binary, Int64, Timestamp
+from bson import Binary, Int64, ObjectId, Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flowwarden.events import compare_tokens, token_cluster_time
-from flowwarden.testing.embedded.changestream import ChangeStreamCursor, open_change_stream
+from flowwarden.testing.embedded.changestream import (
+    ChangeStreamCursor,
+    classic_document_event_bson,
+    open_change_stream,
+)
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.oplog import Oplog, OplogOp
 from flowwarden.testing.embedded.tokens import decode_token
@@ -758,3 +764,54 @@ async def test_a_cursor_that_keeps_up_never_loses_history() -> None:
         host.insert(i)
         seen += [e["documentKey"]["_id"] for e in await drain(cursor)]
     assert seen == list(range(10))
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+
+_field_values = st.recursive(
+    st.one_of(
+        st.integers(-(2**40), 2**40),
+        st.text(max_size=3),
+        st.booleans(),
+        st.none(),
+        st.floats(allow_nan=False),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from("abc"), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_ids = st.one_of(st.integers(-(2**40), 2**40), st.text(max_size=5), st.builds(ObjectId), _field_values)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["insert", "update", "replace", "delete"]),
+    _ids,
+    st.dictionaries(st.sampled_from(["x", "y", "_id"]), _field_values, max_size=3),
+    st.dictionaries(st.sampled_from(["x", "y", "z"]), _field_values, max_size=3),
+    st.booleans(),
+)
+def test_prebuilt_event_bson_equals_encoding_the_event(
+    kind: str, key: Any, before: dict[str, Any], after: dict[str, Any], in_transaction: bool
+) -> None:
+    async def check() -> None:
+        host = FakeHost()
+        cursor = await open_stream(host, coll=None)
+        op = OplogOp(
+            kind,
+            "db",
+            "c",
+            {"_id": key},
+            before={**before, "_id": key},
+            after={**after, "z_id": 1, "_id": key},
+        )
+        if in_transaction:
+            host.oplog.append([op], lsid={"id": Binary(b"\x07" * 16, 4)}, txn_number=3)
+        else:
+            host.oplog.append([op])
+        records, _ = host.oplog.view()
+        for record in records:
+            assert classic_document_event_bson(record) == bson.encode(cursor._base_event(record))
+
+    asyncio.run(check())

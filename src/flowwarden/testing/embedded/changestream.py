@@ -24,12 +24,13 @@ once, and shared by every stream; a batch costs a namespace check and a list app
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import bson
-from bson import Int64, Timestamp
+from bson import Int64, ObjectId, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden.testing.embedded.errors import CommandError
@@ -539,7 +540,11 @@ class ChangeStreamCursor:
     def _encoded_base(self, record: OplogRecord) -> RawBSONDocument:
         """The event as every stream of this shape sees it, encoded once and kept."""
         if self._shape == 0:
-            raw = record.raw = RawBSONDocument(bson.encode(self._base_event(record)))
+            if record.kind in DOCUMENT_OPS:
+                encoded = classic_document_event_bson(record)
+            else:
+                encoded = bson.encode(self._base_event(record))
+            raw = record.raw = RawBSONDocument(encoded)
             return raw
         cache = record.cache
         if cache is None:
@@ -554,15 +559,8 @@ class ChangeStreamCursor:
         op = record.op
         kind = record.kind
         expanded = self._expanded
-        event: dict[str, Any] = {}
-        if kind == "rename":
-            event["to"] = {"db": record.to_db, "coll": record.to_coll}
-        if record.txn_number is not None:
-            event["txnNumber"] = Int64(record.txn_number)
-        if record.lsid is not None:
-            event["lsid"] = record.lsid
-        event["_id"] = record.token()
-        event["operationType"] = kind
+        # Field order as MongoDB documents it (the wire puts _id first at the top level anyway).
+        event: dict[str, Any] = {"_id": record.token(), "operationType": kind}
         event["clusterTime"] = record.ts
         if expanded and record.uuid is not None:
             event["collectionUUID"] = bson.Binary(record.uuid, 4)
@@ -570,6 +568,8 @@ class ChangeStreamCursor:
         if kind in ("insert", "replace"):
             event["fullDocument"] = op.after
         event["ns"] = record.ns_doc()
+        if kind == "rename":
+            event["to"] = {"db": record.to_db, "coll": record.to_coll}
         if kind in DOCUMENT_OPS:
             event["documentKey"] = op.document_key
         description = None if kind in DOCUMENT_OPS else record.operation_description()
@@ -584,6 +584,10 @@ class ChangeStreamCursor:
             event["stateBeforeChange"] = op.description["stateBeforeChange"]
         if expanded and kind == "create":
             event["nsType"] = "collection"
+        if record.lsid is not None:
+            event["lsid"] = record.lsid
+        if record.txn_number is not None:
+            event["txnNumber"] = Int64(record.txn_number)
         return event
 
     def _transform(self, record: OplogRecord) -> RawBSONDocument | None:
@@ -653,6 +657,98 @@ class ChangeStreamCursor:
                 labels=NON_RESUMABLE,
             )
         return RawBSONDocument(bson.encode(out))
+
+
+_I32 = struct.Struct("<i")
+_ID_ELEMENT = b"\x03_id\x00"
+_DATA_ELEMENT = b"\x02_data\x00"
+_OPERATION_TYPES = {
+    kind: b"\x02operationType\x00" + _I32.pack(len(kind) + 1) + kind.encode() + b"\x00"
+    for kind in DOCUMENT_OPS
+}
+_CLUSTER_TIME = b"\x11clusterTime\x00"
+_WALL_TIME = b"\x09wallTime\x00"
+_FULL_DOCUMENT = b"\x03fullDocument\x00"
+_NS = b"\x03ns\x00"
+_DOCUMENT_KEY = b"\x03documentKey\x00"
+_UPDATE_DESCRIPTION = b"\x03updateDescription\x00"
+_TXN_NUMBER = b"\x12txnNumber\x00"
+_LSID = b"\x03lsid\x00"
+_NS_BSON: dict[tuple[str, str | None], bytes] = {}
+_KEY_OID = b"\x16\x00\x00\x00\x07_id\x00"
+_KEY_INT = b"\x0e\x00\x00\x00\x10_id\x00"
+
+
+def _subdocument(doc: Mapping[str, Any]) -> bytes:
+    """BSON of an embedded document: as top-level encoding gives it, unless that moved ``_id``."""
+    if "_id" not in doc or next(iter(doc)) == "_id":
+        return bson.encode(doc)
+    # Top-level encoding puts _id first; an embedded document keeps its field order.
+    wrapped = bson.encode({"d": doc})
+    return wrapped[7:-1]
+
+
+def _key_bson(key: Mapping[str, Any]) -> bytes:
+    """BSON of a document key; ``{_id: ObjectId|int32|str}`` (nearly all of them) built inline."""
+    if len(key) == 1:
+        value = key.get("_id", _MISSING_ID)
+        kind = type(value)
+        if kind is ObjectId:
+            return _KEY_OID + bytes(value.binary) + b"\x00"
+        if kind is int and -(2**31) <= value < 2**31:
+            return _KEY_INT + int(value).to_bytes(4, "little", signed=True) + b"\x00"
+        if kind is str:
+            text = value.encode("utf-8")
+            if b"\x00" not in text:
+                size = len(text)
+                return b"".join(
+                    (_I32.pack(size + 15), b"\x02_id\x00", _I32.pack(size + 1), text, b"\x00\x00")
+                )
+    return _subdocument(key)
+
+
+def classic_document_event_bson(record: OplogRecord) -> bytes:
+    """The BSON of a document event as a stream with default options sees it.
+
+    Byte-identical to encoding the event document, but built from pre-encoded pieces: this runs
+    once per oplog record and is most of what serving a long oplog costs.
+    """
+    op = record.op
+    kind = record.kind
+    data = record.data().encode("ascii")
+    size = len(data)
+    ns_key = (record.db, record.coll)
+    ns = _NS_BSON.get(ns_key)
+    if ns is None:
+        if len(_NS_BSON) > 10_000:
+            _NS_BSON.clear()
+        ns = _NS_BSON[ns_key] = bson.encode(record.ns_doc())
+    parts = [
+        b"",  # the length, filled in below
+        _ID_ELEMENT,
+        _I32.pack(size + 17),
+        _DATA_ELEMENT,
+        _I32.pack(size + 1),
+        data,
+        b"\x00\x00",
+        _OPERATION_TYPES[kind],
+        _CLUSTER_TIME,
+        record.key.to_bytes(8, "little"),
+        _WALL_TIME,
+        record.wall_ms.to_bytes(8, "little", signed=True),
+    ]
+    if kind == "insert" or kind == "replace":
+        parts += (_FULL_DOCUMENT, _subdocument(op.after or {}))
+    parts += (_NS, ns, _DOCUMENT_KEY, _key_bson(op.document_key or {}))
+    if kind == "update":
+        parts += (_UPDATE_DESCRIPTION, bson.encode(update_description(record.update_diff())))
+    if record.lsid is not None:
+        parts += (_LSID, _subdocument(record.lsid))
+    if record.txn_number is not None:
+        parts += (_TXN_NUMBER, record.txn_number.to_bytes(8, "little", signed=True))
+    parts.append(b"\x00")
+    parts[0] = _I32.pack(sum(map(len, parts)) + 4)
+    return b"".join(parts)
 
 
 _MISSING_ID = object()

@@ -101,7 +101,7 @@ class OplogRecord:
         "token_data",
         "txn_number",
         "uuid",
-        "wall",
+        "wall_ms",
     )
 
     def __init__(
@@ -112,7 +112,7 @@ class OplogRecord:
         count: int,
         op: OplogOp,
         uuid: bytes | None,
-        wall: _dt.datetime,
+        wall_ms: int,
         lsid: dict[str, Any] | None,
         txn_number: int | None,
     ) -> None:
@@ -128,13 +128,18 @@ class OplogRecord:
         self.to_db = to[0] if to else None
         self.to_coll = to[1] if to else None
         self.uuid = uuid
-        self.wall = wall
+        self.wall_ms = wall_ms
         self.lsid = lsid
         self.txn_number = txn_number
         self.token_data: str | None = None
         self.raw: RawBSONDocument | None = None
         self.cache: dict[int, Any] | None = None
         self.diff: DocDiff | None = None
+
+    @property
+    def wall(self) -> _dt.datetime:
+        """The entry's wall time: naive UTC, millisecond precision (what a BSON date holds)."""
+        return _EPOCH + _dt.timedelta(milliseconds=self.wall_ms)
 
     @property
     def ts(self) -> Timestamp:
@@ -209,11 +214,6 @@ class OplogRecord:
         if diff is None:
             diff = self.diff = compute_diff(self.op.before or {}, self.op.after or {})
         return diff
-
-
-def _now_wall(now: float) -> _dt.datetime:
-    """Naive UTC wall time at millisecond precision (what a BSON date holds)."""
-    return _EPOCH + _dt.timedelta(milliseconds=int(now * 1000))
 
 
 class Oplog:
@@ -328,7 +328,7 @@ class Oplog:
     ) -> Timestamp:
         now = time.time()
         key = self._next_key(now)
-        wall = _now_wall(now)
+        wall_ms = int(now * 1000)
         records = self._records
         seq = self._base + len(records)
         count = len(ops)
@@ -339,7 +339,7 @@ class Oplog:
                 uuid = None
             else:
                 uuid = self._uuid_for(op)
-            records.append(OplogRecord(seq + index, key, index, count, op, uuid, wall, lsid, txn_number))
+            records.append(OplogRecord(seq + index, key, index, count, op, uuid, wall_ms, lsid, txn_number))
         self._entry_sizes.append(count)
         self._last_key = key
         ts = self._last = key_timestamp(key)

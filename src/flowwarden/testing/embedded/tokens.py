@@ -114,6 +114,10 @@ def _int_body(value: int) -> bytes:
     """KeyString bytes of an integer: type byte from the magnitude's width, then ``|n| << 1``."""
     if 0 <= value < 256:
         return _SMALL_INTS[value]
+    if 0 < value < 1 << 62:
+        shifted = value << 1
+        width = (shifted.bit_length() + 7) >> 3
+        return _POSITIVE_INT_TYPES[width] + shifted.to_bytes(width, "big")
     return _int_body_uncached(value)
 
 
@@ -132,6 +136,7 @@ def _int_body_uncached(value: int) -> bytes:
 
 
 _SMALL_INTS = [_int_body_uncached(i) for i in range(256)]
+_POSITIVE_INT_TYPES = [b""] + [bytes((_NUMERIC_POSITIVE_1_BYTE_INT + w - 1,)) for w in range(1, 9)]
 
 
 def _double_body(value: float) -> bytes:
@@ -269,6 +274,31 @@ _ID_FIELD = b"_id\x00"
 _OBJECT_BYTE = bytes((_OBJECT,))
 
 
+_MIDDLES: dict[tuple[bytes | None, str, int], bytes] = {}
+
+
+_ID_OF_OID = bytes((_OBJECT, _OID)) + b"_id\x00" + bytes((_OID,))
+_ID_OF_NUMBER = bytes((_OBJECT, _NUMERIC)) + b"_id\x00"
+_ID_OF_STRING = bytes((_OBJECT, _STRING)) + b"_id\x00"
+
+
+def _key_object(document_key: Mapping[str, Any]) -> bytes:
+    """KeyString of a document key; ``{_id: ObjectId|int|str}`` (nearly all of them) inline."""
+    if len(document_key) == 1:
+        value = document_key.get("_id", _ABSENT)
+        kind = type(value)
+        if kind is ObjectId:
+            return _ID_OF_OID + bytes(value.binary) + b"\x00"
+        if kind is int:
+            return _ID_OF_NUMBER + _int_body(value) + b"\x00"
+        if kind is str:
+            return _ID_OF_STRING + _string_body(value) + b"\x00"
+    return encode_object(document_key)
+
+
+_ABSENT = object()
+
+
 def _document_identifier(operation_type: str, document_key: Mapping[str, Any]) -> bytes:
     """``operationType`` + ``documentKey`` fields of an event identifier (the hot path of tokens)."""
     head = _IDENTIFIER_HEADS.get(operation_type)
@@ -316,6 +346,37 @@ def event_token_data(
     ``{operationType, operationDescription}`` (the latter omitted when empty) for commands, as in
     MongoDB's version-2 tokens.
     """
+    if document_key is not None and not from_invalidate:
+        # The hot path: everything between the cluster time and the document key is the same for
+        # every event of one collection, operation type and transaction position.
+        middle_key = (uuid, operation_type, txn_op_index)
+        middle = _MIDDLES.get(middle_key)
+        if middle is None:
+            if len(_MIDDLES) > 10_000:
+                _MIDDLES.clear()
+            middle = _MIDDLES[middle_key] = b"".join(
+                (
+                    _VERSION_BYTES,
+                    _EVENT_TYPE_BYTES,
+                    _int_body(txn_op_index),
+                    _FALSE,
+                    _uuid_body(uuid) if uuid is not None else _NULL,
+                    _OBJECT_BYTE,
+                    _OP_TYPE_FIELD,
+                    _string_body(operation_type),
+                    _DOC_KEY_FIELD,
+                )
+            )
+        raw = b"".join(
+            (
+                _TIMESTAMP_BYTE,
+                cluster_time_key.to_bytes(8, "big"),
+                middle,
+                _key_object(document_key),
+                b"\x00\x04",
+            )
+        )
+        return raw.hex().upper()
     if document_key is not None:
         identifier = _document_identifier(operation_type, document_key)
     elif operation_description is not None:
