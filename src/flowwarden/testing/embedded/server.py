@@ -236,10 +236,14 @@ class EmbeddedReplicaSet:
     async def _close(self) -> None:
         self._stopping = True
         self._host.shutdown_event.set()
-        # Let connections the kernel already accepted reach the loop (they are refused at once)
-        # before the listening socket goes away.
-        await self._settle()
         if self._server is not None:
+            # Stop accepting, then let accepts already under way finish (they are refused at
+            # once) before the listening socket goes away: an accept that completes after it
+            # closed would leave its socket open with nobody serving it.
+            loop = asyncio.get_running_loop()
+            for listening in self._server.sockets:
+                loop.remove_reader(listening.fileno())
+            await self._settle()
             self._server.close()
         await self._drop_all()
         # Connections accepted but not yet served, and any other work of this loop, end here too:
