@@ -592,7 +592,17 @@ async def test_renames_invalidate_source_and_target_streams() -> None:
     target = await open_stream(host, coll="b")
     database = await open_stream(host, coll=None)
     host.insert(1, coll="a")
-    host.oplog.append([OplogOp("rename", "db", "a", to=("db", "b"))])
+    host.oplog.append(
+        [
+            OplogOp(
+                "rename",
+                "db",
+                "a",
+                to=("db", "b"),
+                description={"to": {"db": "db", "coll": "b"}, "dropTarget": False},
+            )
+        ]
+    )
     src_events = await drain(source)
     assert [e["operationType"] for e in src_events] == ["insert", "rename", "invalidate"]
     rename = src_events[1]
@@ -815,3 +825,14 @@ def test_prebuilt_event_bson_equals_encoding_the_event(
             assert classic_document_event_bson(record) == bson.encode(cursor._base_event(record))
 
     asyncio.run(check())
+
+
+async def test_rename_operation_description_names_the_target_only() -> None:
+    host = FakeHost()
+    cursor = await open_stream(host, {"showExpandedEvents": True}, coll=None)
+    host.insert(1, coll="a")
+    desc = {"to": {"db": "db", "coll": "b"}, "dropTarget": False}
+    host.oplog.append([OplogOp("rename", "db", "a", to=("db", "b"), description=desc)])
+    _, rename = await drain(cursor)
+    assert rename["operationDescription"] == {"to": {"db": "db", "coll": "b"}}
+    assert rename["to"] == {"db": "db", "coll": "b"} and rename["ns"] == {"db": "db", "coll": "a"}

@@ -143,7 +143,7 @@ def test_oplog_rs_documents_describe_each_write() -> None:
     assert docs[1]["o"] == {"$v": 2, "diff": {"u": {"v": 2}}} and docs[1]["o2"] == {"_id": 1}
     assert docs[2]["o"] == {"_id": 1}
     assert docs[3]["o"] == {"_id": 1}
-    assert docs[4]["o"] == {"renameCollection": "db.c", "to": "db.e"}
+    assert docs[4]["o"] == {"renameCollection": "db.c", "to": "db.e", "stayTemp": False}
     assert docs[5]["o"] == {"drop": "e"}
     assert docs[6]["o"] == {"dropDatabase": 1} and "ui" not in docs[6]
     assert all(isinstance(d["ui"], Binary) for d in docs[:6])

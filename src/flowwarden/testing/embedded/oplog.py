@@ -159,6 +159,9 @@ class OplogRecord:
         if self.kind == "rename":
             desc.pop("renameCollection", None)
             desc.pop("stayTemp", None)
+            if isinstance(desc.get("dropTarget"), bool):
+                # MongoDB names the dropped target by its UUID, and says nothing when there was none.
+                del desc["dropTarget"]
             desc["to"] = {"db": self.to_db, "coll": self.to_coll}
             return desc
         if self.kind == "create":
@@ -490,7 +493,14 @@ def _command_object(record: OplogRecord) -> dict[str, Any]:
         return {"dropDatabase": 1}
     if record.kind == "rename":
         desc.pop("to", None)
-        return {"renameCollection": f"{op.db}.{op.coll}", "to": f"{record.to_db}.{record.to_coll}", **desc}
+        if isinstance(desc.get("dropTarget"), bool):
+            del desc["dropTarget"]
+        return {
+            "renameCollection": f"{op.db}.{op.coll}",
+            "to": f"{record.to_db}.{record.to_coll}",
+            "stayTemp": False,
+            **desc,
+        }
     if record.kind == "create":
         desc.pop("create", None)
         return {"create": op.coll, **(desc or {"idIndex": dict(_ID_INDEX)})}
