@@ -23,7 +23,7 @@ from flowwarden.testing.embedded.changestream import (
 )
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.oplog import Oplog, OplogOp
-from flowwarden.testing.embedded.tokens import decode_token
+from flowwarden.testing.embedded.tokens import decode_token, event_token_data, high_water_mark, ts_key
 
 
 class FakeHost:
@@ -836,3 +836,21 @@ async def test_rename_operation_description_names_the_target_only() -> None:
     _, rename = await drain(cursor)
     assert rename["operationDescription"] == {"to": {"db": "db", "coll": "b"}}
     assert rename["to"] == {"db": "db", "coll": "b"} and rename["ns"] == {"db": "db", "coll": "a"}
+
+
+async def test_a_token_older_than_the_oplog_is_history_lost() -> None:
+    # A token of an earlier server (the oplog starts when this one started): MongoDB finds the
+    # resume point outside its oplog and answers 286, whatever the token's namespace.
+    token = {
+        "_data": event_token_data(
+            ts_key(Timestamp(1_600_000_000, 1)), 0, b"\x01" * 16, "insert", {"_id": 1}, None
+        )
+    }
+    host = FakeHost()
+    host.insert(1)
+    await refused(286, open_stream(host, {"resumeAfter": token}))
+    # A time that old only means "from the beginning" while nothing was dropped.
+    cursor = await open_stream(host, {"startAtOperationTime": Timestamp(1_600_000_000, 1)})
+    assert [e["documentKey"] for e in await drain(cursor)] == [{"_id": 1}]
+    cursor = await open_stream(host, {"resumeAfter": high_water_mark(Timestamp(1_600_000_000, 1))})
+    assert [e["documentKey"] for e in await drain(cursor)] == [{"_id": 1}]

@@ -257,7 +257,7 @@ class ChangeStreamCursor:
         self._resume_data: str | None = None
         self._must_find = False
         if token is not None:
-            if oplog.history_lost_before(token.ts_key):
+            if oplog.history_lost_before(token.ts_key, event=not token.is_high_water_mark):
                 raise _history_lost()
             self._resume_position = token.position()
             self._resume_data = token.data

@@ -232,6 +232,7 @@ class Oplog:
         self._entry_sizes: deque[int] = deque()  # records per kept entry, oldest first
         self._last = Timestamp(int(time.time()), 0)
         self._last_key = ts_key(self._last)
+        self._origin_key = self._last_key
         self._dropped_key: int | None = None
         self._waiters: set[asyncio.Future[None]] = set()
         self._uuids: dict[tuple[str, str], bytes] = {}
@@ -411,10 +412,15 @@ class Oplog:
         """
         return self._records, self._base
 
-    def history_lost_before(self, key: int) -> bool:
-        """Whether a resume point at cluster time ``key`` is older than the oldest kept entry."""
+    def history_lost_before(self, key: int, *, event: bool = False) -> bool:
+        """Whether a resume point at cluster time ``key`` is older than the oldest kept entry.
+
+        Before anything was dropped the whole history is kept, so only an ``event`` position
+        older than the oplog itself (a token of an earlier server) is lost; a time older than the
+        oplog simply means "from the beginning".
+        """
         if self._dropped_key is None:
-            return False
+            return event and key < self._origin_key
         records = self._records
         oldest = records[self._head].key if self._head < len(records) else self._last_key + 1
         return key < oldest
