@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -150,7 +151,11 @@ class Connector:
                         pass
 
     def start(self, timeout: float = 30.0) -> None:
-        """Run in a background thread; returns once every stream task has started."""
+        """Run in a background thread; returns once every stream has opened its change stream.
+
+        "Opened" means RUNNING (what is written from then on is delivered), or STANDBY,
+        RESTARTING, FAILED or STOPPED: :meth:`status` says which.
+        """
         if self._thread is not None:
             raise RuntimeError("this connector was already started")
 
@@ -163,10 +168,16 @@ class Connector:
 
         self._thread = threading.Thread(target=main, name="flowwarden-connector", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + timeout
         if not self._started.wait(timeout):
             raise TimeoutError(f"the connector did not start within {timeout}s")
         if self._thread_error is not None:
             raise self._thread_error
+        while any(r.state == StreamState.STARTING for r in self._runners):
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                opening = [r.name for r in self._runners if r.state == StreamState.STARTING]
+                raise TimeoutError(f"streams {opening} did not open within {timeout}s")
+            time.sleep(0.005)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop gracefully and wait up to ``timeout`` seconds for in-flight work and final saves."""
