@@ -249,3 +249,13 @@ def test_many_concurrent_clients(rs: EmbeddedReplicaSet, db_name: str) -> None:
     finally:
         for c in clients:
             c.close()
+
+
+def test_run_in_server_reaches_the_loop_thread(rs: EmbeddedReplicaSet) -> None:
+    import threading
+
+    names = rs.run_in_server(lambda: (threading.current_thread().name, rs.oplog.cluster_time))
+    assert names[0].startswith("flowwarden-embedded-rs")
+    assert names[1] is not None
+    with pytest.raises(ZeroDivisionError):
+        rs.run_in_server(lambda: 1 // 0)

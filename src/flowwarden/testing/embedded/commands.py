@@ -200,7 +200,12 @@ def _batch_size(ctx: Context, source: Document | None) -> int | None:
 
 
 async def _cursor_reply(
-    ctx: Context, cursor: ServerCursor, batch_size: int | None, *, max_time_ms: int | None = None
+    ctx: Context,
+    cursor: ServerCursor,
+    batch_size: int | None,
+    *,
+    max_time_ms: int | None = None,
+    no_timeout: bool = False,
 ) -> Document:
     """Answer the first batch of a cursor-returning command, registering the cursor if it has more."""
     batch, extra = await cursor.fetch(batch_size, max_time_ms, first=True)
@@ -209,7 +214,7 @@ async def _cursor_reply(
         cursor.close()
     else:
         owner = ctx.session.key if ctx.session is not None else None
-        cursor_id = ctx.host.cursors.register(cursor, owner)
+        cursor_id = ctx.host.cursors.register(cursor, owner, no_timeout=no_timeout)
     return {"cursor": {"firstBatch": batch, "id": cursor_id, "ns": cursor.ns, **extra}, "ok": 1.0}
 
 
@@ -642,16 +647,18 @@ async def cmd_list_databases(ctx: Context) -> Document:
         )
     catalog = ctx.host.catalog
     names = set(catalog.databases()) | {"admin", "config", "local"}
-    entries = []
-    for name in sorted(names):
-        count = len(catalog.collections(name))
-        entries.append({"name": name, "sizeOnDisk": 8192 * max(count, 1), "empty": False})
+    # Sizes are nominal: documents live in memory, so a database reports one 8 KiB page per
+    # collection (MongoDB's smallest allocation), which keeps totals monotonic and non-zero.
+    sizes = {name: 8192 * max(len(catalog.collections(name)), 1) for name in names}
+    entries: list[Document] = [
+        {"name": name, "sizeOnDisk": Int64(sizes[name]), "empty": False} for name in sorted(names)
+    ]
     query = _field(ctx, "filter", dict)
     if query:
         entries = [e for e in entries if engine.matches(query, e)]
     if ctx.cmd.get("nameOnly"):
         return {"databases": [{"name": e["name"]} for e in entries], "ok": 1.0}
-    total = sum(int(str(e["sizeOnDisk"])) for e in entries)
+    total = sum(sizes[e["name"]] for e in entries)
     return {
         "databases": entries,
         "totalSize": Int64(total),
@@ -1066,7 +1073,7 @@ async def cmd_find(ctx: Context) -> Document:
         # A limit that fits one batch comes back whole, as MongoDB closes such cursors at once.
         batch_size = limit
     cursor = ListCursor(ns, docs, single_batch=single_batch)
-    return await _cursor_reply(ctx, cursor, batch_size)
+    return await _cursor_reply(ctx, cursor, batch_size, no_timeout=bool(cmd.get("noCursorTimeout", False)))
 
 
 def _oplog_rs(ctx: Context, query: Document, sort: Document | None, skip: int, limit: int) -> list[Document]:

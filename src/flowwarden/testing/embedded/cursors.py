@@ -106,6 +106,7 @@ class _Entry:
     session: Hashable | None
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
+    no_timeout: bool = False
 
 
 class CursorRegistry:
@@ -119,12 +120,13 @@ class CursorRegistry:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def register(self, cursor: ServerCursor, session: Hashable | None) -> Int64:
+    def register(self, cursor: ServerCursor, session: Hashable | None, *, no_timeout: bool = False) -> Int64:
+        """Give ``cursor`` a fresh non-zero id; ``no_timeout`` exempts it from the idle reaper."""
         while True:
             cursor_id = self._random.randint(1, 2**63 - 1)
             if cursor_id not in self._entries:
                 break
-        self._entries[cursor_id] = _Entry(cursor, session)
+        self._entries[cursor_id] = _Entry(cursor, session, no_timeout=no_timeout)
         return Int64(cursor_id)
 
     def lookup(self, cursor_id: int) -> ServerCursor:
@@ -170,7 +172,7 @@ class CursorRegistry:
         doomed = [
             cid
             for cid, entry in self._entries.items()
-            if not entry.busy and now - entry.last_used > self._timeout
+            if not entry.busy and not entry.no_timeout and now - entry.last_used > self._timeout
         ]
         for cid in doomed:
             self.kill(cid)

@@ -234,6 +234,8 @@ class ReplicaSetHost:
         """Periodic duties: reap idle cursors, abort expired transactions, run the TTL monitor."""
         self.cursors.reap_idle()
         self.sessions.expire_transactions()
+        for session in self.sessions.expire_idle(commands.LOGICAL_SESSION_TIMEOUT_MINUTES * 60.0):
+            self.cursors.kill_session(session.key)
         interval = float(self.parameters.get("ttlMonitorSleepSecs", 60))
         now = time.monotonic()
         if now - self._last_ttl_pass >= interval:

@@ -159,6 +159,19 @@ class EmbeddedReplicaSet:
             raise ValueError(f"outage seconds must be >= 0, got {seconds}")
         self._call(self._begin_outage(seconds))
 
+    def run_in_server(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the server's event-loop thread and return its result.
+
+        The way for a test or benchmark to touch server state such as :attr:`oplog` while the
+        server runs (everything on the loop is single-threaded). ``fn`` must not block.
+        """
+
+        async def call() -> T:
+            return fn()
+
+        result: T = self._call(call())
+        return result
+
     def serve_forever(self) -> None:
         """Serve until Ctrl-C or SIGTERM, then stop cleanly (the ``flowwarden embedded-mongo`` CLI)."""
         self.start()

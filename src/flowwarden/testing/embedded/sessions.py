@@ -125,6 +125,22 @@ class SessionRegistry:
                 self.abort(session)
         self._sessions.clear()
 
+    def expire_idle(self, idle_seconds: float, now: float | None = None) -> list[Session]:
+        """Forget sessions unused for ``idle_seconds`` (MongoDB's logical session timeout).
+
+        Returns them so their cursors can be closed too.
+        """
+        now = time.monotonic() if now is None else now
+        idle = [
+            session
+            for session in self._sessions.values()
+            if now - session.last_used > idle_seconds
+            and (session.txn is None or session.txn.state is not TxnState.IN_PROGRESS)
+        ]
+        for session in idle:
+            del self._sessions[session.key]
+        return idle
+
     def expire_transactions(self, now: float | None = None) -> int:
         """Abort transactions open longer than the lifetime limit, as MongoDB's reaper does."""
         now = time.monotonic() if now is None else now
