@@ -854,3 +854,18 @@ async def test_a_token_older_than_the_oplog_is_history_lost() -> None:
     assert [e["documentKey"] for e in await drain(cursor)] == [{"_id": 1}]
     cursor = await open_stream(host, {"resumeAfter": high_water_mark(Timestamp(1_600_000_000, 1))})
     assert [e["documentKey"] for e in await drain(cursor)] == [{"_id": 1}]
+
+
+async def test_filter_only_streams_share_the_cached_encoding() -> None:
+    host = FakeHost()
+    filtered = await open_stream(host, {}, {"$match": {"operationType": "insert"}})
+    plain = await open_stream(host)
+    host.insert(1)
+    host.delete(1)
+    batch, _ = await filtered.fetch(None, 0, first=False)
+    records, _ = host.oplog.view()
+    assert [doc is records[0].raw for doc in batch] == [True]
+    assert records[1].raw is None  # filtered out: never encoded
+    plain_batch, _ = await plain.fetch(None, 0, first=False)
+    assert plain_batch[0] is batch[0]
+    assert [bson.decode(d.raw)["operationType"] for d in plain_batch] == ["insert", "delete"]

@@ -204,8 +204,19 @@ async def open_change_stream(
             260,
             "Attempted to resume a single-collection stream, but the resume token does not include a UUID",
         )
+    filters_only = all(
+        isinstance(s, Mapping) and ("$match" in s or "$changeStreamSplitLargeEvent" in s) for s in user_stages
+    )
     return ChangeStreamCursor(
-        host, db, None if cluster else coll, stages, spec, token, cluster=cluster, early_matches=early
+        host,
+        db,
+        None if cluster else coll,
+        stages,
+        spec,
+        token,
+        cluster=cluster,
+        early_matches=early,
+        filters_only=filters_only,
     )
 
 
@@ -223,6 +234,7 @@ class ChangeStreamCursor:
         *,
         cluster: bool,
         early_matches: int = 0,
+        filters_only: bool = False,
     ) -> None:
         self._host = host
         self._oplog = host.oplog
@@ -245,6 +257,8 @@ class ChangeStreamCursor:
         self._before = str(spec.get("fullDocumentBeforeChange", "off"))
         self._needs_images = self._needs_images_for(spec)
         self._fast = not stages and not self._needs_images and not self._raw_update
+        # Filters never change an event: what passes them is the cached encoding, as unfiltered.
+        self._filters_only = bool(stages) and filters_only and not self._needs_images and not self._raw_update
         self._warming = False
         self._shape = int(self._expanded)
         self._exhausted = False
@@ -593,6 +607,12 @@ class ChangeStreamCursor:
     def _transform(self, record: OplogRecord) -> RawBSONDocument | None:
         """The event through images and user stages, encoded; None when a stage dropped it."""
         event = self._base_event(record)
+        if self._filters_only:
+            for stage in self._stages:
+                if stage(event) is None:
+                    return None
+            cached = record.raw if self._shape == 0 else None
+            return cached if cached is not None else self._encoded_base(record)
         for stage in self._early:
             if stage(event) is None:
                 return None
