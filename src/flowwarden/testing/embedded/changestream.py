@@ -144,7 +144,9 @@ async def open_change_stream(
     """Open the change stream an ``aggregate`` asks for; ``pipeline[0]`` is its ``$changeStream``.
 
     ``coll`` None is a database stream (``aggregate: 1``); ``db`` "admin" with
-    ``allChangesForCluster: true`` is a cluster stream. ``cmd`` is the whole command. Raises
+    ``allChangesForCluster: true`` is a cluster stream. ``cmd`` is the whole command; nothing in
+    it beyond the pipeline changes a stream here (batch size and maxTimeMS reach
+    :meth:`ChangeStreamCursor.fetch`; a collation is accepted and not applied). Raises
     :class:`CommandError` exactly where MongoDB refuses the request.
     """
     first = pipeline[0] if pipeline else None
