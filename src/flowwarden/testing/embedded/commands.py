@@ -806,7 +806,10 @@ async def cmd_rename_collection(ctx: Context) -> Document:
             src_db,
             src_name,
             to=(dst_db, dst_name),
-            description={"to": {"db": dst_db, "coll": dst_name}, "dropTarget": target is not None},
+            # As in MongoDB's oplog, dropTarget names the UUID of the collection it replaced.
+            description={"to": {"db": dst_db, "coll": dst_name}}
+            if target is None
+            else {"to": {"db": dst_db, "coll": dst_name}, "dropTarget": target.uuid},
         )
     )
     return {"ok": 1.0}
