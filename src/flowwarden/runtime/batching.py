@@ -19,6 +19,7 @@ from typing import Any
 from flowwarden.config import SchemaMode
 from flowwarden.decorators import StreamSpec
 from flowwarden.events import ChangeEvent
+from flowwarden.runtime.context import StreamContext
 from flowwarden.runtime.invoke import Exhausted, Invoker
 
 Item = tuple[int, MutableMapping[str, Any]]
@@ -32,6 +33,7 @@ class BatchDelivery:
         spec: StreamSpec,
         *,
         invoker: Invoker,
+        ctx: StreamContext,
         spark_provider: Callable[[], Any] | None,
     ) -> None:
         method = spec.dataframe or spec.batch
@@ -42,6 +44,7 @@ class BatchDelivery:
         self._schema = spec.dataframe.schema if spec.dataframe is not None else None
         self._mode = spec.dataframe.mode if spec.dataframe is not None else SchemaMode.PERMISSIVE
         self._invoker = invoker
+        self._ctx = ctx
         self._spark_provider = spark_provider
         self._items: list[Item] = []
         self._first_at = 0.0
@@ -73,6 +76,7 @@ class BatchDelivery:
         ``MalformedRow`` (field and error), for the caller to dead-letter; raises
         :class:`Exhausted` when the batch failed for good.
         """
+        self._ctx.batch_id = str(items[0][1]["_id"]["_data"])
         if not self._dataframe:
             await self._invoker([ChangeEvent(change) for _, change in items])
             return []

@@ -17,6 +17,12 @@ class StreamContext:
     stream: str
     logger: logging.Logger
     attempt: int = 1
+    batch_id: str | None = None
+    """For ``@on_batch``/``@on_dataframe`` calls: the ``_data`` of the batch's first event token.
+
+    A redelivered batch (after a crash between the method's write and the checkpoint save)
+    starts with the same event, so writes keyed by ``batch_id`` (overwrite a partition, MERGE)
+    replace what the lost run wrote instead of adding to it."""
     _save_requested: bool = field(default=False, repr=False)
 
     def save_checkpoint_now(self) -> None:

@@ -184,6 +184,7 @@ class StreamRunner:
             self._batch = BatchDelivery(
                 spec,
                 invoker=self._invoker(spec.batch or spec.dataframe),
+                ctx=self._ctx,
                 spark_provider=self._spark_provider,
             )
             return

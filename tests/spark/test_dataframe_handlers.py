@@ -1,0 +1,204 @@
+"""@on_dataframe methods inside the connector: columns, checkpoint after return, modes, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from flowwarden import (
+    Connector,
+    OnError,
+    StreamContext,
+    StreamState,
+    change_stream,
+    checkpoint,
+    on_dataframe,
+    retry_policy,
+)
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def checkpoint_doc(client, db, stream="orders"):
+    return client[db]["_fw_checkpoints"].find_one({"_id": stream})
+
+
+class Item(BaseModel):
+    qty: int
+    sku: str
+
+
+def test_dataframe_batches_carry_the_events_and_checkpoint_after_return(spark, mongodb_uri, client, db_name):
+    rows: list[Any] = []
+    release = threading.Event()
+    entered = threading.Event()
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Frames:
+        @on_dataframe(max_events=10, max_wait_seconds=0.2, schema=Item)
+        def write(self, df: Any, ctx: StreamContext) -> None:
+            entered.set()
+            rows.extend(df.orderBy("cluster_time").collect())
+            release.wait(30)
+
+    connector = Connector(mongodb_uri, [Frames], spark=spark)
+    connector.start()
+    try:
+        wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i, "qty": i, "sku": f"s{i}"} for i in range(5)])
+        assert entered.wait(30)
+        time.sleep(0.3)
+        # the method has not returned: the checkpoint must not have moved past the batch
+        assert checkpoint_doc(client, db_name).get("eventsProcessed", 0) == 0
+        release.set()
+        wait_until(lambda: checkpoint_doc(client, db_name).get("eventsProcessed") == 5, what="the save")
+    finally:
+        release.set()
+        connector.stop()
+    assert [r["operation_type"] for r in rows] == ["insert"] * 5
+    assert [r["full_document"]["qty"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["full_document"]["sku"] for r in rows] == ["s0", "s1", "s2", "s3", "s4"]
+    assert all(r["database"] == db_name and r["collection"] == "orders" for r in rows)
+    assert all(r["_id"] for r in rows) and len({r["_id"] for r in rows}) == 5
+
+
+def test_dropmalformed_dead_letters_what_does_not_fit(spark, mongodb_uri, client, db_name):
+    seen: list[int] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Strict:
+        @on_dataframe(max_events=10, max_wait_seconds=0.2, schema=Item, mode="DROPMALFORMED")
+        def write(self, df: Any) -> None:
+            seen.extend(r["full_document"]["qty"] for r in df.collect())
+
+    connector = Connector(mongodb_uri, [Strict], spark=spark)
+    connector.start()
+    try:
+        wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
+        client[db_name].orders.insert_many(
+            [
+                {"_id": 1, "qty": 1, "sku": "a"},
+                {"_id": 2, "qty": "lots", "sku": "b"},
+                {"_id": 3, "qty": 3, "sku": "c"},
+            ]
+        )
+        wait_until(lambda: checkpoint_doc(client, db_name).get("eventsProcessed") == 3, what="the batch")
+        status = connector.status()["orders"]
+    finally:
+        connector.stop()
+    assert sorted(seen) == [1, 3]
+    assert status.events_failed == 1
+    (letter,) = client[db_name]["_fw_dlq"].find()
+    assert letter["event"]["documentKey"] == {"_id": 2}
+    assert "qty" in letter["message"]
+
+
+def test_a_failing_batch_is_retried_whole_then_dead_lettered_event_by_event(
+    spark, mongodb_uri, client, db_name
+):
+    calls: list[int] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(max_attempts=2, initial_delay_seconds=0.01, on_exhausted=OnError.DEAD_LETTER)
+    class Broken:
+        @on_dataframe(max_events=3, max_wait_seconds=5)
+        def write(self, df: Any) -> None:
+            calls.append(df.count())
+            raise RuntimeError("the table is read-only")
+
+    connector = Connector(mongodb_uri, [Broken], spark=spark)
+    connector.start()
+    try:
+        wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(3)])
+        wait_until(lambda: checkpoint_doc(client, db_name).get("eventsProcessed") == 3, what="the batch")
+    finally:
+        connector.stop()
+    assert calls == [3, 3]
+    letters = sorted(d["event"]["documentKey"]["_id"] for d in client[db_name]["_fw_dlq"].find())
+    assert letters == [0, 1, 2]
+
+
+def test_failfast_stops_the_stream_naming_field_and_token(spark, mongodb_uri, client, db_name):
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class FailFast:
+        @on_dataframe(max_events=2, max_wait_seconds=0.2, schema=Item, mode="FAILFAST")
+        def write(self, df: Any) -> None:
+            df.count()
+
+    connector = Connector(mongodb_uri, [FailFast], spark=spark)
+    connector.start()
+    try:
+        wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
+        client[db_name].orders.insert_many(
+            [{"_id": 1, "qty": "x", "sku": "a"}, {"_id": 2, "qty": 2, "sku": "b"}]
+        )
+        wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
+        error = connector.stream_errors()["orders"]
+    finally:
+        connector.stop()
+    assert "qty" in str(error.__cause__) and "token" in str(error.__cause__)
+    assert checkpoint_doc(client, db_name).get("eventsProcessed", 0) == 0
+
+
+def test_orders_to_parquet_example(spark, tmp_path):
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import orders_to_parquet
+    finally:
+        sys.path.pop(0)
+    result = orders_to_parquet.main(tmp_path / "orders", orders=300)
+    assert result == {"insert": 300, "update": 100, "paid": 100, "rows": 400}
+
+
+@pytest.mark.slow
+def test_a_crash_between_write_and_checkpoint_redelivers_the_batch_and_batch_id_overwrites_it(
+    spark, mongodb_uri, client, db_name, tmp_path
+):
+    start = client.admin.command("ping")["operationTime"]
+    time.sleep(1.05 - (time.time() % 1))
+    client[db_name].orders.insert_many([{"_id": i} for i in range(250)])
+    out, marker = tmp_path / "out", tmp_path / "crashed"
+    worker = [sys.executable, str(ROOT / "tests/spark/dataframe_worker.py"), mongodb_uri, db_name]
+    args = [*worker, str(out), str(marker), str(start.time)]
+    first = subprocess.run(args, timeout=180, capture_output=True)
+    assert first.returncode == -signal.SIGKILL and marker.exists()
+    saved = checkpoint_doc(client, db_name)["eventsProcessed"]
+    assert saved == 100  # batch 2 was written, its checkpoint save never happened
+    second = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(
+            lambda: checkpoint_doc(client, db_name)["eventsProcessed"] == 250, timeout=120, what="the rest"
+        )
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=60)
+    df = spark.read.parquet(str(out))
+    # batch 2 came again with the same batch_id and replaced its own files: no duplicates
+    assert df.count() == 250
+    assert df.select("_id").distinct().count() == 250
+    assert len(os.listdir(out)) == 3
