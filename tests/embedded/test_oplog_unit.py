@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 
+import bson
 import pytest
 from bson import Binary, Int64, Timestamp
 
@@ -180,3 +181,24 @@ def test_timestamps_are_bson_timestamps() -> None:
     oplog = Oplog()
     ts = oplog.append([insert(1)])
     assert isinstance(ts, Timestamp) and ts.inc >= 1
+
+
+async def test_document_events_are_encoded_in_the_background() -> None:
+    oplog = Oplog()
+    for i in range(600):
+        oplog.append([insert(i)])
+    oplog.append([OplogOp("drop", "db", "c")])
+    records, _ = oplog.view()
+    assert all(r.raw is None for r in records)  # nothing happens inside the writes themselves
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert all(r.raw is not None for r in records[:600])
+    assert records[600].raw is None  # commands are encoded by the streams that show them
+    assert bson.decode(records[5].raw.raw)["documentKey"] == {"_id": 5}
+
+
+def test_a_bare_oplog_encodes_nothing_by_itself() -> None:
+    oplog = Oplog()
+    oplog.append([insert(1)])
+    records, _ = oplog.view()
+    assert records[0].raw is None

@@ -23,17 +23,16 @@ once, and shared by every stream; a batch costs a namespace check and a list app
 
 from __future__ import annotations
 
-import asyncio
-import struct
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import bson
-from bson import Int64, ObjectId, Timestamp
+from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.eventbson import classic_document_event_bson
 from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, Oplog, OplogRecord
 from flowwarden.testing.embedded.stages import Stage, compile_pipeline, run_pipeline, stage_touches
 from flowwarden.testing.embedded.tokens import (
@@ -51,7 +50,6 @@ DEFAULT_AWAIT_MS = 1000
 """How long a getMore waits for events when the client sends no ``maxTimeMS`` (MongoDB's default)."""
 
 DEFAULT_FIRST_BATCH = 101
-_WARM_STEP = 128  # records encoded ahead per event-loop step
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 INTERNAL_DATABASES = frozenset({"admin", "config", "local"})
 
@@ -261,7 +259,6 @@ class ChangeStreamCursor:
         self._fast = not stages and not self._needs_images and not self._raw_update
         # Filters never change an event: what passes them is the cached encoding, as unfiltered.
         self._filters_only = bool(stages) and filters_only and not self._needs_images and not self._raw_update
-        self._warming = False
         self._shape = int(self._expanded)
         self._exhausted = False
         self._closed = False
@@ -336,8 +333,6 @@ class ChangeStreamCursor:
         if first and batch_size == 0:
             return [], {"postBatchResumeToken": self._pbrt}
         batch = self._scan(limit)
-        if limit is not None and len(batch) == limit:
-            self._warm_ahead(2 * limit)
         if batch or first or self._exhausted:
             return batch, {"postBatchResumeToken": self._pbrt}
         wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms
@@ -351,37 +346,6 @@ class ChangeStreamCursor:
                 break
             batch = self._scan(limit)
         return batch, {"postBatchResumeToken": self._pbrt}
-
-    def _warm_ahead(self, count: int) -> None:
-        """Encode, between requests, the events the next getMore will most likely return.
-
-        The client decodes one batch while the server prepares the next, so a stream read from a
-        long oplog costs the server almost nothing when the getMore arrives. The work is cut into
-        small steps on the event loop, so other connections are served in between.
-        """
-        if self._fast and not self._warming and self._shape == 0 and not self._exhausted:
-            self._warming = True
-            asyncio.get_running_loop().call_soon(self._warm_step, self._next_seq, count)
-
-    def _warm_step(self, seq: int, count: int) -> None:
-        self._warming = False
-        if self._closed:
-            return
-        oplog = self._oplog
-        records, base = oplog.view()
-        index = max(seq, oplog.first_seq) - base
-        stop = min(len(records), index + _WARM_STEP)
-        match = self._match
-        while index < stop and count > 0:
-            record = records[index]
-            index += 1
-            if match(record) and record.kind in CLASSIC_OPS:
-                count -= 1
-                if record.raw is None:
-                    self._encoded_base(record)
-        if count > 0 and index < len(records):
-            self._warming = True
-            asyncio.get_running_loop().call_soon(self._warm_step, base + index, count)
 
     # -- scanning ---------------------------------------------------------------------------------
 
@@ -679,98 +643,6 @@ class ChangeStreamCursor:
                 labels=NON_RESUMABLE,
             )
         return RawBSONDocument(bson.encode(out))
-
-
-_I32 = struct.Struct("<i")
-_ID_ELEMENT = b"\x03_id\x00"
-_DATA_ELEMENT = b"\x02_data\x00"
-_OPERATION_TYPES = {
-    kind: b"\x02operationType\x00" + _I32.pack(len(kind) + 1) + kind.encode() + b"\x00"
-    for kind in DOCUMENT_OPS
-}
-_CLUSTER_TIME = b"\x11clusterTime\x00"
-_WALL_TIME = b"\x09wallTime\x00"
-_FULL_DOCUMENT = b"\x03fullDocument\x00"
-_NS = b"\x03ns\x00"
-_DOCUMENT_KEY = b"\x03documentKey\x00"
-_UPDATE_DESCRIPTION = b"\x03updateDescription\x00"
-_TXN_NUMBER = b"\x12txnNumber\x00"
-_LSID = b"\x03lsid\x00"
-_NS_BSON: dict[tuple[str, str | None], bytes] = {}
-_KEY_OID = b"\x16\x00\x00\x00\x07_id\x00"
-_KEY_INT = b"\x0e\x00\x00\x00\x10_id\x00"
-
-
-def _subdocument(doc: Mapping[str, Any]) -> bytes:
-    """BSON of an embedded document: as top-level encoding gives it, unless that moved ``_id``."""
-    if "_id" not in doc or next(iter(doc)) == "_id":
-        return bson.encode(doc)
-    # Top-level encoding puts _id first; an embedded document keeps its field order.
-    wrapped = bson.encode({"d": doc})
-    return wrapped[7:-1]
-
-
-def _key_bson(key: Mapping[str, Any]) -> bytes:
-    """BSON of a document key; ``{_id: ObjectId|int32|str}`` (nearly all of them) built inline."""
-    if len(key) == 1:
-        value = key.get("_id", _MISSING_ID)
-        kind = type(value)
-        if kind is ObjectId:
-            return _KEY_OID + bytes(value.binary) + b"\x00"
-        if kind is int and -(2**31) <= value < 2**31:
-            return _KEY_INT + int(value).to_bytes(4, "little", signed=True) + b"\x00"
-        if kind is str:
-            text = value.encode("utf-8")
-            if b"\x00" not in text:
-                size = len(text)
-                return b"".join(
-                    (_I32.pack(size + 15), b"\x02_id\x00", _I32.pack(size + 1), text, b"\x00\x00")
-                )
-    return _subdocument(key)
-
-
-def classic_document_event_bson(record: OplogRecord) -> bytes:
-    """The BSON of a document event as a stream with default options sees it.
-
-    Byte-identical to encoding the event document, but built from pre-encoded pieces: this runs
-    once per oplog record and is most of what serving a long oplog costs.
-    """
-    op = record.op
-    kind = record.kind
-    data = record.data().encode("ascii")
-    size = len(data)
-    ns_key = (record.db, record.coll)
-    ns = _NS_BSON.get(ns_key)
-    if ns is None:
-        if len(_NS_BSON) > 10_000:
-            _NS_BSON.clear()
-        ns = _NS_BSON[ns_key] = bson.encode(record.ns_doc())
-    parts = [
-        b"",  # the length, filled in below
-        _ID_ELEMENT,
-        _I32.pack(size + 17),
-        _DATA_ELEMENT,
-        _I32.pack(size + 1),
-        data,
-        b"\x00\x00",
-        _OPERATION_TYPES[kind],
-        _CLUSTER_TIME,
-        record.key.to_bytes(8, "little"),
-        _WALL_TIME,
-        record.wall_ms.to_bytes(8, "little", signed=True),
-    ]
-    if kind == "insert" or kind == "replace":
-        parts += (_FULL_DOCUMENT, _subdocument(op.after or {}))
-    parts += (_NS, ns, _DOCUMENT_KEY, _key_bson(op.document_key or {}))
-    if kind == "update":
-        parts += (_UPDATE_DESCRIPTION, bson.encode(update_description(record.update_diff())))
-    if record.lsid is not None:
-        parts += (_LSID, _subdocument(record.lsid))
-    if record.txn_number is not None:
-        parts += (_TXN_NUMBER, record.txn_number.to_bytes(8, "little", signed=True))
-    parts.append(b"\x00")
-    parts[0] = _I32.pack(sum(map(len, parts)) + 4)
-    return b"".join(parts)
 
 
 _MISSING_ID = object()

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bson import Binary, Int64, Timestamp
+from bson.errors import InvalidDocument
 from bson.raw_bson import RawBSONDocument
 
+from flowwarden.testing.embedded.eventbson import classic_document_event_bson
 from flowwarden.testing.embedded.tokens import event_token_data, key_timestamp, ts_key
 from flowwarden.testing.embedded.updates import DocDiff, bson_equal, compute_diff, oplog_diff
 
@@ -44,6 +46,7 @@ EXPANDED_OPS = frozenset({"create", "createIndexes", "dropIndexes", "modify"})
 
 _ALL_OPS = CLASSIC_OPS | EXPANDED_OPS
 _EPOCH = _dt.datetime(1970, 1, 1)
+_ENCODE_STEP = 256  # document events encoded per event-loop step
 _ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
 
@@ -235,6 +238,8 @@ class Oplog:
         self._origin_key = self._last_key
         self._dropped_key: int | None = None
         self._waiters: set[asyncio.Future[None]] = set()
+        self._encoded_upto = 0  # records below this sequence number were offered to the encoder
+        self._encoding = False
         self._uuids: dict[tuple[str, str], bytes] = {}
         self.uuid_source: Callable[[str, str], Binary | bytes | None] | None = None
         """Where a collection's UUID comes from on first sight (the server's catalog); random if unset."""
@@ -313,6 +318,8 @@ class Oplog:
         ts = self._append_entry(kept, lsid, txn_number)
         if self._waiters:
             self._wake()
+        if not self._encoding:
+            self._schedule_encoding()
         return ts
 
     def _is_noop(self, op: OplogOp) -> bool:
@@ -361,6 +368,36 @@ class Oplog:
             del self._records[: self._head]
             self._base += self._head
             self._head = 0
+
+    def _schedule_encoding(self) -> None:
+        """Encode new document events soon, in small steps between requests.
+
+        A stream reading a long oplog then finds its events encoded already, and the work was
+        done while the server had nothing else to do. Off an event loop (a bare oplog in a unit
+        test) nothing is scheduled and streams encode what they need on demand.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._encoding = True
+        loop.call_soon(self._encode_step)
+
+    def _encode_step(self) -> None:
+        self._encoding = False
+        records = self._records
+        start = max(self._encoded_upto, self.first_seq) - self._base
+        stop = min(len(records), start + _ENCODE_STEP)
+        for record in records[start:stop]:
+            if record.raw is None and record.kind in DOCUMENT_OPS:
+                try:
+                    record.raw = RawBSONDocument(classic_document_event_bson(record))
+                except (InvalidDocument, OverflowError):
+                    # Left to the stream that needs the event, which reports the error to its client.
+                    continue
+        self._encoded_upto = self._base + stop
+        if stop < len(records):
+            self._schedule_encoding()
 
     def _wake(self) -> None:
         if not self._waiters:
