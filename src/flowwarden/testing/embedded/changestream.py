@@ -18,7 +18,8 @@ What a cursor promises, as MongoDB does:
   is produced.
 
 Hot-path rule: event documents are built once per oplog record and stream shape, encoded to BSON
-once, and shared by every stream; a batch costs a namespace check and a list append per event.
+once, and shared by every stream (the oplog encodes document events in the background right after
+their writes); a batch then costs a namespace check and a list append per event.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ Hard rules:
   from them: the caller must never mutate them afterwards.
 * With ``max_events=N`` only the newest ``N`` entries are kept; a change stream that needs an
   entry that was dropped fails with ``ChangeStreamHistoryLost`` (code 286).
+
+After each append the oplog encodes the new document events (as a stream with default options
+shows them) in small steps on the event loop, so serving a long oplog costs little more than
+copying bytes.
 """
 
 from __future__ import annotations
