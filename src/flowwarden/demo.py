@@ -103,7 +103,11 @@ def run_demo(*, events: int = 2000, output: str = "out/demo", use_spark: bool = 
         from flowwarden.spark import get_or_create_session
 
         print("starting local Spark ...", file=sys.stderr)
-        spark = get_or_create_session(app_name="flowwarden-demo", conf={"spark.ui.enabled": "false"})
+        spark = get_or_create_session(
+            app_name="flowwarden-demo",
+            conf={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        )
+        spark.sparkContext.setLogLevel("ERROR")
         handler = _spark_handler(out)
     else:
         handler = _plain_handler(seen)
