@@ -125,3 +125,43 @@ def test_configure_fail_point_only_on_admin(client: pymongo.MongoClient, db_name
     with pytest.raises(OperationFailure) as info:
         client[db_name].command("configureFailPoint", "failCommand", mode="off")
     assert info.value.code == 13
+
+
+async def test_close_and_block_connection_async(mongodb_uri: str, db_name: str) -> None:
+    admin = pymongo.AsyncMongoClient(mongodb_uri)
+    plain = pymongo.AsyncMongoClient(mongodb_uri, retryReads=False, socketTimeoutMS=300)
+    try:
+        await plain.admin.command("ping")
+        await admin.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={"failCommands": ["find"], "closeConnection": True},
+        )
+        with pytest.raises(AutoReconnect):
+            await plain[db_name].c.find_one()
+        await admin.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 2000},
+        )
+        with pytest.raises(NetworkTimeout):
+            await plain[db_name].c.find_one()
+        assert await plain[db_name].c.find_one() is None
+    finally:
+        await plain.close()
+        await admin.close()
+
+
+async def test_app_name_async(mongodb_uri: str, db_name: str, client: pymongo.MongoClient) -> None:
+    victim = pymongo.AsyncMongoClient(mongodb_uri, appname="async-victim")
+    try:
+        _fail(client, {"times": 1}, failCommands=["insert"], errorCode=2, appName="async-victim")
+        client[db_name].c.insert_one({"_id": "bystander"})
+        with pytest.raises(OperationFailure) as info:
+            await victim[db_name].c.insert_one({"_id": "victim"})
+        assert info.value.code == 2
+        assert await victim[db_name].c.count_documents({}) == 1
+    finally:
+        await victim.close()

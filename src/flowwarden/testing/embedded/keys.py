@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from collections.abc import Hashable
 from decimal import Decimal
 from typing import Any
@@ -60,7 +61,9 @@ def format_value(value: Any) -> str:
     if isinstance(value, (int, Int64)):
         return str(int(value))
     if isinstance(value, float):
-        return repr(value) if value != int(value) or abs(value) >= 1e16 else str(int(value)) + ".0"
+        if not math.isfinite(value):
+            return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return repr(value) if value != int(value) or abs(value) >= 1e16 else f"{int(value)}.0"
     if isinstance(value, ObjectId):
         return f"ObjectId('{value}')"
     if isinstance(value, datetime.datetime):

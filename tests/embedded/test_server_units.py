@@ -1,0 +1,107 @@
+"""Unit tests of the embedded server's building blocks: framing, checksums, index keys."""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import zlib
+
+import bson
+import pytest
+from bson import Decimal128, Int64, ObjectId
+
+from flowwarden.testing.embedded import wire
+from flowwarden.testing.embedded.keys import format_document, value_key
+from flowwarden.testing.embedded.storage import IndexSpec, path_values
+
+
+def test_crc32c_check_value() -> None:
+    # The CRC-32C check value of the ASCII digits 1..9 (RFC 3720, appendix B.4).
+    assert wire.crc32c(b"123456789") == 0xE3069283
+
+
+def _op_msg(body: bytes, flags: int = 0) -> bytes:
+    return struct.pack("<iiii", 16 + 4 + len(body), 9, 0, wire.OP_MSG) + struct.pack("<I", flags) + body
+
+
+def test_op_msg_sections_merge_into_the_command() -> None:
+    docs = [{"_id": 1}, {"_id": 2}]
+    seq = b"documents\x00" + b"".join(bson.encode(d) for d in docs)
+    body = (
+        b"\x00" + bson.encode({"insert": "c", "$db": "d"}) + b"\x01" + struct.pack("<i", 4 + len(seq)) + seq
+    )
+    request = wire.parse_message(9, wire.OP_MSG, _op_msg(body))
+    assert request.command == {"insert": "c", "$db": "d", "documents": docs}
+    assert request.db == "d" and not request.more_to_come and not request.checksum
+
+
+def test_op_msg_checksum_is_verified_and_emitted() -> None:
+    message = _op_msg(
+        b"\x00" + bson.encode({"ping": 1, "$db": "admin"}) + b"\x00\x00\x00\x00", wire.CHECKSUM_PRESENT
+    )
+    good = message[:-4] + struct.pack("<I", wire.crc32c(message[:-4]))
+    assert wire.parse_message(9, wire.OP_MSG, good).checksum
+    with pytest.raises(wire.MalformedMessage):
+        wire.parse_message(9, wire.OP_MSG, good[:-1] + bytes([good[-1] ^ 0xFF]))
+    reply = wire.build_op_msg(1, 9, bson.encode({"ok": 1}), checksum=True)
+    assert struct.unpack("<I", reply[-4:])[0] == wire.crc32c(reply[:-4])
+    assert struct.unpack_from("<I", reply, 16)[0] & wire.CHECKSUM_PRESENT
+
+
+def test_field_in_body_and_sequence_is_malformed() -> None:
+    seq = b"documents\x00" + bson.encode({"_id": 1})
+    body = b"\x00" + bson.encode({"insert": "c", "documents": [], "$db": "d"})
+    body += b"\x01" + struct.pack("<i", 4 + len(seq)) + seq
+    with pytest.raises(wire.MalformedMessage):
+        wire.parse_message(9, wire.OP_MSG, _op_msg(body))
+
+
+def test_op_compressed_zlib_is_unwrapped() -> None:
+    inner = struct.pack("<I", 0) + b"\x00" + bson.encode({"ping": 1, "$db": "admin"})
+    payload = zlib.compress(inner)
+    body = struct.pack("<iiB", wire.OP_MSG, len(inner), 2) + payload
+    message = struct.pack("<iiii", 16 + len(body), 5, 0, wire.OP_COMPRESSED) + body
+    request = wire.parse_message(5, wire.OP_COMPRESSED, message)
+    assert request.command["ping"] == 1 and request.op_code == wire.OP_MSG
+
+
+def test_parse_header_rejects_impossible_lengths() -> None:
+    with pytest.raises(wire.MalformedMessage):
+        wire.parse_header(struct.pack("<iiii", 4, 0, 0, wire.OP_MSG))
+    with pytest.raises(wire.MalformedMessage):
+        wire.parse_header(struct.pack("<iiii", wire.MAX_MESSAGE_SIZE + 1, 0, 0, wire.OP_MSG))
+
+
+def test_value_keys_follow_mongodb_equality() -> None:
+    assert value_key(1) == value_key(1.0) == value_key(Int64(1)) == value_key(Decimal128("1"))
+    assert value_key(True) != value_key(1)
+    assert value_key({"a": 1, "b": 2}) != value_key({"b": 2, "a": 1})
+    assert value_key([1, {"x": 1}]) == value_key([1.0, {"x": 1}])
+    assert value_key(b"\x01") == value_key(bson.Binary(b"\x01", 0))
+    assert value_key(b"\x01") != value_key(bson.Binary(b"\x01", 5))
+
+
+def test_dup_key_formatting() -> None:
+    oid = ObjectId("65f0c0ffee0000000000abcd")
+    when = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+    assert format_document({"a": "x", "b": 1, "c": 1.5, "d": 2.0}) == '{ a: "x", b: 1, c: 1.5, d: 2.0 }'
+    assert format_document({"_id": oid}) == "{ _id: ObjectId('65f0c0ffee0000000000abcd') }"
+    assert (
+        format_document({"t": when, "n": None, "f": False})
+        == "{ t: new Date(1704067200000), n: null, f: false }"
+    )
+    assert format_document({"x": float("inf")}) == "{ x: inf }"
+
+
+def test_index_keys_expand_arrays_and_honour_sparse_and_partial() -> None:
+    assert path_values({"a": [{"b": 1}, {"b": [2, 3]}]}, "a.b") == [1, 2, 3]
+    assert path_values({"a": {"b": 1}}, "a.c") == []
+    index = IndexSpec.from_spec({"key": {"a": 1, "b": 1}, "name": "ab", "unique": True})
+    assert len(index.keys_of({"a": [1, 2], "b": "x"})) == 2
+    sparse = IndexSpec.from_spec({"key": {"a": 1}, "name": "a", "unique": True, "sparse": True})
+    assert sparse.keys_of({"other": 1}) == []
+    partial = IndexSpec.from_spec(
+        {"key": {"a": 1}, "name": "a", "unique": True, "partialFilterExpression": {"live": True}}
+    )
+    assert partial.keys_of({"a": 1, "live": False}) == []
+    assert len(partial.keys_of({"a": 1, "live": True})) == 1
