@@ -766,7 +766,7 @@ async def cmd_drop_database(ctx: Context) -> Document:
         ctx.scope.emit(OplogOp("drop", ctx.db, coll.name))
     if colls:
         ctx.scope.emit(OplogOp("dropDatabase", ctx.db, None))
-    return {"dropped": ctx.db, "ok": 1.0}
+    return {"ok": 1.0}
 
 
 def _split_ns(value: Any, field_name: str) -> tuple[str, str]:
