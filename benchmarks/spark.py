@@ -10,8 +10,8 @@ Extended JSON ``full_document`` and a pydantic model typing it as a struct):
   data (what ingestion costs with no conversion at all).
 
 Every DataFrame is fully materialised by a ``noop`` write, so each figure covers the rows
-actually reaching Spark's executors, not a lazy plan. Each variant runs ``--repeat`` times and
-the best run counts. Then the streaming source reads ``--stream-events`` change events from an
+actually reaching Spark's executors, not a lazy plan. The measurements take turns, ``--repeat``
+rounds, and each one's best run counts. Then the streaming source reads ``--stream-events`` change events from an
 EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
 
 Prints plain figures and ratios; asserts nothing. Run:
@@ -179,13 +179,16 @@ def by_hand(events: list[dict[str, Any]], typed: bool) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------
 
 
-def best_of(repeat: int, run: Callable[[], None]) -> float:
-    times = []
+def best_of(repeat: int, *runs: Callable[[], None]) -> list[float]:
+    """Best time of each run; the runs take turns, so load from other processes on the machine
+    weighs on all of them alike rather than on whichever ran during a busy moment."""
+    best = [float("inf")] * len(runs)
     for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for index, run in enumerate(runs):
+            start = time.perf_counter()
+            run()
+            best[index] = min(best[index], time.perf_counter() - start)
+    return best
 
 
 def materialise(df: Any) -> None:
@@ -218,11 +221,9 @@ def variant(spark: Any, events: list[dict[str, Any]], repeat: int, label: str, s
     def arrow_only() -> None:
         events_to_arrow(events, schema=schema)
 
-    t_hand = best_of(repeat, hand)
-    t_rows = best_of(repeat, hand_prebuilt_rows)
-    t_fw = best_of(repeat, flowwarden)
-    t_ceiling = best_of(repeat, ceiling)
-    t_arrow = best_of(repeat, arrow_only)
+    t_hand, t_rows, t_fw, t_ceiling, t_arrow = best_of(
+        repeat, hand, hand_prebuilt_rows, flowwarden, ceiling, arrow_only
+    )
     print(f"\n{label}: {count:,} change events, best of {repeat}, each materialised by a noop write")
     print(line("by hand: dicts per event + createDataFrame(rows, schema)", count, t_hand))
     print(line("  of which createDataFrame(prebuilt rows, schema)", count, t_rows))
