@@ -96,13 +96,8 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
 def _cmd_embedded(args: argparse.Namespace) -> int:
     from flowwarden.testing import EmbeddedReplicaSet
 
-    rs = EmbeddedReplicaSet(port=args.port, oplog_max_events=args.oplog_max_events)
-    print(
-        f"EmbeddedReplicaSet (a test double, not a production database) listening: {rs.uri}"
-        if rs.port
-        else "EmbeddedReplicaSet starting",
-        file=sys.stderr,
-    )
+    rs = EmbeddedReplicaSet(port=args.port, oplog_max_events=args.oplog_max_events).start()
+    print(f"EmbeddedReplicaSet (a test double, not a production database) at {rs.uri}", file=sys.stderr)
     rs.serve_forever()
     return 0
 
