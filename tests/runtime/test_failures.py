@@ -326,3 +326,43 @@ def test_undecodable_event_with_stop_fails_before_it(mongodb_uri, client, db_nam
     assert calls == [0, 1, 2, 3, 4]
     assert connector.status()["orders"].state == StreamState.FAILED
     assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 5
+
+
+def test_a_failing_dead_letter_write_keeps_the_checkpoint_before_the_event(mongodb_uri, client, db_name):
+    calls: list[int] = []
+    handler = failing_handler(db_name, OnError.DEAD_LETTER, poison=3, calls=calls)
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode="alwaysOn",
+            data={"failCommands": ["insert"], "errorCode": 2, "appName": "flowwarden"},
+        )
+        try:
+            client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
+            wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
+        finally:
+            client.admin.command("configureFailPoint", "failCommand", mode="off")
+    assert client[db_name]["_fw_dlq"].count_documents({}) == 0
+    assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 3
+
+
+@pytest.mark.embedded_only
+def test_an_outage_longer_than_the_drivers_resume_reopens_and_loses_nothing(rs, client, db_name):
+    orders = client[db_name]["orders"]
+    handler, seen = recording_handler(
+        db_name, stream={"restart_initial_delay_seconds": 0.1, "restart_max_delay_seconds": 0.5}
+    )
+    # A short server selection timeout: PyMongo's one automatic resume gives up during the outage,
+    # so the stream's own re-open with backoff has to bring it back.
+    with running(f"{rs.uri}&serverSelectionTimeoutMS=300", [handler]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        orders.insert_many([{"_id": i} for i in range(5)])
+        wait_until(lambda: len(seen) >= 5, what="5 events")
+        rs.outage(3.0)
+        wait_until(lambda: connector.status()["orders"].restarts >= 1, what="a restart", timeout=30)
+        wait_until(lambda: connector.status()["orders"].state == StreamState.RUNNING, timeout=30)
+        orders.insert_many([{"_id": i} for i in range(5, 10)])
+        wait_until(lambda: {k for _, k in seen} >= set(range(10)), what="events after the outage")
+    assert sorted({k for _, k in seen}) == list(range(10))

@@ -44,3 +44,26 @@ def test_one_instance_processes_and_a_standby_takes_over_after_a_graceful_stop(m
     lock = client[db_name]["_fw_locks"].find_one({"_id": "orders"})
     assert lock["epoch"] >= 2
     assert checkpoint_doc(client, db_name, "orders")["epoch"] == lock["epoch"]
+
+
+def test_a_leader_whose_lease_was_taken_is_fenced_and_stands_by(mongodb_uri, client, db_name):
+    seen: list[tuple[str, int]] = []
+    orders = client[db_name]["orders"]
+    with running(mongodb_uri, [leader_handler(db_name, seen, "a")], instance_id="a") as a:
+        wait_until(lambda: a.status()["orders"].state == StreamState.RUNNING, what="a leads")
+        orders.insert_one({"_id": 0})
+        wait_until(lambda: seen, what="the first event")
+        # Another instance took the stream over (as after a long pause of this one): a newer epoch
+        # in the lease and in the checkpoint.
+        lock = client[db_name]["_fw_locks"].find_one({"_id": "orders"})
+        client[db_name]["_fw_locks"].update_one(
+            {"_id": "orders"}, {"$set": {"owner": "z"}, "$inc": {"epoch": 1}}
+        )
+        client[db_name]["_fw_checkpoints"].update_one(
+            {"_id": "orders"}, {"$set": {"epoch": lock["epoch"] + 1}}
+        )
+        wait_until(lambda: a.status()["orders"].state == StreamState.STANDBY, timeout=5, what="a to stand by")
+        orders.insert_one({"_id": 1})
+        time.sleep(0.5)
+    assert seen == [("a", 0)]
+    assert checkpoint_doc(client, db_name, "orders")["epoch"] == lock["epoch"] + 1

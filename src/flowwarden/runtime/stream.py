@@ -25,9 +25,9 @@ from bson import Timestamp
 from bson.codec_options import CodecOptions
 from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
-from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 
-from flowwarden.checkpoint import Checkpoint, CheckpointCommitter
+from flowwarden.checkpoint import Checkpoint, CheckpointCommitter, is_retryable_save_error
 from flowwarden.config import (
     Deployment,
     OnError,
@@ -93,15 +93,17 @@ class _LostOwnership(Exception):
 def is_restartable(error: BaseException) -> bool:
     """The one rule for which stream errors re-open the stream (with backoff) instead of failing it.
 
-    Network and server-selection failures, and server errors other than the fatal codes above, are
-    transient from the stream's point of view: PyMongo has already spent its one automatic resume on
-    them. Checkpoint-store failures are restartable too: the stream re-opens from whatever is saved.
+    Server errors other than the fatal codes above, and everything the checkpoint committer
+    treats as transient (network and server-selection failures, checkpoint-store errors such as
+    a load that failed during an outage, I/O errors): PyMongo has already spent its one automatic
+    resume on them, and a re-open from the saved checkpoint loses nothing. A fenced stream
+    (FencedError) is never restarted: another instance owns it.
     """
     if isinstance(error, OperationFailure):
         return error.code not in FATAL_CODES
-    if isinstance(error, (ConnectionFailure, PyMongoError)):
+    if isinstance(error, CheckpointSaveFailedError):
         return True
-    return isinstance(error, CheckpointSaveFailedError)
+    return is_retryable_save_error(error)
 
 
 class StreamRunner:
