@@ -11,8 +11,8 @@ Extended JSON ``full_document`` and a pydantic model typing it as a struct):
 
 Every DataFrame is fully materialised by a ``noop`` write, so each figure covers the rows
 actually reaching Spark's executors, not a lazy plan. The measurements take turns, ``--repeat``
-rounds, and each one's best run counts. Then the streaming source reads ``--stream-events`` change events from an
-EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
+rounds, and each one's best run counts. Then the streaming source reads ``--stream-events``
+change events from an EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
 
 Prints plain figures and ratios; asserts nothing. Run:
 
