@@ -22,6 +22,7 @@ from flowwarden import (
     change_stream,
     checkpoint,
     dead_letter_queue,
+    on_batch,
     on_change,
     retry_policy,
 )
@@ -366,3 +367,50 @@ def test_an_outage_longer_than_the_drivers_resume_reopens_and_loses_nothing(rs, 
         orders.insert_many([{"_id": i} for i in range(5, 10)])
         wait_until(lambda: {k for _, k in seen} >= set(range(10)), what="events after the outage")
     assert sorted({k for _, k in seen}) == list(range(10))
+
+
+# ------------------------------------------------------------------------------------------------
+# nothing unfinished is ever passed by the lastSeen token
+
+
+def test_a_stop_during_a_batch_retry_leaves_the_batch_to_the_next_run(mongodb_uri, client, db_name):
+    calls: list[list[int]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=100)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.2)
+    @retry_policy(max_attempts=3, initial_delay_seconds=30, on_exhausted=OnError.STOP)
+    class Failing:
+        @on_batch(max_events=100, max_wait_seconds=0.1)
+        def handle(self, events: list[ChangeEvent]) -> None:
+            calls.append([e.document_key["_id"] for e in events])
+            raise RuntimeError("sink down")
+
+    with running(mongodb_uri, [Failing]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(5)])
+        wait_until(lambda: calls, what="the first attempt")
+        time.sleep(0.5)  # now in its 30 s backoff; the stop interrupts it
+    again, seen = recording_handler(db_name)
+    with running(mongodb_uri, [again]):
+        wait_until(lambda: len(seen) >= 5, what="the batch again")
+    assert seen[:5] == [("insert", i) for i in range(5)]
+
+
+def test_a_concurrent_handler_failing_under_stop_is_not_passed_by_last_seen(mongodb_uri, client, db_name):
+    @change_stream("orders", db_name, name="orders", max_concurrency=4, max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(max_attempts=1, on_exhausted=OnError.STOP)
+    class FailsOnThree:
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            if event.document_key["_id"] == 3:
+                time.sleep(0.3)  # the read loop goes idle meanwhile
+                raise ValueError("order 3 is broken")
+
+    with running(mongodb_uri, [FailsOnThree]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(4)])
+        wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
+    again, seen = recording_handler(db_name)
+    with running(mongodb_uri, [again]):
+        wait_until(lambda: ("insert", 3) in seen, what="order 3 again")

@@ -205,6 +205,9 @@ class StreamRunner:
         self._halt = True
 
     def status(self) -> StreamStatus:
+        committer = self._committer
+        if committer is not None and committer.frontier_token is not None:
+            self._last_processed_time = token_datetime(committer.frontier_token)
         processed, seen = self._last_processed_time, self._last_seen_time
         newest = max((t for t in (processed, seen) if t is not None), default=None)
         lag = None
@@ -228,7 +231,7 @@ class StreamRunner:
 
     async def run(self) -> None:
         """Run until stopped. Never raises for stream failures: they end in state FAILED."""
-        consecutive_failures = 0
+        self._consecutive_failures = 0
         try:
             while not self._stopping.is_set():
                 if self._lease is not None and not await self._wait_for_lease():
@@ -236,7 +239,6 @@ class StreamRunner:
                 renewer = asyncio.create_task(self._renew_lease()) if self._lease else None
                 try:
                     await self._run_once()
-                    consecutive_failures = 0
                     if self._forced_start is not None:
                         continue  # history-lost strategy chosen: re-open at once
                     break
@@ -256,8 +258,8 @@ class StreamRunner:
                         raise
                     if not is_restartable(error):
                         raise
-                    consecutive_failures += 1
-                    if not await self._backoff(error, consecutive_failures):
+                    self._consecutive_failures += 1
+                    if not await self._backoff(error, self._consecutive_failures):
                         raise
                 finally:
                     if renewer is not None:
@@ -311,6 +313,7 @@ class StreamRunner:
         while not self._stopping.is_set():
             try:
                 if await self._lease.try_acquire() is not None:
+                    self._lost_lease = False
                     self.log.info(
                         "stream %s: lease acquired (epoch %d)",
                         self.name,
@@ -345,8 +348,7 @@ class StreamRunner:
     # one open stream
 
     async def _run_once(self) -> None:
-        self._lost_lease = False
-        self._halt = self._stopping.is_set()
+        self._halt = self._stopping.is_set() or self._lost_lease
         checkpoint = await self._store.load(self.name)
         epoch = (
             self._lease.lease.epoch
@@ -376,6 +378,7 @@ class StreamRunner:
             stream = await self._open(start)
             self.state = StreamState.RUNNING
             self._first_run = False
+            self._consecutive_failures = 0  # a good open: the next error backs off from the start
             try:
                 await self._consume(stream, committer, save_initial)
             finally:
@@ -569,8 +572,10 @@ class StreamRunner:
         self._key_tails: dict[bytes, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(self._concurrency) if self._concurrency > 1 else None
         self._task_error = None
-        self._halt = self._stopping.is_set()
-        position: Mapping[str, Any] | None = None
+        self._halt = self._stopping.is_set() or self._lost_lease
+        if self._batch is not None:
+            self._batch.take()  # left by an earlier run: those events come again from the checkpoint
+        position: Mapping[str, Any] | None = _opening_position(stream)
         committer.failed.add_done_callback(lambda _: self._set_halt())
         batch = self._batch
         invokers = self._event_invokers
@@ -624,7 +629,7 @@ class StreamRunner:
             else:
                 await self._dispatch(change, committer)
             if operation == "invalidate":
-                await self._on_invalidate(change)
+                await self._on_invalidate(change, committer)
                 return
 
     async def _dispatch(self, change: MutableMapping[str, Any], committer: CheckpointCommitter) -> None:
@@ -654,12 +659,19 @@ class StreamRunner:
             raise committer.failure
 
     def _idle(self) -> bool:
-        if self._in_flight:
+        """Nothing read so far is unfinished, so a post-batch token is a safe resume point.
+
+        Once the loop is halting (a failed or interrupted event, a stop, a lost lease) some event
+        may be unfinished without being in flight or in the batch: never idle then.
+        """
+        if self._halt or self._in_flight:
             return False
         return self._batch is None or self._batch.empty()
 
-    async def _on_invalidate(self, change: Mapping[str, Any]) -> None:
+    async def _on_invalidate(self, change: Mapping[str, Any], committer: CheckpointCommitter) -> None:
         await self._wait_in_flight()
+        # A handler of an event before the invalidate may have failed meanwhile: that wins.
+        self._raise_for_halt(committer)
         if self.spec.stream.on_invalidate == OnInvalidate.RESTART:
             self.log.warning("stream %s: invalidated; restarting after the invalidate event", self.name)
             self._forced_start = {"start_after": change["_id"]}
@@ -735,6 +747,8 @@ class StreamRunner:
     ) -> None:
         if before is not None:
             await asyncio.gather(before, return_exceptions=True)
+            if before.cancelled() or before.exception() is not None:
+                return  # the same document's earlier event failed: stay behind it, in order
         await self._handle_event(sequence, change, committer)
 
     def _task_done(self, task: asyncio.Task[None], key: bytes | None) -> None:
@@ -853,7 +867,7 @@ class StreamRunner:
         start = {"resume_after": position} if position is not None else dict(self._opened_with)
         stream = await self._open(start, codec_options=raw_options)
         try:
-            while not self._stopping.is_set():
+            while not self._halt:
                 raw = await stream.try_next()
                 if raw is None:
                     continue
@@ -863,6 +877,9 @@ class StreamRunner:
                     await self._give_up_undecodable(committer, raw.raw, decode_error)
                     return
                 await self._dispatch(change, committer)
+                if change.get("operationType") == "invalidate":
+                    await self._on_invalidate(change, committer)
+                    return
         finally:
             await _close_stream(stream)
 
@@ -880,6 +897,23 @@ class StreamRunner:
         await self._give_up([readable], error, attempts=1)
         await committer.commit(self._sequence, readable["_id"])
         await committer.flush()
+
+
+def _opening_position(stream: Any) -> Mapping[str, Any] | None:
+    """Where a freshly opened stream stands before its first event: its resume token, or the
+    post-batch token of the open's first (empty) batch.
+
+    PyMongo keeps the latter on the cursor without a public accessor; reading it is the only way
+    to know a "start now" stream's position before any event, which the undecodable-event path
+    needs to re-read the batch it could not decode. Motor wraps the same object as ``delegate``.
+    """
+    token: Mapping[str, Any] | None = getattr(stream, "resume_token", None)
+    if token is not None:
+        return token
+    delegate = getattr(stream, "delegate", stream)
+    cursor = getattr(delegate, "_cursor", None)
+    pbrt: Mapping[str, Any] | None = getattr(cursor, "_post_batch_resume_token", None)
+    return pbrt
 
 
 async def _maybe_await(value: Any) -> Any:
