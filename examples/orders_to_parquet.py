@@ -55,6 +55,7 @@ def orders_to_parquet(output: Path) -> type:
 def main(output: Path, orders: int = 1200) -> dict[str, int]:
     """Write ``orders`` orders (and pay a third of them), stream them to parquet, read it back."""
     spark = get_or_create_session(app_name="orders-to-parquet", conf={"spark.ui.enabled": "false"})
+    client: pymongo.MongoClient[dict[str, Any]]
     with EmbeddedReplicaSet() as rs, pymongo.MongoClient(rs.uri) as client:
         connector = Connector(rs.uri, [orders_to_parquet(output)], spark=spark)
         connector.start()
