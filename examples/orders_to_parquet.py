@@ -59,7 +59,7 @@ def main(output: Path, orders: int = 1200) -> dict[str, int]:
     with EmbeddedReplicaSet() as rs, pymongo.MongoClient(rs.uri) as client:
         connector = Connector(rs.uri, [orders_to_parquet(output)], spark=spark)
         connector.start()
-        shop = client.shop.orders
+        shop: pymongo.collection.Collection[dict[str, Any]] = client.shop.orders
         ids = shop.insert_many(
             [
                 {
