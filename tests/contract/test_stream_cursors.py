@@ -4,6 +4,7 @@ driver's automatic resume when a cursor or a connection is lost."""
 from __future__ import annotations
 
 import select
+import time
 from collections.abc import Iterator
 
 import pymongo
@@ -173,6 +174,7 @@ def test_get_more_interrupted_by_a_dropped_connection_kills_its_cursor(
                 {"getMore": cursor_id, "collection": "c", "maxTimeMS": 60_000, "$db": db_name}
             )
             waiting.sendall(message)
+            time.sleep(0.05)  # a head start, so the probe below rarely races it for the cursor
             # A probe getMore is refused with CursorInUse once the long one is awaiting events. If
             # the probe took the cursor first, the long one was refused instead: send it again.
             for _ in range(500):
@@ -184,6 +186,7 @@ def test_get_more_interrupted_by_a_dropped_connection_kills_its_cursor(
                 if select.select([waiting], [], [], 0)[0]:
                     assert receive(waiting).doc.get("code") == 292
                     waiting.sendall(message)
+                    time.sleep(0.05)
             else:
                 raise AssertionError("the getMore never started waiting")
             rs.drop_connections()
