@@ -17,18 +17,16 @@ out-of-order completion.
 from __future__ import annotations
 
 import asyncio
-import enum
-import inspect
 import logging
 import sys
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 from pymongo.errors import PyMongoError
 
 from flowwarden.checkpoint.model import Checkpoint, SaveResult
-from flowwarden.checkpoint.store import AsyncCheckpointStore, CheckpointStore
+from flowwarden.checkpoint.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore
 from flowwarden.errors import (
     CheckpointError,
     CheckpointSaveFailedError,
@@ -60,12 +58,6 @@ def is_retryable_save_error(error: BaseException) -> bool:
     if isinstance(error, FencedError):
         return False
     return isinstance(error, (CheckpointError, PyMongoError, OSError, asyncio.TimeoutError))
-
-
-class _CallMode(enum.Enum):
-    AWAIT = "await"  # an AsyncCheckpointStore
-    INLINE = "inline"  # a sync store that declares nonblocking = True
-    THREAD = "thread"  # a blocking sync store: run in a worker thread
 
 
 class CheckpointCommitter:
@@ -150,7 +142,7 @@ class CheckpointCommitter:
         self.max_consecutive_failures = max_consecutive_failures
         self._store = store
         self._on_save_error = on_save_error
-        self._mode = _call_mode(store)
+        self._calls = AwaitableStore(store)
 
         # Gap tracking: _frontier is the highest sequence with every lower one completed;
         # _completed holds completions above it until the gap below them closes.
@@ -467,20 +459,10 @@ class CheckpointCommitter:
             self._record_success()
 
     async def _store_save(self, checkpoint: Checkpoint) -> SaveResult:
-        if self._mode is _CallMode.AWAIT:
-            return await cast(AsyncCheckpointStore, self._store).save(checkpoint)
-        store = cast(CheckpointStore, self._store)
-        if self._mode is _CallMode.INLINE:
-            return store.save(checkpoint)
-        return await asyncio.to_thread(store.save, checkpoint)
+        return await self._calls.save(checkpoint)
 
     async def _store_save_seen(self, token: ResumeToken) -> SaveResult:
-        if self._mode is _CallMode.AWAIT:
-            return await cast(AsyncCheckpointStore, self._store).save_seen(self.stream_id, token, self.epoch)
-        store = cast(CheckpointStore, self._store)
-        if self._mode is _CallMode.INLINE:
-            return store.save_seen(self.stream_id, token, self.epoch)
-        return await asyncio.to_thread(store.save_seen, self.stream_id, token, self.epoch)
+        return await self._calls.save_seen(self.stream_id, token, self.epoch)
 
     def _record_success(self) -> None:
         self.saves += 1
@@ -556,14 +538,6 @@ class CheckpointCommitter:
 def _consume_outcome(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _call_mode(store: object) -> _CallMode:
-    if inspect.iscoroutinefunction(getattr(store, "save", None)):
-        return _CallMode.AWAIT
-    if getattr(store, "nonblocking", False) is True:
-        return _CallMode.INLINE
-    return _CallMode.THREAD
 
 
 __all__ = ["CheckpointCommitter", "SaveErrorCallback", "is_retryable_save_error"]

@@ -20,8 +20,10 @@ Transient failures should surface as :class:`~flowwarden.errors.CheckpointError`
 
 from __future__ import annotations
 
+import asyncio
 import builtins
-from typing import Protocol, runtime_checkable
+import inspect
+from typing import Any, Protocol, runtime_checkable
 
 from flowwarden.checkpoint.model import Checkpoint, SaveResult
 from flowwarden.events import ResumeToken
@@ -94,3 +96,47 @@ class AsyncCheckpointStore(Protocol):
 
 
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
+
+
+class AwaitableStore:
+    """Any checkpoint store, awaited the same way: the one place that knows how to call a store.
+
+    An :class:`AsyncCheckpointStore`'s coroutines are awaited; a :class:`CheckpointStore`'s blocking
+    calls run in a worker thread so they never block the event loop, unless the store declares
+    ``nonblocking = True`` (the in-memory store): then they run inline.
+    """
+
+    def __init__(self, store: CheckpointStore | AsyncCheckpointStore) -> None:
+        self.store = store
+        self._awaited = inspect.iscoroutinefunction(getattr(store, "save", None))
+        self._inline = not self._awaited and getattr(store, "nonblocking", False) is True
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        method = getattr(self.store, name)
+        if self._awaited:
+            return await method(*args)
+        if self._inline:
+            return method(*args)
+        return await asyncio.to_thread(method, *args)
+
+    async def load(self, stream_id: str) -> Checkpoint | None:
+        result: Checkpoint | None = await self._call("load", stream_id)
+        return result
+
+    async def save(self, checkpoint: Checkpoint) -> SaveResult:
+        result: SaveResult = await self._call("save", checkpoint)
+        return result
+
+    async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        result: SaveResult = await self._call("save_seen", stream_id, token, epoch)
+        return result
+
+    async def delete(self, stream_id: str) -> bool:
+        return bool(await self._call("delete", stream_id))
+
+    async def list(self) -> builtins.list[Checkpoint]:
+        result: builtins.list[Checkpoint] = await self._call("list")
+        return result
+
+    async def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
+        await self._call("rewind", stream_id, token)

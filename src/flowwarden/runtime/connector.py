@@ -17,13 +17,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from flowwarden.checkpoint.store import AwaitableStore
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.lease import LOCKS_COLLECTION
 from flowwarden.runtime.status import StreamState, StreamStatus
-from flowwarden.runtime.stores import AsyncStore
 from flowwarden.runtime.stream import StreamRunner
 
 log = logging.getLogger("flowwarden.connector")
@@ -239,7 +239,7 @@ class Connector:
         return StreamRunner(
             spec,
             client=client,
-            store=AsyncStore(store),
+            store=AwaitableStore(store),
             instance_id=self.instance_id,
             locks_collection=db[LOCKS_COLLECTION],
             dead_letters=dead_letters,

@@ -28,6 +28,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure, PyMongoError
 
 from flowwarden.checkpoint import Checkpoint, CheckpointCommitter, is_retryable_save_error
+from flowwarden.checkpoint.store import AwaitableStore
 from flowwarden.config import (
     Deployment,
     OnError,
@@ -53,7 +54,6 @@ from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
 from flowwarden.runtime.lease import LeaseManager
 from flowwarden.runtime.status import StreamState, StreamStatus
-from flowwarden.runtime.stores import AsyncStore
 
 # Server error codes with a meaning of their own to the runner.
 HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
@@ -114,7 +114,7 @@ class StreamRunner:
         spec: StreamSpec,
         *,
         client: Any,
-        store: AsyncStore,
+        store: AwaitableStore,
         instance_id: str,
         locks_collection: Any,
         dead_letters: DeadLetterWriter | None,
@@ -356,7 +356,7 @@ class StreamRunner:
             else (checkpoint.epoch if checkpoint else 0)
         )
         committer = CheckpointCommitter(
-            self._store.raw,
+            self._store.store,
             self.name,
             save_every_n=self.spec.checkpoint.save_every_n,
             save_interval_seconds=self.spec.checkpoint.save_interval_seconds,
