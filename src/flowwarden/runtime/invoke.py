@@ -48,7 +48,6 @@ class Invoker:
         threaded: bool,
     ) -> None:
         self._bound = bound
-        self._is_async = is_async
         self._wants_ctx = wants_ctx
         self._ctx = ctx
         self._policy = policy

@@ -205,10 +205,11 @@ class StreamRunner:
         self._halt = True
 
     def status(self) -> StreamStatus:
+        # The committer's frontier is the live processed position; before one exists, the loaded one.
         committer = self._committer
-        if committer is not None and committer.frontier_token is not None:
-            self._last_processed_time = token_datetime(committer.frontier_token)
-        processed, seen = self._last_processed_time, self._last_seen_time
+        frontier = committer.frontier_token if committer is not None else None
+        processed = token_datetime(frontier) if frontier is not None else self._last_processed_time
+        seen = self._last_seen_time
         newest = max((t for t in (processed, seen) if t is not None), default=None)
         lag = None
         if newest is not None and self.state == StreamState.RUNNING:
@@ -273,9 +274,8 @@ class StreamRunner:
                     await self._lease.release()
                 except PyMongoError as error:
                     self.log.warning("stream %s: could not release its lease: %s", self.name, error)
-        if self.state not in (StreamState.FAILED,):
-            if self.state != StreamState.STOPPED:
-                self.state = StreamState.STOPPED
+        if self.state != StreamState.FAILED:
+            self.state = StreamState.STOPPED
             self.reason = self.reason or "stopped"
 
     def _fail(self, error: BaseException) -> None:
@@ -410,12 +410,6 @@ class StreamRunner:
             raise
         except FlowWardenError as error:
             self.log.warning("stream %s: final checkpoint save failed: %s", self.name, error)
-        self._refresh_times(committer)
-
-    def _refresh_times(self, committer: CheckpointCommitter) -> None:
-        token = committer.last_saved_token
-        if token is not None:
-            self._last_processed_time = token_datetime(token)
 
     # ------------------------------------------------------------------------------------------
     # start position
