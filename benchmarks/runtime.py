@@ -8,6 +8,7 @@ N events from the same start time:
 
 - a raw PyMongo ``watch()`` loop (sync MongoClient, and AsyncMongoClient): the ceiling;
 - a Connector with a no-op ``@on_change`` handler, save_every_n=1000;
+- the same with save_every_n=0 (heartbeat saves only): what the awaited count saves cost;
 - the same with save_every_n=1 (on the first 20,000 events: each waits for its own save);
 
 and prints events/s, the connector/ceiling ratios and each connector run's peak RSS growth.
@@ -193,6 +194,7 @@ def main() -> None:
         raw_sync = _run_child("raw-sync", uri, start, args.events)
         raw_async = _run_child("raw-async", uri, start, args.events)
         n1000 = _run_child("connector", uri, start, args.events, 1000)
+        n0 = _run_child("connector", uri, start, args.events, 0)
         # Every event waits for its own save: measured on fewer events, the rate is what counts.
         n1 = _run_child("connector", uri, start, min(args.events, 20_000), 1)
         ceiling = max(args.events / raw_sync["seconds"], args.events / raw_async["seconds"])
@@ -200,6 +202,7 @@ def main() -> None:
             ("raw PyMongo watch() loop, MongoClient", raw_sync),
             ("raw PyMongo watch() loop, AsyncMongoClient", raw_async),
             ("Connector, no-op @on_change, save_every_n=1000", n1000),
+            ("Connector, no-op @on_change, save_every_n=0 (heartbeat only)", n0),
             ("Connector, no-op @on_change, save_every_n=1", n1),
         ):
             rate = r["events"] / r["seconds"]
