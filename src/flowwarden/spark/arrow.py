@@ -21,6 +21,7 @@ import bisect
 import dataclasses
 import functools
 import itertools
+import logging
 import math
 import typing
 import uuid
@@ -29,15 +30,19 @@ from datetime import date, datetime, timezone
 from decimal import Context, Decimal
 from typing import Any, NamedTuple
 
+import bson
 from bson.binary import Binary
 from bson.decimal128 import Decimal128
+from bson.errors import InvalidBSON
 from bson.int64 import Int64
 from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from flowwarden.config import SchemaMode
-from flowwarden.errors import SchemaMismatchError
+from flowwarden.errors import FlowWardenError, SchemaMismatchError
 from flowwarden.events import ChangeEvent, InvalidTokenError
+from flowwarden.spark import native
 from flowwarden.spark._extra import require
 from flowwarden.spark.extjson import Encoder, JsonMode, encoder_for
 from flowwarden.spark.schema import (
@@ -52,7 +57,9 @@ from flowwarden.spark.schema import (
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
 
-__all__ = ["ArrowBatch", "MalformedRow", "events_to_arrow"]
+__all__ = ["ArrowBatch", "MalformedRow", "UndecodableEventError", "events_to_arrow"]
+
+log = logging.getLogger(__name__)
 
 _MISSING_TYPE = type("_Missing", (), {"__repr__": lambda self: "<missing>"})
 _MISSING: Any = _MISSING_TYPE()
@@ -113,6 +120,19 @@ class ArrowBatch(NamedTuple):
     """A ``pyarrow.Table`` with :data:`~flowwarden.spark.schema.EVENT_COLUMNS` (and
     ``_corrupt_record`` in PERMISSIVE mode with a typed schema)."""
     malformed: tuple[MalformedRow, ...]
+
+
+class UndecodableEventError(FlowWardenError, ValueError):
+    """A raw event of the batch is not BSON that PyMongo can decode."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index = index
+        self.reason = reason
+        super().__init__(
+            f"event {index} of the batch is not valid BSON ({reason}); the bytes were damaged "
+            "between the server and here. Dead-letter that event's raw bytes or read the stream "
+            "with PyMongo's decoding to see which field is affected"
+        )
 
 
 class _Misfit(Exception):
@@ -689,6 +709,35 @@ def _raw(events: Sequence[Mapping[str, Any] | ChangeEvent]) -> list[Mapping[str,
     return [event.raw if isinstance(event, ChangeEvent) else event for event in events]
 
 
+def _native_table(raws: list[Mapping[str, Any]], plan: _Plan, json_mode: JsonMode) -> Any:
+    """The table of a batch of RawBSONDocuments from the compiled converter, or None when it
+    is not built, the schema is typed, not every event is raw, or it leaves this batch to
+    Python."""
+    if plan.full_document is not None or not native.AVAILABLE:
+        return None
+    columns = native.convert(raws, json_mode)
+    if isinstance(columns, str):
+        log.debug("%d raw events converted in Python: %s", len(raws), columns)
+        return None
+    return None if columns is None else pa.Table.from_arrays(columns, schema=plan.schema)
+
+
+def _decoded(raws: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Every RawBSONDocument decoded with :data:`~flowwarden.spark.native.DECODE_OPTIONS`
+    (whatever codec options it carries): the Python path's input, also for mixed batches."""
+    out: list[Mapping[str, Any]] = []
+    for index, raw in enumerate(raws):
+        if not isinstance(raw, RawBSONDocument):
+            out.append(raw)
+            continue
+        try:
+            decoded: dict[str, Any] = bson.decode(raw.raw, codec_options=native.DECODE_OPTIONS)
+        except InvalidBSON as error:
+            raise UndecodableEventError(index, str(error)) from error
+        out.append(decoded)
+    return out
+
+
 def _token_data(raws: list[Mapping[str, Any]]) -> list[str]:
     try:
         return [raw["_id"]["_data"] for raw in raws]
@@ -727,8 +776,14 @@ def events_to_arrow(
 ) -> ArrowBatch:
     """Convert a batch of change events into an Arrow table with the change-event columns.
 
-    ``events`` are raw change documents as PyMongo decodes them (``ChangeEvent.raw``) or
-    :class:`~flowwarden.events.ChangeEvent` objects. ``schema`` types ``full_document`` and
+    ``events`` are raw change documents as PyMongo decodes them (``ChangeEvent.raw``),
+    ``bson.raw_bson.RawBSONDocument`` events as a raw-reading change stream delivers them, or
+    :class:`~flowwarden.events.ChangeEvent` objects over either. A batch of RawBSONDocuments
+    with ``schema=None`` goes through the compiled converter when it is built
+    (:mod:`flowwarden.spark.native`); every other batch, and any batch the compiled converter
+    leaves to Python, is decoded with :data:`~flowwarden.spark.native.DECODE_OPTIONS` and
+    converted in Python, to the same table. Bytes PyMongo cannot decode raise
+    :class:`UndecodableEventError`. ``schema`` types ``full_document`` and
     ``full_document_before_change``: a pydantic model class, a pyspark ``StructType`` or a
     pyarrow ``Schema``; None keeps both as Extended JSON strings (``json_mode``, canonical by
     default: lossless).
@@ -746,6 +801,10 @@ def events_to_arrow(
     json = encoder_for(json_mode)
     raws = _raw(events)
     count = len(raws)
+    table = _native_table(raws, plan, json_mode)
+    if table is not None:
+        return ArrowBatch(table, ())
+    raws = _decoded(raws)
 
     ids = _token_data(raws)
     operation, cluster, wall, ns, keys, updates, full, before = _columns_reader(_EVENT_KEYS)(raws, None)

@@ -1,0 +1,19 @@
+"""The optional compiled converter of flowwarden.spark (everything else is in pyproject.toml).
+
+``flowwarden.spark._native`` turns raw change-event BSON into Arrow buffers in one pass. It is
+optional: without a C compiler (or on a big-endian machine) the build skips it, the install
+still succeeds, and flowwarden.spark converts events in Python with the same output.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+native = Extension(
+    "flowwarden.spark._native",
+    sources=["src/flowwarden/spark/_native.c"],
+    extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    optional=True,
+)
+
+setup(ext_modules=[native] if sys.byteorder == "little" else [])

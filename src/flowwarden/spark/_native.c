@@ -1,0 +1,1745 @@
+/*
+ * flowwarden.spark._native: raw change-event BSON straight into Arrow buffers.
+ *
+ * One pass over each event's bytes writes every column of the default change-event table
+ * (the columns, types and values flowwarden.spark.arrow.events_to_arrow writes for decoded
+ * events): string columns as validity bitmap + int32 offsets + UTF-8 data, timestamps as
+ * validity + int64 microseconds, removed_fields as a list<string>. Extended JSON text is byte
+ * for byte what flowwarden.spark.extjson.dumps writes for the decoded value.
+ *
+ * Hard rule: this module never guesses. Anything it does not convert exactly (a BSON type or
+ * case it leaves to Python, bytes bson.decode would refuse, a shape events_to_arrow does not
+ * expect) makes the whole call return a str saying which event and why, and the caller
+ * converts the batch with the Python path. Every read is bounds-checked against the buffer:
+ * malformed or truncated input is a fallback, never a crash.
+ *
+ * The checks mirror pymongo's bson C decoder (_cbsonmodule.c): document sizes and
+ * terminators, strict UTF-8 in keys and strings, booleans 0 or 1, binary subtype 2's inner
+ * length. Where bson accepts more than this module (code with scope, DBPointer, binary
+ * subtype 2, documents with a "$ref" key that bson turns into DBRef, duplicate keys), this
+ * module falls back rather than imitate it.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OK 0
+#define FALLBACK (-1)
+#define PYERR (-2)
+#define MAX_DEPTH 100
+
+/* datetime.min and datetime.max in milliseconds since the epoch: bson decodes a BSON date
+ * outside them as DatetimeMS (with DATETIME_AUTO), which events_to_arrow does not take as a
+ * datetime. */
+#define MIN_DATETIME_MS (-62135596800000LL)
+#define MAX_DATETIME_MS (253402300799999LL)
+
+static const char *HEX = "0123456789abcdef";
+
+/* ---------------------------------------------------------------------------------------- */
+/* Growable output buffers, backed by a bytes object handed to pyarrow without a copy. */
+
+typedef struct {
+    PyObject *obj;
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Buf;
+
+static int buf_grow(Buf *b, Py_ssize_t need) {
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    if (need > PY_SSIZE_T_MAX / 2 - b->len) {
+        PyErr_NoMemory();
+        return PYERR;
+    }
+    while (cap < b->len + need) {
+        cap *= 2;
+    }
+    if (b->obj == NULL) {
+        b->obj = PyBytes_FromStringAndSize(NULL, cap);
+        if (b->obj == NULL) {
+            return PYERR;
+        }
+    } else if (_PyBytes_Resize(&b->obj, cap) < 0) {
+        b->obj = NULL;
+        return PYERR;
+    }
+    b->data = PyBytes_AS_STRING(b->obj);
+    b->cap = cap;
+    return OK;
+}
+
+static inline int reserve(Buf *b, Py_ssize_t n) {
+    return (b->len + n <= b->cap) ? OK : buf_grow(b, n);
+}
+
+/* Callers reserve first. */
+static inline void put(Buf *b, const char *s, Py_ssize_t n) {
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+}
+
+#define PUT_LITERAL(b, s) put((b), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+static inline void put_char(Buf *b, char c) { b->data[b->len++] = c; }
+
+/* The buffer as a bytes object of exactly its length; the Buf gives it up. */
+static PyObject *buf_finish(Buf *b) {
+    if (b->obj == NULL) {
+        return PyBytes_FromStringAndSize(NULL, 0);
+    }
+    if (b->len != b->cap && _PyBytes_Resize(&b->obj, b->len) < 0) {
+        b->obj = NULL;
+        return NULL;
+    }
+    PyObject *out = b->obj;
+    b->obj = NULL;
+    return out;
+}
+
+static void buf_free(Buf *b) { Py_CLEAR(b->obj); }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Reading */
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v; /* little-endian hosts only: see setup.py */
+}
+
+static inline uint64_t rd64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+typedef struct {
+    const char *reason; /* why the batch falls back to Python */
+    int relaxed;
+} Ctx;
+
+static int fallback(Ctx *ctx, const char *reason) {
+    ctx->reason = reason;
+    return FALLBACK;
+}
+
+/* Strict UTF-8 as Python's decoder checks it: no overlong forms, no surrogates, nothing past
+ * U+10FFFF. Returns the length of the sequence at p (at most n bytes), 0 when invalid. */
+static inline int utf8_sequence(const uint8_t *p, Py_ssize_t n) {
+    uint8_t c = p[0];
+    if (c < 0x80) {
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF) {
+        return (n >= 2 && (p[1] & 0xC0) == 0x80) ? 2 : 0;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (n < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) {
+            return 0;
+        }
+        if (c == 0xE0 && p[1] < 0xA0) {
+            return 0;
+        }
+        if (c == 0xED && p[1] > 0x9F) {
+            return 0;
+        }
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (n < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) {
+            return 0;
+        }
+        if (c == 0xF0 && p[1] < 0x90) {
+            return 0;
+        }
+        if (c == 0xF4 && p[1] > 0x8F) {
+            return 0;
+        }
+        return 4;
+    }
+    return 0;
+}
+
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Whether none of the 8 bytes of w needs a look: all ASCII, none below 0x20, no '"', no '\\'.
+ * (The "has a byte less than n" trick is exact as a yes/no answer.) */
+static inline int plain8(uint64_t w) {
+    uint64_t control = (w - ONES * 0x20) & ~w;
+    uint64_t quote = w ^ (ONES * '"');
+    uint64_t backslash = w ^ (ONES * '\\');
+    quote = (quote - ONES) & ~quote;
+    backslash = (backslash - ONES) & ~backslash;
+    return ((w | control | quote | backslash) & HIGHS) == 0;
+}
+
+static int utf8_valid(const uint8_t *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if ((w & HIGHS) == 0) {
+                i += 8;
+                continue;
+            }
+        }
+        if (p[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int k = utf8_sequence(p + i, n - i);
+        if (k == 0) {
+            return 0;
+        }
+        i += k;
+    }
+    return 1;
+}
+
+/* The NUL ending the field name at q, looked for before `last`; NULL when there is none. */
+static inline const uint8_t *name_end(const uint8_t *q, const uint8_t *last) {
+    for (const uint8_t *c = q; c < last && c < q + 32; c++) {
+        if (*c == 0) {
+            return c;
+        }
+    }
+    if (last - q <= 32) {
+        return NULL;
+    }
+    return memchr(q + 32, 0, (size_t)(last - q - 32));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Writing JSON text (the escaping of json's encode_basestring, ensure_ascii=False) */
+
+static const char ESCAPE_SHORT[32] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 'b', 't', 'n', 0, 'f', 'r', 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0,   0,   0,   0, 0,   0,   0, 0,
+};
+
+/* A quoted JSON string of n bytes at p, validating UTF-8 as it goes. */
+static int put_json_string(Ctx *ctx, Buf *b, const uint8_t *p, Py_ssize_t n) {
+    if (reserve(b, n + 2) < 0) {
+        return PYERR;
+    }
+    put_char(b, '"');
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t run = i;
+        while (run + 8 <= n) {
+            uint64_t chunk;
+            memcpy(&chunk, p + run, 8);
+            if (!plain8(chunk)) {
+                break;
+            }
+            run += 8;
+        }
+        while (run < n && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\') {
+            run++;
+        }
+        if (run > i) {
+            put(b, (const char *)p + i, run - i);
+            i = run;
+            if (i == n) {
+                break;
+            }
+        }
+        uint8_t c = p[i];
+        if (c >= 0x80) {
+            int k = utf8_sequence(p + i, n - i);
+            if (k == 0) {
+                return fallback(ctx, "invalid UTF-8 in a string");
+            }
+            put(b, (const char *)p + i, k);
+            i += k;
+            continue;
+        }
+        /* an escape: at most 6 bytes instead of 1 */
+        if (reserve(b, (n - i) + 6) < 0) {
+            return PYERR;
+        }
+        put_char(b, '\\');
+        if (c == '"' || c == '\\') {
+            put_char(b, (char)c);
+        } else if (ESCAPE_SHORT[c]) {
+            put_char(b, ESCAPE_SHORT[c]);
+        } else {
+            put_char(b, 'u');
+            put_char(b, '0');
+            put_char(b, '0');
+            put_char(b, HEX[c >> 4]);
+            put_char(b, HEX[c & 15]);
+        }
+        i++;
+    }
+    if (reserve(b, 1) < 0) {
+        return PYERR;
+    }
+    put_char(b, '"');
+    return OK;
+}
+
+/* Decimal digits of v (callers reserve 20 bytes). */
+static inline void put_u64(Buf *b, uint64_t v) {
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n) {
+        b->data[b->len++] = tmp[--n];
+    }
+}
+
+static inline void put_i64(Buf *b, int64_t v) {
+    if (v < 0) {
+        put_char(b, '-');
+        put_u64(b, (uint64_t)0 - (uint64_t)v);
+    } else {
+        put_u64(b, (uint64_t)v);
+    }
+}
+
+static const double POW10[23] = {
+    1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+};
+
+/* float.__repr__ of a finite double.
+ *
+ * Fast path: a double that equals m / 10**k for an integer m of at most 15 digits (prices,
+ * quantities, most hand-typed numbers). Decimals of at most 15 significant digits convert to
+ * distinct doubles (DBL_DIG), so that decimal is the only one of <= 15 digits naming this
+ * double, hence the shortest one, which is what repr prints. m and 10**k are exact doubles and
+ * IEEE division rounds correctly, so m / 10**k == d is exactly "the decimal reads back as d".
+ * Everything else goes through PyOS_double_to_string, repr's own formatter. */
+static int put_double_repr(Buf *b, double d) {
+    if (reserve(b, 32) < 0) {
+        return PYERR;
+    }
+    if (d == 0.0) {
+        if (signbit(d)) {
+            PUT_LITERAL(b, "-0.0");
+        } else {
+            PUT_LITERAL(b, "0.0");
+        }
+        return OK;
+    }
+    double a = fabs(d);
+    if (a >= 1e-3 && a < 1e15) {
+        for (int k = 0; k <= 17; k++) {
+            double scaled = a * POW10[k];
+            if (scaled >= 1e15) {
+                break;
+            }
+            double m = nearbyint(scaled);
+            if (m / POW10[k] == a) {
+                /* digits of m, with the decimal point k places from the right */
+                uint64_t mi = (uint64_t)m;
+                while (k > 0 && mi % 10 == 0) {
+                    mi /= 10;
+                    k--;
+                }
+                char digits[24];
+                int n = 0;
+                do {
+                    digits[n++] = (char)('0' + mi % 10);
+                    mi /= 10;
+                } while (mi);
+                /* digits are reversed: digits[n-1] is the most significant */
+                if (d < 0) {
+                    put_char(b, '-');
+                }
+                int point = n - k; /* digits before the decimal point */
+                if (point <= 0) {
+                    put_char(b, '0');
+                    put_char(b, '.');
+                    for (int z = 0; z < -point; z++) {
+                        put_char(b, '0');
+                    }
+                    while (n) {
+                        put_char(b, digits[--n]);
+                    }
+                } else {
+                    for (int z = 0; z < point; z++) {
+                        put_char(b, digits[--n]);
+                    }
+                    put_char(b, '.');
+                    if (n == 0) {
+                        put_char(b, '0');
+                    }
+                    while (n) {
+                        put_char(b, digits[--n]);
+                    }
+                }
+                return OK;
+            }
+        }
+    }
+    char *text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (text == NULL) {
+        return PYERR;
+    }
+    Py_ssize_t n = (Py_ssize_t)strlen(text);
+    if (reserve(b, n) < 0) {
+        PyMem_Free(text);
+        return PYERR;
+    }
+    put(b, text, n);
+    PyMem_Free(text);
+    return OK;
+}
+
+static int put_double(Ctx *ctx, Buf *b, double d) {
+    if (reserve(b, 32) < 0) {
+        return PYERR;
+    }
+    if (isnan(d)) {
+        PUT_LITERAL(b, "{\"$numberDouble\":\"NaN\"}");
+        return OK;
+    }
+    if (isinf(d)) {
+        if (d > 0) {
+            PUT_LITERAL(b, "{\"$numberDouble\":\"Infinity\"}");
+        } else {
+            PUT_LITERAL(b, "{\"$numberDouble\":\"-Infinity\"}");
+        }
+        return OK;
+    }
+    if (ctx->relaxed) {
+        return put_double_repr(b, d);
+    }
+    PUT_LITERAL(b, "{\"$numberDouble\":\"");
+    int rc = put_double_repr(b, d);
+    if (rc < 0) {
+        return rc;
+    }
+    if (reserve(b, 2) < 0) {
+        return PYERR;
+    }
+    PUT_LITERAL(b, "\"}");
+    return OK;
+}
+
+/* str(Decimal128) for the canonical encodings; NaN, infinities, non-canonical and clamped
+ * ones are the caller's (see decimal128_text in extjson.py for the rule). */
+static int put_decimal128(Ctx *ctx, Buf *b, const uint8_t *p) {
+    uint64_t low = rd64(p), high = rd64(p + 8);
+    const char *sign = (high >> 63) ? "-" : "";
+    if (reserve(b, 128) < 0) {
+        return PYERR;
+    }
+    PUT_LITERAL(b, "{\"$numberDecimal\":\"");
+    if ((high & 0x7C00000000000000ULL) == 0x7C00000000000000ULL) {
+        /* every NaN, signalling or not, of either sign: "NaN" (the drivers spec) */
+        PUT_LITERAL(b, "NaN\"}");
+        return OK;
+    }
+    if ((high & 0x7800000000000000ULL) == 0x7800000000000000ULL) {
+        put(b, sign, (Py_ssize_t)strlen(sign));
+        PUT_LITERAL(b, "Infinity\"}");
+        return OK;
+    }
+    if ((high & 0x6000000000000000ULL) == 0x6000000000000000ULL) {
+        return fallback(ctx, "a non-canonical Decimal128");
+    }
+    int exponent = (int)((high >> 49) & 0x3FFF) - 6176;
+    unsigned __int128 coefficient = ((unsigned __int128)(high & ((1ULL << 49) - 1)) << 64) | low;
+    /* 10**34 - 1 */
+    const unsigned __int128 max_coefficient =
+        (unsigned __int128)999999999999999ULL * 10000000000000000000ULL + 9999999999999999999ULL;
+    if (coefficient > max_coefficient || exponent > 6111) {
+        return fallback(ctx, "a Decimal128 bson writes in clamped or non-canonical form");
+    }
+    char digits[40];
+    int n = 0;
+    while (coefficient >> 64) {
+        digits[n++] = (char)('0' + (int)(coefficient % 10));
+        coefficient /= 10;
+    }
+    uint64_t small = (uint64_t)coefficient;
+    do {
+        digits[n++] = (char)('0' + (int)(small % 10));
+        small /= 10;
+    } while (small);
+    /* digits reversed; n digits */
+    int adjusted = exponent + n - 1;
+    put(b, sign, (Py_ssize_t)strlen(sign));
+    if (exponent <= 0 && adjusted >= -6) {
+        int point = n + exponent;
+        if (exponent == 0) {
+            while (n) {
+                put_char(b, digits[--n]);
+            }
+        } else if (point > 0) {
+            for (int z = 0; z < point; z++) {
+                put_char(b, digits[--n]);
+            }
+            put_char(b, '.');
+            while (n) {
+                put_char(b, digits[--n]);
+            }
+        } else {
+            put_char(b, '0');
+            put_char(b, '.');
+            for (int z = 0; z < -point; z++) {
+                put_char(b, '0');
+            }
+            while (n) {
+                put_char(b, digits[--n]);
+            }
+        }
+    } else {
+        put_char(b, digits[--n]);
+        if (n) {
+            put_char(b, '.');
+            while (n) {
+                put_char(b, digits[--n]);
+            }
+        }
+        put_char(b, 'E');
+        put_char(b, adjusted >= 0 ? '+' : '-');
+        put_u64(b, (uint64_t)(adjusted >= 0 ? adjusted : -adjusted));
+    }
+    PUT_LITERAL(b, "\"}");
+    return OK;
+}
+
+static void civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d) {
+    z += 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    unsigned doe = (unsigned)(z - era * 146097);
+    unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t year = (int64_t)yoe + era * 400;
+    unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    unsigned mp = (5 * doy + 2) / 153;
+    *d = doy - (153 * mp + 2) / 5 + 1;
+    *m = mp < 10 ? mp + 3 : mp - 9;
+    *y = year + (*m <= 2);
+}
+
+static inline void put_2(Buf *b, unsigned v) {
+    put_char(b, (char)('0' + v / 10));
+    put_char(b, (char)('0' + v % 10));
+}
+
+static int put_datetime(Ctx *ctx, Buf *b, int64_t ms) {
+    if (reserve(b, 64) < 0) {
+        return PYERR;
+    }
+    if (ctx->relaxed && ms >= 0 && ms <= MAX_DATETIME_MS) {
+        /* json_util's relaxed form: ISO-8601 UTC from the epoch to year 9999, else canonical */
+        int64_t days = ms / 86400000, rest = ms % 86400000;
+        int64_t year;
+        unsigned month, day;
+        civil_from_days(days, &year, &month, &day);
+        unsigned seconds = (unsigned)(rest / 1000), millis = (unsigned)(rest % 1000);
+        PUT_LITERAL(b, "{\"$date\":\"");
+        put_char(b, (char)('0' + year / 1000));
+        put_char(b, (char)('0' + year / 100 % 10));
+        put_2(b, (unsigned)(year % 100));
+        put_char(b, '-');
+        put_2(b, month);
+        put_char(b, '-');
+        put_2(b, day);
+        put_char(b, 'T');
+        put_2(b, seconds / 3600);
+        put_char(b, ':');
+        put_2(b, seconds / 60 % 60);
+        put_char(b, ':');
+        put_2(b, seconds % 60);
+        if (millis) {
+            put_char(b, '.');
+            put_char(b, (char)('0' + millis / 100));
+            put_2(b, millis % 100);
+        }
+        PUT_LITERAL(b, "Z\"}");
+        return OK;
+    }
+    PUT_LITERAL(b, "{\"$date\":{\"$numberLong\":\"");
+    put_i64(b, ms);
+    PUT_LITERAL(b, "\"}}");
+    return OK;
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static int put_binary(Buf *b, const uint8_t *p, Py_ssize_t n, unsigned subtype) {
+    if (reserve(b, (n + 2) / 3 * 4 + 64) < 0) {
+        return PYERR;
+    }
+    PUT_LITERAL(b, "{\"$binary\":{\"base64\":\"");
+    Py_ssize_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = ((uint32_t)p[i] << 16) | ((uint32_t)p[i + 1] << 8) | p[i + 2];
+        put_char(b, B64[v >> 18]);
+        put_char(b, B64[(v >> 12) & 63]);
+        put_char(b, B64[(v >> 6) & 63]);
+        put_char(b, B64[v & 63]);
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        put_char(b, B64[v >> 18]);
+        put_char(b, B64[(v >> 12) & 63]);
+        PUT_LITERAL(b, "==");
+    } else if (n - i == 2) {
+        uint32_t v = ((uint32_t)p[i] << 16) | ((uint32_t)p[i + 1] << 8);
+        put_char(b, B64[v >> 18]);
+        put_char(b, B64[(v >> 12) & 63]);
+        put_char(b, B64[(v >> 6) & 63]);
+        put_char(b, '=');
+    }
+    PUT_LITERAL(b, "\",\"subType\":\"");
+    put_char(b, HEX[subtype >> 4]);
+    put_char(b, HEX[subtype & 15]);
+    PUT_LITERAL(b, "\"}}");
+    return OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* BSON structure */
+
+/* The size of the embedded document or array at p, with avail bytes before its container's
+ * terminator; -1 when it does not fit or lacks its terminator. */
+static inline Py_ssize_t doc_size(const uint8_t *p, Py_ssize_t avail) {
+    if (avail < 5) {
+        return -1;
+    }
+    uint32_t size = rd32(p);
+    if (size < 5 || (Py_ssize_t)size > avail || p[size - 1] != 0) {
+        return -1;
+    }
+    return (Py_ssize_t)size;
+}
+
+/* The length of a BSON string value (int32 length, bytes, NUL) at p, checked the way bson
+ * checks it; the text is at p + 4 and has *text_len bytes. -1 when malformed. */
+static inline Py_ssize_t string_value(const uint8_t *p, Py_ssize_t avail, Py_ssize_t *text_len) {
+    if (avail < 4) {
+        return -1;
+    }
+    uint32_t n = rd32(p);
+    if (n == 0 || (Py_ssize_t)n > avail - 4 || p[4 + n - 1] != 0) {
+        return -1;
+    }
+    *text_len = (Py_ssize_t)n - 1;
+    return 4 + (Py_ssize_t)n;
+}
+
+static int validate_document(Ctx *ctx, const uint8_t *p, Py_ssize_t size, int is_array, int depth);
+
+/* Checks one value of BSON type t at p (avail bytes up to its container's terminator) the way
+ * bson.decode would, without writing anything: the parts of an event no column shows still
+ * have to decode. Sets *used to the value's length. */
+static int validate_value(Ctx *ctx, uint8_t t, const uint8_t *p, Py_ssize_t avail, Py_ssize_t *used,
+                          int depth, int shallow) {
+    Py_ssize_t n, text;
+    switch (t) {
+    case 0x01: /* double */
+    case 0x09: /* date */
+    case 0x11: /* timestamp */
+    case 0x12: /* int64 */
+        n = 8;
+        break;
+    case 0x02: /* string */
+    case 0x0D: /* code */
+    case 0x0E: /* symbol */
+        n = string_value(p, avail, &text);
+        if (n < 0) {
+            return fallback(ctx, "a malformed string");
+        }
+        if (!utf8_valid(p + 4, text)) {
+            return fallback(ctx, "invalid UTF-8 in a string");
+        }
+        break;
+    case 0x03: /* document */
+    case 0x04: /* array */
+        n = doc_size(p, avail);
+        if (n < 0) {
+            return fallback(ctx, "a malformed embedded document");
+        }
+        if (!shallow) {
+            int rc = validate_document(ctx, p, n, t == 0x04, depth + 1);
+            if (rc < 0) {
+                return rc;
+            }
+        }
+        break;
+    case 0x05: /* binary */
+        if (avail < 5) {
+            return fallback(ctx, "a malformed binary");
+        }
+        n = (Py_ssize_t)rd32(p);
+        if (n > avail - 5) {
+            return fallback(ctx, "a malformed binary");
+        }
+        if (p[4] == 2 && (n < 4 || (Py_ssize_t)rd32(p + 5) != n - 4)) {
+            return fallback(ctx, "a malformed binary of subtype 2");
+        }
+        n += 5;
+        break;
+    case 0x06: /* undefined */
+    case 0x0A: /* null */
+    case 0x7F: /* maxkey */
+    case 0xFF: /* minkey */
+        n = 0;
+        break;
+    case 0x07: /* objectid */
+        n = 12;
+        break;
+    case 0x08: /* bool */
+        if (avail < 1 || p[0] > 1) {
+            return fallback(ctx, "a malformed boolean");
+        }
+        n = 1;
+        break;
+    case 0x0B: /* regex: two cstrings */
+    {
+        const uint8_t *nul = memchr(p, 0, (size_t)avail);
+        if (nul == NULL) {
+            return fallback(ctx, "a malformed regular expression");
+        }
+        Py_ssize_t pattern = nul - p;
+        const uint8_t *nul2 = memchr(nul + 1, 0, (size_t)(avail - pattern - 1));
+        if (nul2 == NULL) {
+            return fallback(ctx, "a malformed regular expression");
+        }
+        if (!utf8_valid(p, pattern) || !utf8_valid(nul + 1, nul2 - nul - 1)) {
+            return fallback(ctx, "invalid UTF-8 in a regular expression");
+        }
+        n = nul2 + 1 - p;
+        break;
+    }
+    case 0x0C: /* DBPointer: string + ObjectId */
+        n = string_value(p, avail, &text);
+        if (n < 0 || n + 12 > avail) {
+            return fallback(ctx, "a malformed DBPointer");
+        }
+        if (!utf8_valid(p + 4, text)) {
+            return fallback(ctx, "invalid UTF-8 in a DBPointer");
+        }
+        n += 12;
+        break;
+    case 0x10: /* int32 */
+        n = 4;
+        break;
+    case 0x13: /* decimal128 */
+        n = 16;
+        break;
+    default: /* code with scope, and unknown types */
+        return fallback(ctx, "a BSON type converted in Python (code with scope or unknown)");
+    }
+    if (n > avail) {
+        return fallback(ctx, "a value longer than its document");
+    }
+    *used = n;
+    return OK;
+}
+
+/* The elements of the document or array at p (size bytes, header and terminator checked). */
+static int validate_document(Ctx *ctx, const uint8_t *p, Py_ssize_t size, int is_array, int depth) {
+    if (depth > MAX_DEPTH) {
+        return fallback(ctx, "documents nested too deeply");
+    }
+    const uint8_t *q = p + 4, *last = p + size - 1;
+    while (q < last) {
+        uint8_t t = *q++;
+        const uint8_t *nul = name_end(q, last);
+        if (nul == NULL) {
+            return fallback(ctx, "a malformed field name");
+        }
+        if (!is_array && !utf8_valid(q, nul - q)) {
+            return fallback(ctx, "invalid UTF-8 in a field name");
+        }
+        q = nul + 1;
+        Py_ssize_t used;
+        int rc = validate_value(ctx, t, q, last - q, &used, depth, 0);
+        if (rc < 0) {
+            return rc;
+        }
+        q += used;
+    }
+    return OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Extended JSON of a BSON value */
+
+typedef struct {
+    const uint8_t *key;
+    Py_ssize_t len;
+} Key;
+
+/* Keys of the documents being written, one stack shared by all nesting levels. */
+typedef struct {
+    Key *keys;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} KeyStack;
+
+static int keys_push(KeyStack *s, const uint8_t *key, Py_ssize_t len) {
+    if (s->len == s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap * 2 : 256;
+        Key *keys = PyMem_Realloc(s->keys, (size_t)cap * sizeof(Key));
+        if (keys == NULL) {
+            PyErr_NoMemory();
+            return PYERR;
+        }
+        s->keys = keys;
+        s->cap = cap;
+    }
+    s->keys[s->len].key = key;
+    s->keys[s->len].len = len;
+    s->len++;
+    return OK;
+}
+
+static int key_order(const void *a, const void *b) {
+    const Key *x = a, *y = b;
+    if (x->len != y->len) {
+        return x->len < y->len ? -1 : 1;
+    }
+    return memcmp(x->key, y->key, (size_t)x->len);
+}
+
+/* Whether two of keys[0..n) are equal (a decoded dict keeps one of them, at the first one's
+ * place with the last one's value: not worth imitating). */
+static int has_duplicates(Key *keys, Py_ssize_t n) {
+    if (n <= 16) {
+        for (Py_ssize_t i = 1; i < n; i++) {
+            for (Py_ssize_t j = 0; j < i; j++) {
+                if (keys[i].len == keys[j].len && memcmp(keys[i].key, keys[j].key, (size_t)keys[i].len) == 0) {
+                    return 1;
+                }
+            }
+        }
+        return 0;
+    }
+    /* the keys are only pointers into the input: sorting them in place is fine */
+    qsort(keys, (size_t)n, sizeof(Key), key_order);
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (key_order(&keys[i - 1], &keys[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+typedef struct {
+    Ctx *ctx;
+    KeyStack keys;
+} Writer;
+
+static int write_document(Writer *w, Buf *b, const uint8_t *p, Py_ssize_t size, int is_array, int depth);
+
+static int write_value(Writer *w, Buf *b, uint8_t t, const uint8_t *p, Py_ssize_t avail, Py_ssize_t *used,
+                       int depth) {
+    Ctx *ctx = w->ctx;
+    Py_ssize_t n, text;
+    int rc = OK;
+    switch (t) {
+    case 0x01: { /* double */
+        if (avail < 8) {
+            return fallback(ctx, "a truncated double");
+        }
+        uint64_t bits = rd64(p);
+        double d;
+        memcpy(&d, &bits, 8);
+        rc = put_double(ctx, b, d);
+        n = 8;
+        break;
+    }
+    case 0x02: /* string */
+    case 0x0E: /* symbol: decoded as str */
+        n = string_value(p, avail, &text);
+        if (n < 0) {
+            return fallback(ctx, "a malformed string");
+        }
+        rc = put_json_string(ctx, b, p + 4, text);
+        break;
+    case 0x03:
+    case 0x04:
+        n = doc_size(p, avail);
+        if (n < 0) {
+            return fallback(ctx, "a malformed embedded document");
+        }
+        rc = write_document(w, b, p, n, t == 0x04, depth + 1);
+        break;
+    case 0x05: { /* binary */
+        if (avail < 5) {
+            return fallback(ctx, "a malformed binary");
+        }
+        n = (Py_ssize_t)rd32(p);
+        if (n > avail - 5) {
+            return fallback(ctx, "a malformed binary");
+        }
+        unsigned subtype = p[4];
+        if (subtype == 2) {
+            return fallback(ctx, "binary subtype 2 (converted in Python)");
+        }
+        rc = put_binary(b, p + 5, n, subtype);
+        n += 5;
+        break;
+    }
+    case 0x06: /* undefined: decoded as None */
+    case 0x0A:
+        if (reserve(b, 4) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, "null");
+        n = 0;
+        break;
+    case 0x07: /* ObjectId */
+        if (avail < 12) {
+            return fallback(ctx, "a truncated ObjectId");
+        }
+        if (reserve(b, 36) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, "{\"$oid\":\"");
+        for (int i = 0; i < 12; i++) {
+            put_char(b, HEX[p[i] >> 4]);
+            put_char(b, HEX[p[i] & 15]);
+        }
+        PUT_LITERAL(b, "\"}");
+        n = 12;
+        break;
+    case 0x08:
+        if (avail < 1 || p[0] > 1) {
+            return fallback(ctx, "a malformed boolean");
+        }
+        if (reserve(b, 5) < 0) {
+            return PYERR;
+        }
+        if (p[0]) {
+            PUT_LITERAL(b, "true");
+        } else {
+            PUT_LITERAL(b, "false");
+        }
+        n = 1;
+        break;
+    case 0x09:
+        if (avail < 8) {
+            return fallback(ctx, "a truncated date");
+        }
+        rc = put_datetime(ctx, b, (int64_t)rd64(p));
+        n = 8;
+        break;
+    case 0x0B: { /* regex */
+        const uint8_t *nul = memchr(p, 0, (size_t)avail);
+        if (nul == NULL) {
+            return fallback(ctx, "a malformed regular expression");
+        }
+        Py_ssize_t pattern = nul - p;
+        const uint8_t *flags = nul + 1;
+        const uint8_t *nul2 = memchr(flags, 0, (size_t)(avail - pattern - 1));
+        if (nul2 == NULL) {
+            return fallback(ctx, "a malformed regular expression");
+        }
+        if (!utf8_valid(flags, nul2 - flags)) {
+            return fallback(ctx, "invalid UTF-8 in a regular expression");
+        }
+        int seen[6] = {0, 0, 0, 0, 0, 0};
+        static const char LETTERS[] = "ilmsux";
+        for (const uint8_t *f = flags; f < nul2; f++) {
+            const char *at = memchr(LETTERS, *f, 6);
+            if (at != NULL && *f) {
+                seen[at - LETTERS] = 1;
+            }
+        }
+        if (reserve(b, 48) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, "{\"$regularExpression\":{\"pattern\":");
+        rc = put_json_string(ctx, b, p, pattern);
+        if (rc < 0) {
+            return rc;
+        }
+        if (reserve(b, 32) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, ",\"options\":\"");
+        for (int i = 0; i < 6; i++) {
+            if (seen[i]) {
+                put_char(b, LETTERS[i]);
+            }
+        }
+        PUT_LITERAL(b, "\"}}");
+        n = nul2 + 1 - p;
+        break;
+    }
+    case 0x0D: /* code without scope */
+        n = string_value(p, avail, &text);
+        if (n < 0) {
+            return fallback(ctx, "a malformed code string");
+        }
+        if (reserve(b, 9) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, "{\"$code\":");
+        rc = put_json_string(ctx, b, p + 4, text);
+        if (rc == OK) {
+            if (reserve(b, 1) < 0) {
+                return PYERR;
+            }
+            put_char(b, '}');
+        }
+        break;
+    case 0x10: /* int32 */
+        if (avail < 4) {
+            return fallback(ctx, "a truncated int32");
+        }
+        if (reserve(b, 32) < 0) {
+            return PYERR;
+        }
+        if (ctx->relaxed) {
+            put_i64(b, (int32_t)rd32(p));
+        } else {
+            PUT_LITERAL(b, "{\"$numberInt\":\"");
+            put_i64(b, (int32_t)rd32(p));
+            PUT_LITERAL(b, "\"}");
+        }
+        n = 4;
+        break;
+    case 0x11: /* timestamp: increment, then time */
+        if (avail < 8) {
+            return fallback(ctx, "a truncated timestamp");
+        }
+        if (reserve(b, 64) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, "{\"$timestamp\":{\"t\":");
+        put_u64(b, rd32(p + 4));
+        PUT_LITERAL(b, ",\"i\":");
+        put_u64(b, rd32(p));
+        PUT_LITERAL(b, "}}");
+        n = 8;
+        break;
+    case 0x12: /* int64: decoded as bson.Int64 */
+        if (avail < 8) {
+            return fallback(ctx, "a truncated int64");
+        }
+        if (reserve(b, 48) < 0) {
+            return PYERR;
+        }
+        if (ctx->relaxed) {
+            put_i64(b, (int64_t)rd64(p));
+        } else {
+            PUT_LITERAL(b, "{\"$numberLong\":\"");
+            put_i64(b, (int64_t)rd64(p));
+            PUT_LITERAL(b, "\"}");
+        }
+        n = 8;
+        break;
+    case 0x13:
+        if (avail < 16) {
+            return fallback(ctx, "a truncated Decimal128");
+        }
+        rc = put_decimal128(ctx, b, p);
+        n = 16;
+        break;
+    case 0x7F:
+        if (reserve(b, 16) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, "{\"$maxKey\":1}");
+        n = 0;
+        break;
+    case 0xFF:
+        if (reserve(b, 16) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(b, "{\"$minKey\":1}");
+        n = 0;
+        break;
+    case 0x0C:
+        return fallback(ctx, "a DBPointer (converted in Python)");
+    case 0x0F:
+        return fallback(ctx, "code with scope (converted in Python)");
+    default:
+        return fallback(ctx, "an unknown BSON type");
+    }
+    if (rc < 0) {
+        return rc;
+    }
+    *used = n;
+    return OK;
+}
+
+static int write_document(Writer *w, Buf *b, const uint8_t *p, Py_ssize_t size, int is_array, int depth) {
+    Ctx *ctx = w->ctx;
+    if (depth > MAX_DEPTH) {
+        return fallback(ctx, "documents nested too deeply");
+    }
+    Py_ssize_t first_key = w->keys.len;
+    const uint8_t *q = p + 4, *last = p + size - 1;
+    if (reserve(b, 1) < 0) {
+        return PYERR;
+    }
+    put_char(b, is_array ? '[' : '{');
+    int first = 1;
+    while (q < last) {
+        uint8_t t = *q++;
+        const uint8_t *nul = name_end(q, last);
+        if (nul == NULL) {
+            return fallback(ctx, "a malformed field name");
+        }
+        Py_ssize_t key_len = nul - q;
+        if (!first) {
+            if (reserve(b, 1) < 0) {
+                return PYERR;
+            }
+            put_char(b, ',');
+        }
+        first = 0;
+        if (!is_array) {
+            if (key_len == 4 && memcmp(q, "$ref", 4) == 0) {
+                return fallback(ctx, "a document with a $ref key (bson may decode it as a DBRef)");
+            }
+            int rc = put_json_string(ctx, b, q, key_len);
+            if (rc < 0) {
+                return rc;
+            }
+            if (reserve(b, 1) < 0) {
+                return PYERR;
+            }
+            put_char(b, ':');
+            if (keys_push(&w->keys, q, key_len) < 0) {
+                return PYERR;
+            }
+        }
+        q = nul + 1;
+        Py_ssize_t used;
+        int rc = write_value(w, b, t, q, last - q, &used, depth);
+        if (rc < 0) {
+            return rc;
+        }
+        q += used;
+    }
+    if (!is_array && has_duplicates(w->keys.keys + first_key, w->keys.len - first_key)) {
+        return fallback(ctx, "a document with a repeated field name");
+    }
+    w->keys.len = first_key;
+    if (reserve(b, 1) < 0) {
+        return PYERR;
+    }
+    put_char(b, is_array ? ']' : '}');
+    return OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Columns */
+
+typedef struct {
+    Py_ssize_t count;  /* rows written */
+    Py_ssize_t nulls;
+    uint8_t *validity; /* bitmap of `capacity` rows, all set at first */
+    PyObject *validity_obj;
+    int32_t *offsets;
+    PyObject *offsets_obj;
+    Buf data;
+} StringColumn;
+
+typedef struct {
+    Py_ssize_t count;
+    Py_ssize_t nulls;
+    uint8_t *validity;
+    PyObject *validity_obj;
+    int64_t *values;
+    PyObject *values_obj;
+} TimestampColumn;
+
+typedef struct {
+    StringColumn lists;  /* validity + list offsets; its data holds nothing */
+    Buf element_offsets; /* int32 */
+    Buf element_data;
+    Py_ssize_t elements;
+} StringListColumn;
+
+static int new_bitmap(Py_ssize_t rows, PyObject **obj, uint8_t **bits) {
+    Py_ssize_t n = (rows + 7) / 8;
+    *obj = PyBytes_FromStringAndSize(NULL, n);
+    if (*obj == NULL) {
+        return PYERR;
+    }
+    *bits = (uint8_t *)PyBytes_AS_STRING(*obj);
+    memset(*bits, 0xFF, (size_t)n);
+    return OK;
+}
+
+static int string_column_init(StringColumn *c, Py_ssize_t rows) {
+    memset(c, 0, sizeof(*c));
+    if (new_bitmap(rows, &c->validity_obj, &c->validity) < 0) {
+        return PYERR;
+    }
+    c->offsets_obj = PyBytes_FromStringAndSize(NULL, (rows + 1) * 4);
+    if (c->offsets_obj == NULL) {
+        return PYERR;
+    }
+    c->offsets = (int32_t *)PyBytes_AS_STRING(c->offsets_obj);
+    c->offsets[0] = 0;
+    return OK;
+}
+
+static void string_column_free(StringColumn *c) {
+    Py_CLEAR(c->validity_obj);
+    Py_CLEAR(c->offsets_obj);
+    buf_free(&c->data);
+}
+
+/* Ends the current row (whose text is already in data). */
+static inline int string_end_row(Ctx *ctx, StringColumn *c) {
+    if (c->data.len > INT32_MAX) {
+        return fallback(ctx, "a column of more than 2 GiB of text");
+    }
+    c->offsets[++c->count] = (int32_t)c->data.len;
+    return OK;
+}
+
+static inline int string_null(Ctx *ctx, StringColumn *c) {
+    c->validity[c->count / 8] &= (uint8_t)~(1u << (c->count % 8));
+    c->nulls++;
+    return string_end_row(ctx, c);
+}
+
+static int timestamp_column_init(TimestampColumn *c, Py_ssize_t rows) {
+    memset(c, 0, sizeof(*c));
+    if (new_bitmap(rows, &c->validity_obj, &c->validity) < 0) {
+        return PYERR;
+    }
+    c->values_obj = PyBytes_FromStringAndSize(NULL, rows * 8 > 0 ? rows * 8 : 0);
+    if (c->values_obj == NULL) {
+        return PYERR;
+    }
+    c->values = (int64_t *)PyBytes_AS_STRING(c->values_obj);
+    return OK;
+}
+
+static void timestamp_column_free(TimestampColumn *c) {
+    Py_CLEAR(c->validity_obj);
+    Py_CLEAR(c->values_obj);
+}
+
+static inline void timestamp_put(TimestampColumn *c, int64_t value) { c->values[c->count++] = value; }
+
+static inline void timestamp_null(TimestampColumn *c) {
+    c->validity[c->count / 8] &= (uint8_t)~(1u << (c->count % 8));
+    c->values[c->count++] = 0;
+    c->nulls++;
+}
+
+/* (validity or None, null count, buffers...) */
+static PyObject *validity_or_none(PyObject **obj, Py_ssize_t nulls) {
+    if (nulls == 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = *obj;
+    *obj = NULL;
+    return out;
+}
+
+static PyObject *string_column_result(StringColumn *c) {
+    PyObject *data = buf_finish(&c->data);
+    if (data == NULL) {
+        return NULL;
+    }
+    PyObject *validity = validity_or_none(&c->validity_obj, c->nulls);
+    PyObject *offsets = c->offsets_obj;
+    c->offsets_obj = NULL;
+    return Py_BuildValue("(NnNN)", validity, c->nulls, offsets, data);
+}
+
+static PyObject *timestamp_column_result(TimestampColumn *c) {
+    PyObject *validity = validity_or_none(&c->validity_obj, c->nulls);
+    PyObject *values = c->values_obj;
+    c->values_obj = NULL;
+    return Py_BuildValue("(NnN)", validity, c->nulls, values);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* One change event */
+
+typedef struct {
+    uint8_t type; /* 0: absent */
+    const uint8_t *value;
+    Py_ssize_t avail;
+} Field;
+
+enum {
+    F_ID,
+    F_OPERATION,
+    F_CLUSTER_TIME,
+    F_WALL_TIME,
+    F_NS,
+    F_DOCUMENT_KEY,
+    F_UPDATE,
+    F_FULL,
+    F_BEFORE,
+    F_COUNT,
+};
+
+static int event_field(const uint8_t *key, Py_ssize_t len) {
+    switch (len) {
+    case 2:
+        return memcmp(key, "ns", 2) == 0 ? F_NS : -1;
+    case 3:
+        return memcmp(key, "_id", 3) == 0 ? F_ID : -1;
+    case 8:
+        return memcmp(key, "wallTime", 8) == 0 ? F_WALL_TIME : -1;
+    case 11:
+        if (memcmp(key, "clusterTime", 11) == 0) {
+            return F_CLUSTER_TIME;
+        }
+        return memcmp(key, "documentKey", 11) == 0 ? F_DOCUMENT_KEY : -1;
+    case 12:
+        return memcmp(key, "fullDocument", 12) == 0 ? F_FULL : -1;
+    case 13:
+        return memcmp(key, "operationType", 13) == 0 ? F_OPERATION : -1;
+    case 17:
+        return memcmp(key, "updateDescription", 17) == 0 ? F_UPDATE : -1;
+    case 24:
+        return memcmp(key, "fullDocumentBeforeChange", 24) == 0 ? F_BEFORE : -1;
+    default:
+        return -1;
+    }
+}
+
+/* Walks the elements of the document at p (size bytes, checked): each field `which` knows
+ * lands in fields[index], the last one winning as in a decoded dict. Every other element is
+ * validated here; so are the known ones, except documents and arrays of the fields in
+ * `written` (a bit per index), which the JSON writer validates as it writes them (an earlier
+ * duplicate of one of those, which nobody writes, is validated here). */
+static int read_fields(Ctx *ctx, const uint8_t *p, Py_ssize_t size, int depth,
+                       int (*which)(const uint8_t *, Py_ssize_t), Field *fields, unsigned written) {
+    const uint8_t *q = p + 4, *last = p + size - 1;
+    while (q < last) {
+        uint8_t t = *q++;
+        const uint8_t *nul = name_end(q, last);
+        if (nul == NULL) {
+            return fallback(ctx, "a malformed field name");
+        }
+        Py_ssize_t key_len = nul - q;
+        if (!utf8_valid(q, key_len)) {
+            return fallback(ctx, "invalid UTF-8 in a field name");
+        }
+        if (depth > 0 && key_len == 4 && memcmp(q, "$ref", 4) == 0) {
+            return fallback(ctx, "a document with a $ref key (bson may decode it as a DBRef)");
+        }
+        int index = which(q, key_len);
+        int deferred = index >= 0 && ((written >> index) & 1);
+        q = nul + 1;
+        Py_ssize_t used;
+        int rc = validate_value(ctx, t, q, last - q, &used, depth, deferred);
+        if (rc < 0) {
+            return rc;
+        }
+        if (index >= 0) {
+            Field *f = &fields[index];
+            if (deferred && f->type != 0) {
+                Py_ssize_t earlier;
+                rc = validate_value(ctx, f->type, f->value, f->avail, &earlier, depth, 0);
+                if (rc < 0) {
+                    return rc;
+                }
+            }
+            f->type = t;
+            f->value = q;
+            f->avail = last - q;
+        }
+        q += used;
+    }
+    return OK;
+}
+
+static int data_field(const uint8_t *key, Py_ssize_t len) { return (len == 5 && memcmp(key, "_data", 5) == 0) ? 0 : -1; }
+
+static int ns_field(const uint8_t *key, Py_ssize_t len) {
+    if (len == 2 && memcmp(key, "db", 2) == 0) {
+        return 0;
+    }
+    return (len == 4 && memcmp(key, "coll", 4) == 0) ? 1 : -1;
+}
+
+static int update_field(const uint8_t *key, Py_ssize_t len) {
+    if (len == 13 && memcmp(key, "updatedFields", 13) == 0) {
+        return 0;
+    }
+    return (len == 13 && memcmp(key, "removedFields", 13) == 0) ? 1 : -1;
+}
+
+typedef struct {
+    StringColumn id, operation, database, collection, document_key, full, before, updated;
+    TimestampColumn cluster_time, wall_time;
+    StringListColumn removed;
+} Table;
+
+/* A string-or-null field (str or symbol in bson) into a string column. */
+static int put_text_field(Ctx *ctx, StringColumn *c, const Field *f, const char *what) {
+    if (f->type == 0 || f->type == 0x0A || f->type == 0x06) {
+        return string_null(ctx, c);
+    }
+    if (f->type != 0x02 && f->type != 0x0E) {
+        return fallback(ctx, what);
+    }
+    Py_ssize_t text = 0;
+    if (string_value(f->value, f->avail, &text) < 0) { /* validated by read_fields */
+        return fallback(ctx, "a malformed string");
+    }
+    if (reserve(&c->data, text) < 0) {
+        return PYERR;
+    }
+    put(&c->data, (const char *)f->value + 4, text);
+    return string_end_row(ctx, c);
+}
+
+/* Extended JSON of a field into a string column; absent or null is a null row. */
+static int put_json_field(Writer *w, StringColumn *c, const Field *f, int null_text) {
+    if (f->type == 0 || f->type == 0x0A || f->type == 0x06) {
+        if (!null_text) {
+            return string_null(w->ctx, c);
+        }
+        if (reserve(&c->data, 4) < 0) {
+            return PYERR;
+        }
+        PUT_LITERAL(&c->data, "null");
+        return string_end_row(w->ctx, c);
+    }
+    Py_ssize_t used;
+    int rc = write_value(w, &c->data, f->type, f->value, f->avail, &used, 1);
+    if (rc < 0) {
+        return rc;
+    }
+    return string_end_row(w->ctx, c);
+}
+
+static int put_removed_fields(Ctx *ctx, StringListColumn *c, const Field *f) {
+    StringColumn *lists = &c->lists;
+    if (f->type == 0 || f->type == 0x0A || f->type == 0x06) {
+        lists->validity[lists->count / 8] &= (uint8_t)~(1u << (lists->count % 8));
+        lists->nulls++;
+        lists->offsets[++lists->count] = (int32_t)c->elements;
+        return OK;
+    }
+    if (f->type != 0x04) {
+        return fallback(ctx, "removedFields is not an array");
+    }
+    Py_ssize_t size = doc_size(f->value, f->avail);
+    const uint8_t *q = f->value + 4, *last = f->value + size - 1;
+    while (q < last) {
+        uint8_t t = *q++;
+        const uint8_t *nul = name_end(q, last);
+        q = nul + 1; /* validated by read_fields */
+        if (t != 0x02 && t != 0x0E) {
+            return fallback(ctx, "removedFields holds a value that is not a string");
+        }
+        Py_ssize_t text = 0;
+        Py_ssize_t used = string_value(q, last - q, &text);
+        if (used < 0) { /* validated by read_fields */
+            return fallback(ctx, "a malformed string");
+        }
+        if (reserve(&c->element_data, text) < 0 || reserve(&c->element_offsets, 4) < 0) {
+            return PYERR;
+        }
+        put(&c->element_data, (const char *)q + 4, text);
+        if (c->element_data.len > INT32_MAX || c->elements >= INT32_MAX) {
+            return fallback(ctx, "removed_fields of more than 2 GiB");
+        }
+        int32_t end = (int32_t)c->element_data.len;
+        put(&c->element_offsets, (const char *)&end, 4);
+        c->elements++;
+        q += used;
+    }
+    lists->offsets[++lists->count] = (int32_t)c->elements;
+    return OK;
+}
+
+static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t len) {
+    Ctx *ctx = w->ctx;
+    if (len < 5 || (Py_ssize_t)rd32(p) != len || p[len - 1] != 0) {
+        return fallback(ctx, "not a whole BSON document");
+    }
+    Field fields[F_COUNT];
+    memset(fields, 0, sizeof(fields));
+    int rc = read_fields(ctx, p, len, 0, event_field, fields,
+                     (1u << F_DOCUMENT_KEY) | (1u << F_FULL) | (1u << F_BEFORE));
+    if (rc < 0) {
+        return rc;
+    }
+
+    /* _id: the resume token's _data */
+    const Field *id = &fields[F_ID];
+    if (id->type != 0x03) {
+        return fallback(ctx, "no resume token _id document");
+    }
+    Field data[1];
+    memset(data, 0, sizeof(data));
+    rc = read_fields(ctx, id->value, doc_size(id->value, id->avail), 1, data_field, data, 0);
+    if (rc < 0) {
+        return rc;
+    }
+    if (data[0].type != 0x02 && data[0].type != 0x0E) {
+        return fallback(ctx, "no resume token _id._data string");
+    }
+    if ((rc = put_text_field(ctx, &table->id, &data[0], "")) < 0) {
+        return rc;
+    }
+    if ((rc = put_text_field(ctx, &table->operation, &fields[F_OPERATION], "operationType is not a string")) < 0) {
+        return rc;
+    }
+
+    const Field *cluster = &fields[F_CLUSTER_TIME];
+    if (cluster->type == 0x11) {
+        timestamp_put(&table->cluster_time, (int64_t)rd32(cluster->value + 4) * 1000000);
+    } else {
+        timestamp_null(&table->cluster_time);
+    }
+    const Field *wall = &fields[F_WALL_TIME];
+    int64_t ms = wall->type == 0x09 ? (int64_t)rd64(wall->value) : 0;
+    if (wall->type == 0x09 && ms >= MIN_DATETIME_MS && ms <= MAX_DATETIME_MS) {
+        timestamp_put(&table->wall_time, ms * 1000);
+    } else {
+        timestamp_null(&table->wall_time);
+    }
+
+    const Field *ns = &fields[F_NS];
+    Field names[2];
+    memset(names, 0, sizeof(names));
+    if (ns->type == 0x03) {
+        rc = read_fields(ctx, ns->value, doc_size(ns->value, ns->avail), 1, ns_field, names, 0);
+        if (rc < 0) {
+            return rc;
+        }
+    } else if (ns->type != 0 && ns->type != 0x0A && ns->type != 0x06) {
+        return fallback(ctx, "ns is not a document");
+    }
+    if ((rc = put_text_field(ctx, &table->database, &names[0], "ns.db is not a string")) < 0) {
+        return rc;
+    }
+    if ((rc = put_text_field(ctx, &table->collection, &names[1], "ns.coll is not a string")) < 0) {
+        return rc;
+    }
+
+    if ((rc = put_json_field(w, &table->document_key, &fields[F_DOCUMENT_KEY], 0)) < 0) {
+        return rc;
+    }
+    if ((rc = put_json_field(w, &table->full, &fields[F_FULL], 0)) < 0) {
+        return rc;
+    }
+    if ((rc = put_json_field(w, &table->before, &fields[F_BEFORE], 0)) < 0) {
+        return rc;
+    }
+
+    const Field *update = &fields[F_UPDATE];
+    Field parts[2];
+    memset(parts, 0, sizeof(parts));
+    if (update->type == 0x03) {
+        rc = read_fields(ctx, update->value, doc_size(update->value, update->avail), 1, update_field, parts, 1u << 0);
+        if (rc < 0) {
+            return rc;
+        }
+        /* updateDescription without updatedFields gives the text "null", as json(None) does */
+        if ((rc = put_json_field(w, &table->updated, &parts[0], 1)) < 0) {
+            return rc;
+        }
+        return put_removed_fields(ctx, &table->removed, &parts[1]);
+    }
+    if (update->type != 0 && update->type != 0x0A && update->type != 0x06) {
+        return fallback(ctx, "updateDescription is not a document");
+    }
+    if ((rc = string_null(ctx, &table->updated)) < 0) {
+        return rc;
+    }
+    return put_removed_fields(ctx, &table->removed, &parts[1]);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Module */
+
+static void table_free(Table *t) {
+    StringColumn *strings[] = {&t->id,           &t->operation, &t->database, &t->collection,
+                               &t->document_key, &t->full,      &t->before,   &t->updated,
+                               &t->removed.lists};
+    for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
+        string_column_free(strings[i]);
+    }
+    timestamp_column_free(&t->cluster_time);
+    timestamp_column_free(&t->wall_time);
+    buf_free(&t->removed.element_offsets);
+    buf_free(&t->removed.element_data);
+}
+
+static int table_init(Table *t, Py_ssize_t rows) {
+    memset(t, 0, sizeof(*t));
+    StringColumn *strings[] = {&t->id,           &t->operation, &t->database, &t->collection,
+                               &t->document_key, &t->full,      &t->before,   &t->updated,
+                               &t->removed.lists};
+    for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
+        if (string_column_init(strings[i], rows) < 0) {
+            return PYERR;
+        }
+    }
+    if (timestamp_column_init(&t->cluster_time, rows) < 0 || timestamp_column_init(&t->wall_time, rows) < 0) {
+        return PYERR;
+    }
+    if (reserve(&t->removed.element_offsets, 4) < 0) {
+        return PYERR;
+    }
+    int32_t zero = 0;
+    put(&t->removed.element_offsets, (const char *)&zero, 4);
+    return OK;
+}
+
+static PyObject *removed_result(StringListColumn *c) {
+    PyObject *element_offsets = buf_finish(&c->element_offsets);
+    PyObject *element_data = element_offsets ? buf_finish(&c->element_data) : NULL;
+    if (element_data == NULL) {
+        Py_XDECREF(element_offsets);
+        return NULL;
+    }
+    PyObject *validity = validity_or_none(&c->lists.validity_obj, c->lists.nulls);
+    PyObject *offsets = c->lists.offsets_obj;
+    c->lists.offsets_obj = NULL;
+    return Py_BuildValue("(NnNnNN)", validity, c->lists.nulls, offsets, c->elements, element_offsets,
+                         element_data);
+}
+
+/* The BSON bytes of one event: its RawBSONDocument's private slot (read through the slot's
+ * member descriptor when Python passes it, else the `raw` property), bytes or a memoryview.
+ * On success *view holds a buffer to release when view->obj is set. */
+static int event_bytes(PyObject *item, PyObject *raw_type, Py_ssize_t slot, PyObject *raw_name, Py_buffer *view,
+                       const uint8_t **data, Py_ssize_t *len) {
+    PyObject *raw;
+    view->obj = NULL;
+    if (slot >= 0) {
+        raw = *(PyObject **)((char *)item + slot);
+        if (raw == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "RawBSONDocument without its bytes");
+            return PYERR;
+        }
+        Py_INCREF(raw);
+    } else {
+        raw = PyObject_GetAttr(item, raw_name);
+        if (raw == NULL) {
+            return PYERR;
+        }
+    }
+    if (PyBytes_Check(raw)) {
+        *data = (const uint8_t *)PyBytes_AS_STRING(raw);
+        *len = PyBytes_GET_SIZE(raw);
+        Py_DECREF(raw); /* the document keeps its bytes alive */
+        return OK;
+    }
+    int rc = PyObject_GetBuffer(raw, view, PyBUF_SIMPLE);
+    Py_DECREF(raw);
+    if (rc < 0) {
+        return PYERR;
+    }
+    *data = (const uint8_t *)view->buf;
+    *len = view->len;
+    return OK;
+}
+
+PyDoc_STRVAR(convert_doc,
+             "convert(events, relaxed, raw_type, raw_slot) -> tuple | str | None\n\n"
+             "The Arrow buffers of the default change-event columns of a list of RawBSONDocument\n"
+             "events; a str naming the event and the reason when the batch must be converted in\n"
+             "Python instead; None when not every event is a raw_type instance (nothing converted).\n"
+             "raw_slot is the member descriptor of the document's bytes slot, or None to read the\n"
+             "`raw` property.");
+
+static PyObject *convert(PyObject *module, PyObject *args) {
+    PyObject *events, *raw_type, *raw_slot;
+    int relaxed;
+    if (!PyArg_ParseTuple(args, "O!pO!O:convert", &PyList_Type, &events, &relaxed, &PyType_Type, &raw_type,
+                          &raw_slot)) {
+        return NULL;
+    }
+    Py_ssize_t slot = -1;
+    if (raw_slot != Py_None) {
+        if (!Py_IS_TYPE(raw_slot, &PyMemberDescr_Type) ||
+            ((PyMemberDescrObject *)raw_slot)->d_member->type != T_OBJECT_EX ||
+            !PyObject_TypeCheck(raw_slot, &PyMemberDescr_Type) ||
+            PyDescr_TYPE(raw_slot) != (PyTypeObject *)raw_type) {
+            PyErr_SetString(PyExc_TypeError, "raw_slot must be the raw_type's member descriptor of its bytes");
+            return NULL;
+        }
+        slot = ((PyMemberDescrObject *)raw_slot)->d_member->offset;
+    }
+    Py_ssize_t rows = PyList_GET_SIZE(events);
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        if (!PyObject_TypeCheck(PyList_GET_ITEM(events, i), (PyTypeObject *)raw_type)) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *raw_name = PyUnicode_InternFromString("raw");
+    if (raw_name == NULL) {
+        return NULL;
+    }
+    Ctx ctx = {NULL, relaxed};
+    Writer w = {&ctx, {NULL, 0, 0}};
+    Table table;
+    PyObject *result = NULL;
+    if (table_init(&table, rows) < 0) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        PyObject *item = PyList_GET_ITEM(events, i);
+        Py_buffer view;
+        const uint8_t *data;
+        Py_ssize_t len;
+        if (event_bytes(item, raw_type, slot, raw_name, &view, &data, &len) < 0) {
+            goto done;
+        }
+        w.keys.len = 0;
+        int rc = convert_event(&w, &table, data, len);
+        if (view.obj != NULL) {
+            PyBuffer_Release(&view);
+        }
+        if (rc == PYERR) {
+            goto done;
+        }
+        if (rc == FALLBACK) {
+            result = PyUnicode_FromFormat("event %zd: %s", i, ctx.reason);
+            goto done;
+        }
+    }
+    result = Py_BuildValue(
+        "(NNNNNNNNNNN)", string_column_result(&table.id), string_column_result(&table.operation),
+        timestamp_column_result(&table.cluster_time), timestamp_column_result(&table.wall_time),
+        string_column_result(&table.database), string_column_result(&table.collection),
+        string_column_result(&table.document_key), string_column_result(&table.full),
+        string_column_result(&table.before), string_column_result(&table.updated), removed_result(&table.removed));
+done:
+    table_free(&table);
+    PyMem_Free(w.keys.keys);
+    Py_DECREF(raw_name);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"convert", convert, METH_VARARGS, convert_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "flowwarden.spark._native",
+    "Raw change-event BSON into the Arrow buffers of flowwarden's change-event table.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,10 @@
+"""Type stub of the compiled converter (src/flowwarden/spark/_native.c)."""
+
+from collections.abc import Mapping
+from typing import Any
+
+def convert(
+    events: list[Mapping[str, Any]], relaxed: bool, raw_type: type, raw_slot: object, /
+) -> tuple[tuple[object, ...], ...] | str | None:
+    """The Arrow buffers of the default change-event columns, why the batch falls back, or
+    None when not every event is a raw_type instance."""
