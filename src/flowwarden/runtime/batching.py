@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from flowwarden.config import SchemaMode
@@ -69,28 +69,42 @@ class BatchDelivery:
         items, self._items = self._items, []
         return items
 
-    async def deliver(self, items: list[Item]) -> list[tuple[MutableMapping[str, Any], Any]]:
+    async def deliver(
+        self,
+        items: list[Item],
+        give_up_undecodable: Callable[[MutableMapping[str, Any], BaseException], Awaitable[None]],
+    ) -> list[tuple[MutableMapping[str, Any], Any]]:
         """Hand the batch to the method (with its retry policy).
 
         Returns the events a DROPMALFORMED DataFrame conversion left out, each with its
         ``MalformedRow`` (field and error), for the caller to dead-letter; raises
-        :class:`Exhausted` when the batch failed for good.
+        :class:`Exhausted` when the batch failed for good. An event of a DataFrame batch whose
+        BSON cannot be decoded goes to ``give_up_undecodable`` (which applies on_exhausted, and
+        raises to stop) and the rest of the batch is converted without it.
         """
         self._ctx.batch_id = str(items[0][1]["_id"]["_data"])
         if not self._dataframe:
             await self._invoker([ChangeEvent(change) for _, change in items])
             return []
         from flowwarden.spark import events_to_dataframe
+        from flowwarden.spark.arrow import UndecodableEventError
 
         assert self._spark_provider is not None
         raws = [change for _, change in items]
-        try:
-            spark = await asyncio.to_thread(self._spark_provider)
-            frame, malformed = await asyncio.to_thread(
-                events_to_dataframe, spark, raws, schema=self._schema, mode=self._mode
-            )
-        except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
-            raise Exhausted(error, 1) from error
+        while True:
+            try:
+                spark = await asyncio.to_thread(self._spark_provider)
+                frame, malformed = await asyncio.to_thread(
+                    events_to_dataframe, spark, raws, schema=self._schema, mode=self._mode
+                )
+                break
+            except UndecodableEventError as error:
+                await give_up_undecodable(raws[error.index], error)
+                del raws[error.index]
+                if not raws:
+                    return []
+            except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
+                raise Exhausted(error, 1) from error
         await self._invoker(frame)
         if self._mode != SchemaMode.DROPMALFORMED:
             return []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record

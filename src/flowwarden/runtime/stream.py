@@ -375,7 +375,7 @@ class StreamRunner:
         try:
             start, save_initial = await self._start_options(checkpoint)
             self._opened_with = start
-            stream = await self._open(start)
+            stream = await self._open(start, codec_options=self._read_options())
             self.state = StreamState.RUNNING
             self._first_run = False
             self._consecutive_failures = 0  # a good open: the next error backs off from the start
@@ -465,6 +465,25 @@ class StreamRunner:
                 target.with_options(codec_options=codec_options) if target is not self._client else target
             )
         return target
+
+    def _read_options(self) -> CodecOptions[Any] | None:
+        """How the stream's events are decoded: as the client says (None), except for DataFrame
+        streams, which keep each event's BSON as the server sent it (``RawBSONDocument``).
+
+        The Arrow conversion reads those bytes directly (flowwarden.spark's compiled converter)
+        and maps BSON types to columns by its own documented rules, so decoding them into dicts
+        first would only cost time, and type-registry decoders would only hand it Python types
+        it has no column for. Not when the client tolerates invalid UTF-8 (a lenient
+        ``unicode_decode_error_handler``): that choice is the user's, and the decoded path honours
+        it. Nor for cluster-level streams, whose codec cannot be set per stream.
+        """
+        if self.spec.dataframe is None:
+            return None
+        target = self._watch_target()
+        options: CodecOptions[Any] | None = getattr(target, "codec_options", None)
+        if target is self._client or options is None or options.unicode_decode_error_handler != "strict":
+            return None
+        return CodecOptions(document_class=RawBSONDocument)
 
     async def _open(self, start: Mapping[str, Any], codec_options: CodecOptions[Any] | None = None) -> Any:
         kwargs: dict[str, Any] = {**self.spec.stream.watch_options(), **start}
@@ -764,7 +783,7 @@ class StreamRunner:
         if not items:
             return
         try:
-            dropped = await self._batch.deliver(items)
+            dropped = await self._batch.deliver(items, self._give_up_unreadable)
             if dropped:
                 await self._park_malformed(dropped)
         except Exhausted as exhausted:
@@ -788,7 +807,9 @@ class StreamRunner:
                     stream=self.name, event=change, token=change.get("_id"), error=error, attempts=1
                 )
             except PyMongoError as dlq_error:
-                raise HandlerError(self.name, token=change.get("_id"), attempts=1, cause=error) from dlq_error
+                raise HandlerError(
+                    self.name, token=_plain_token(change.get("_id")), attempts=1, cause=error
+                ) from dlq_error
         self.log.warning(
             "stream %s: %d event(s) did not fit the DataFrame schema and were dead-lettered",
             self.name,
@@ -804,7 +825,7 @@ class StreamRunner:
         stream must stop with the checkpoint still before them.
         """
         policy = self.spec.retry.on_exhausted
-        token = changes[0].get("_id") if changes else None
+        token = _plain_token(changes[0].get("_id")) if changes else None
         if policy == OnError.STOP:
             self.events_failed += len(changes)
             raise HandlerError(self.name, token=token, attempts=attempts, cause=error) from error
@@ -883,14 +904,37 @@ class StreamRunner:
         await self._wait_in_flight()
         if self._batch is not None and not self._batch.empty():
             await self._deliver_batch(committer)
-        readable: dict[str, Any] = bson.decode(
-            data, codec_options=CodecOptions(tz_aware=True, unicode_decode_error_handler="backslashreplace")
-        )
+        readable = _readable(data)
         self._sequence += 1
         self.log.error("stream %s: an event cannot be decoded: %s", self.name, error)
         await self._give_up([readable], error, attempts=1)
         await committer.commit(self._sequence, readable["_id"])
         await committer.flush()
+
+    async def _give_up_unreadable(self, change: Mapping[str, Any], error: BaseException) -> None:
+        """An event of a raw DataFrame batch cannot be decoded: on_exhausted at once, for it alone
+        (decoding again cannot help), before the method sees the rest of the batch."""
+        self.log.error("stream %s: an event of a DataFrame batch cannot be decoded: %s", self.name, error)
+        data = bytes(change.raw) if isinstance(change, RawBSONDocument) else bson.encode(change)
+        await self._give_up([_readable(data)], error, attempts=1)
+
+
+def _plain_token(token: Any) -> Any:
+    """A token for messages and errors: a raw event's ``_id`` as a plain dict."""
+    return dict(token) if isinstance(token, RawBSONDocument) else token
+
+
+def _readable(data: bytes) -> dict[str, Any]:
+    """What can be read of an event that cannot be decoded, for the dead-letter queue: the
+    document with undecodable text escaped, or else its ``_id`` and its bytes as they came."""
+    try:
+        readable: dict[str, Any] = bson.decode(
+            data, codec_options=CodecOptions(tz_aware=True, unicode_decode_error_handler="backslashreplace")
+        )
+        return readable
+    except Exception:  # damaged beyond text: keep the bytes, they are all there is
+        token = RawBSONDocument(data)["_id"]
+        return {"_id": dict(token), "undecodableBson": bson.Binary(data)}
 
 
 def _opening_position(stream: Any) -> Mapping[str, Any] | None:
