@@ -204,17 +204,26 @@ static int utf8_valid(const uint8_t *p, Py_ssize_t n) {
     return 1;
 }
 
-/* The NUL ending the field name at q, looked for before `last`; NULL when there is none. */
+/* The NUL ending the field name at q, looked for before `last`; NULL when there is none.
+ * Eight bytes at a time while eight are there (field names are short: usually one step). */
 static inline const uint8_t *name_end(const uint8_t *q, const uint8_t *last) {
-    for (const uint8_t *c = q; c < last && c < q + 32; c++) {
+    const uint8_t *c = q;
+    while (last - c >= 8) {
+        uint64_t w;
+        memcpy(&w, c, 8);
+        uint64_t zero = (w - ONES) & ~w & HIGHS;
+        if (zero) {
+            return c + (__builtin_ctzll(zero) >> 3);
+        }
+        c += 8;
+    }
+    while (c < last) {
         if (*c == 0) {
             return c;
         }
+        c++;
     }
-    if (last - q <= 32) {
-        return NULL;
-    }
-    return memchr(q + 32, 0, (size_t)(last - q - 32));
+    return NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -817,7 +826,8 @@ static int has_duplicates(Key *keys, Py_ssize_t n) {
     if (n <= 16) {
         for (Py_ssize_t i = 1; i < n; i++) {
             for (Py_ssize_t j = 0; j < i; j++) {
-                if (keys[i].len == keys[j].len && memcmp(keys[i].key, keys[j].key, (size_t)keys[i].len) == 0) {
+                if (keys[i].len == keys[j].len && (keys[i].len == 0 || keys[i].key[0] == keys[j].key[0]) &&
+                    memcmp(keys[i].key, keys[j].key, (size_t)keys[i].len) == 0) {
                     return 1;
                 }
             }
@@ -1266,6 +1276,841 @@ static PyObject *timestamp_column_result(TimestampColumn *c) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Typed documents: a schema plan (compiled in flowwarden.spark.native from the ValueSpec tree)
+ * drives one column builder per struct field, list element and map value.
+ *
+ * Only values that fit are converted here: the first value that does not fit (or that the
+ * Python path converts by rules not repeated here) makes the batch fall back, and the Python
+ * path finds and reports every misfit with its own messages. */
+
+enum {
+    K_STRING = 1,
+    K_UUID,
+    K_JSON,
+    K_INT8,
+    K_INT16,
+    K_INT32,
+    K_INT64,
+    K_FLOAT,
+    K_DOUBLE,
+    K_BOOL,
+    K_TIMESTAMP,
+    K_TIMESTAMP_NTZ,
+    K_DATE,
+    K_DECIMAL,
+    K_BINARY,
+    K_LIST,
+    K_MAP,
+    K_STRUCT,
+};
+
+enum { D_NONE = 0, D_NULL, D_BSON, D_PYTHON };
+
+struct Node;
+
+typedef struct {
+    const uint8_t *key;
+    Py_ssize_t key_len;
+    struct Node *node;
+    int none_ok;
+    int default_kind;              /* D_*: what a missing key gives */
+    const uint8_t *default_value;  /* D_BSON: the value, of type default_type */
+    Py_ssize_t default_avail;
+    uint8_t default_type;
+} StructField;
+
+typedef struct Node {
+    int kind;
+    int element_nullable;
+    int precision, scale;
+    PyObject *choices; /* tuple of allowed values (bytes for strings), or NULL */
+    struct Node *child;  /* LIST element, MAP value */
+    struct Node *keys;   /* MAP keys (a K_STRING node) */
+    StructField *fields;
+    Py_ssize_t nfields;
+    /* output */
+    Py_ssize_t count, nulls;
+    Buf validity, values, offsets, data;
+} Node;
+
+static void node_free(Node *n) {
+    if (n == NULL) {
+        return;
+    }
+    node_free(n->child);
+    node_free(n->keys);
+    for (Py_ssize_t i = 0; i < n->nfields; i++) {
+        node_free(n->fields[i].node);
+    }
+    PyMem_Free(n->fields);
+    buf_free(&n->validity);
+    buf_free(&n->values);
+    buf_free(&n->offsets);
+    buf_free(&n->data);
+    PyMem_Free(n);
+}
+
+static int node_start(Node *n) {
+    if (n->kind == K_STRING || n->kind == K_UUID || n->kind == K_JSON || n->kind == K_BINARY ||
+        n->kind == K_LIST || n->kind == K_MAP) {
+        int32_t zero = 0;
+        if (reserve(&n->offsets, 4) < 0) {
+            return PYERR;
+        }
+        put(&n->offsets, (const char *)&zero, 4);
+    }
+    return OK;
+}
+
+/* (kind, element_nullable, precision, scale, choices, child, fields); fields: tuple of
+ * (key bytes, node, none_ok, default kind, default bson document bytes or None) */
+static Node *node_parse(PyObject *plan, PyObject *keep) {
+    Node *n = PyMem_Calloc(1, sizeof(Node));
+    if (n == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    PyObject *choices, *child, *fields;
+    if (!PyArg_ParseTuple(plan, "iiiiOOO:plan", &n->kind, &n->element_nullable, &n->precision, &n->scale, &choices,
+                          &child, &fields)) {
+        goto fail;
+    }
+    n->choices = choices == Py_None ? NULL : choices;
+    if (n->kind == K_LIST || n->kind == K_MAP) {
+        n->child = node_parse(child, keep);
+        if (n->child == NULL) {
+            goto fail;
+        }
+        if (n->kind == K_MAP) {
+            n->keys = PyMem_Calloc(1, sizeof(Node));
+            if (n->keys == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            n->keys->kind = K_STRING;
+            if (node_start(n->keys) < 0) {
+                goto fail;
+            }
+        }
+    }
+    if (n->kind == K_STRUCT) {
+        if (!PyTuple_Check(fields)) {
+            PyErr_SetString(PyExc_TypeError, "struct fields must be a tuple");
+            goto fail;
+        }
+        n->nfields = PyTuple_GET_SIZE(fields);
+        n->fields = PyMem_Calloc((size_t)(n->nfields ? n->nfields : 1), sizeof(StructField));
+        if (n->fields == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < n->nfields; i++) {
+            StructField *f = &n->fields[i];
+            PyObject *key, *node, *fallback_doc;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, i), "SOiiO:field", &key, &node, &f->none_ok,
+                                  &f->default_kind, &fallback_doc)) {
+                goto fail;
+            }
+            f->key = (const uint8_t *)PyBytes_AS_STRING(key);
+            f->key_len = PyBytes_GET_SIZE(key);
+            f->node = node_parse(node, keep);
+            if (f->node == NULL) {
+                goto fail;
+            }
+            if (f->default_kind == D_BSON) {
+                /* {"v": default}: the value starts after the type byte and "v\0" */
+                if (!PyBytes_Check(fallback_doc) || PyBytes_GET_SIZE(fallback_doc) < 9) {
+                    PyErr_SetString(PyExc_TypeError, "a default must be a BSON document {'v': value}");
+                    goto fail;
+                }
+                const uint8_t *doc = (const uint8_t *)PyBytes_AS_STRING(fallback_doc);
+                f->default_type = doc[4];
+                f->default_value = doc + 7;
+                f->default_avail = PyBytes_GET_SIZE(fallback_doc) - 8;
+            }
+        }
+    }
+    if (node_start(n) < 0) {
+        goto fail;
+    }
+    return n;
+fail:
+    node_free(n);
+    return NULL;
+}
+
+static inline int bit_append(Buf *b, Py_ssize_t index, int set) {
+    if (index % 8 == 0) {
+        if (reserve(b, 1) < 0) {
+            return PYERR;
+        }
+        b->data[b->len++] = 0;
+    }
+    if (set) {
+        b->data[index / 8] |= (char)(1u << (index % 8));
+    }
+    return OK;
+}
+
+static inline int end_offsets(Ctx *ctx, Node *n, Py_ssize_t end) {
+    if (end > INT32_MAX) {
+        return fallback(ctx, "a column of more than 2 GiB");
+    }
+    int32_t v = (int32_t)end;
+    if (reserve(&n->offsets, 4) < 0) {
+        return PYERR;
+    }
+    put(&n->offsets, (const char *)&v, 4);
+    return OK;
+}
+
+static int fixed_width(int kind) {
+    switch (kind) {
+    case K_INT8:
+    case K_BOOL:
+        return 1;
+    case K_INT16:
+        return 2;
+    case K_INT32:
+    case K_FLOAT:
+    case K_DATE:
+        return 4;
+    case K_DECIMAL:
+        return 16;
+    default:
+        return 8;
+    }
+}
+
+/* A row: validity bit, then the kind's own part of a null. */
+static int node_null(Ctx *ctx, Node *n) {
+    if (bit_append(&n->validity, n->count, 0) < 0) {
+        return PYERR;
+    }
+    n->count++;
+    n->nulls++;
+    switch (n->kind) {
+    case K_STRING:
+    case K_UUID:
+    case K_JSON:
+    case K_BINARY:
+        return end_offsets(ctx, n, n->data.len);
+    case K_LIST:
+    case K_MAP:
+        return end_offsets(ctx, n, n->child->count);
+    case K_STRUCT:
+        for (Py_ssize_t i = 0; i < n->nfields; i++) {
+            int rc = node_null(ctx, n->fields[i].node);
+            if (rc < 0) {
+                return rc;
+            }
+        }
+        return OK;
+    case K_BOOL:
+        return bit_append(&n->values, n->count - 1, 0);
+    default: {
+        int width = fixed_width(n->kind);
+        if (reserve(&n->values, width) < 0) {
+            return PYERR;
+        }
+        memset(n->values.data + n->values.len, 0, (size_t)width);
+        n->values.len += width;
+        return OK;
+    }
+    }
+}
+
+static int misfit(Ctx *ctx) {
+    return fallback(ctx, "a value that does not fit the schema (the Python path reports it)");
+}
+
+static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_t avail, Py_ssize_t *used,
+                      int depth);
+
+static int choice_ok(Node *n, PyObject *value) {
+    if (n->choices == NULL) {
+        return 1;
+    }
+    int found = PySequence_Contains(n->choices, value);
+    return found;
+}
+
+/* The number an integral BSON value (int32, int64, or a double with an integral value) holds,
+ * in [low, high); 0 when it does not fit. */
+static int integral(uint8_t t, const uint8_t *p, Py_ssize_t avail, int64_t low, int64_t high, int64_t *out,
+                    Py_ssize_t *used) {
+    if (t == 0x10 && avail >= 4) {
+        *out = (int32_t)rd32(p);
+        *used = 4;
+    } else if (t == 0x12 && avail >= 8) {
+        *out = (int64_t)rd64(p);
+        *used = 8;
+    } else if (t == 0x01 && avail >= 8) {
+        uint64_t bits = rd64(p);
+        double d;
+        memcpy(&d, &bits, 8);
+        /* float.is_integer(), then the int range */
+        if (!(d == floor(d)) || !(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+            return 0;
+        }
+        *out = (int64_t)d;
+        *used = 8;
+    } else {
+        return 0;
+    }
+    if (*out < low || (high != 0 && *out >= high)) {
+        return 0;
+    }
+    return 1;
+}
+
+static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, int depth);
+
+static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_t avail, Py_ssize_t *used,
+                      int depth) {
+    Ctx *ctx = w->ctx;
+    int rc;
+    Py_ssize_t text;
+    if (t == 0x0A || t == 0x06) {
+        *used = 0;
+        return node_null(ctx, n);
+    }
+    if (depth > MAX_DEPTH) {
+        return fallback(ctx, "documents nested too deeply");
+    }
+    switch (n->kind) {
+    case K_JSON:
+        rc = write_value(w, &n->data, t, p, avail, used, depth);
+        if (rc < 0) {
+            return rc;
+        }
+        rc = end_offsets(ctx, n, n->data.len);
+        break;
+    case K_STRING:
+        if (t == 0x02 || t == 0x0E) {
+            *used = string_value(p, avail, &text);
+            if (*used < 0 || !utf8_valid(p + 4, text)) {
+                return fallback(ctx, "a malformed string");
+            }
+            if (n->choices != NULL) {
+                PyObject *value = PyBytes_FromStringAndSize((const char *)p + 4, text);
+                if (value == NULL) {
+                    return PYERR;
+                }
+                int ok = choice_ok(n, value);
+                Py_DECREF(value);
+                if (ok <= 0) {
+                    return ok < 0 ? PYERR : misfit(ctx);
+                }
+            }
+            if (reserve(&n->data, text) < 0) {
+                return PYERR;
+            }
+            put(&n->data, (const char *)p + 4, text);
+        } else if (t == 0x07 && avail >= 12) {
+            if (n->choices != NULL) {
+                return fallback(ctx, "an ObjectId for a field with choices (converted in Python)");
+            }
+            if (reserve(&n->data, 24) < 0) {
+                return PYERR;
+            }
+            for (int i = 0; i < 12; i++) {
+                put_char(&n->data, HEX[p[i] >> 4]);
+                put_char(&n->data, HEX[p[i] & 15]);
+            }
+            *used = 12;
+        } else {
+            return misfit(ctx);
+        }
+        rc = end_offsets(ctx, n, n->data.len);
+        break;
+    case K_UUID:
+        if (t != 0x05 || avail < 5) {
+            return t == 0x02 ? fallback(ctx, "UUID text (converted in Python)") : misfit(ctx);
+        }
+        {
+            Py_ssize_t len = (Py_ssize_t)rd32(p);
+            if (len > avail - 5 || p[4] != 4 || len != 16) {
+                return misfit(ctx);
+            }
+            if (reserve(&n->data, 36) < 0) {
+                return PYERR;
+            }
+            for (int i = 0; i < 16; i++) {
+                if (i == 4 || i == 6 || i == 8 || i == 10) {
+                    put_char(&n->data, '-');
+                }
+                put_char(&n->data, HEX[p[5 + i] >> 4]);
+                put_char(&n->data, HEX[p[5 + i] & 15]);
+            }
+            *used = 5 + len;
+        }
+        rc = end_offsets(ctx, n, n->data.len);
+        break;
+    case K_BINARY:
+        if (t != 0x05 || avail < 5) {
+            return misfit(ctx);
+        }
+        {
+            Py_ssize_t len = (Py_ssize_t)rd32(p);
+            if (len > avail - 5 || p[4] == 2) {
+                return fallback(ctx, "binary subtype 2 (converted in Python)");
+            }
+            if (reserve(&n->data, len) < 0) {
+                return PYERR;
+            }
+            put(&n->data, (const char *)p + 5, len);
+            *used = 5 + len;
+        }
+        rc = end_offsets(ctx, n, n->data.len);
+        break;
+    case K_INT8:
+    case K_INT16:
+    case K_INT32:
+    case K_INT64: {
+        static const int64_t LOW[] = {-128, -32768, -2147483648LL, INT64_MIN};
+        static const int64_t HIGH[] = {128, 32768, 2147483648LL, 0};
+        int which = n->kind - K_INT8;
+        int64_t v;
+        if (!integral(t, p, avail, LOW[which], HIGH[which], &v, used)) {
+            return misfit(ctx);
+        }
+        if (n->choices != NULL) {
+            PyObject *value = PyLong_FromLongLong(v);
+            if (value == NULL) {
+                return PYERR;
+            }
+            int ok = choice_ok(n, value);
+            Py_DECREF(value);
+            if (ok <= 0) {
+                return ok < 0 ? PYERR : misfit(ctx);
+            }
+        }
+        int width = fixed_width(n->kind);
+        if (reserve(&n->values, 8) < 0) {
+            return PYERR;
+        }
+        int8_t v8 = (int8_t)v;
+        int16_t v16 = (int16_t)v;
+        int32_t v32 = (int32_t)v;
+        const void *src = width == 1 ? (const void *)&v8 : width == 2 ? (const void *)&v16
+                          : width == 4 ? (const void *)&v32 : (const void *)&v;
+        put(&n->values, (const char *)src, width);
+        rc = OK;
+        break;
+    }
+    case K_DOUBLE:
+    case K_FLOAT: {
+        double d;
+        if (t == 0x01 && avail >= 8) {
+            uint64_t bits = rd64(p);
+            memcpy(&d, &bits, 8);
+            *used = 8;
+        } else if (t == 0x10 && avail >= 4) {
+            d = (double)(int32_t)rd32(p);
+            *used = 4;
+        } else if (t == 0x12 && avail >= 8) {
+            int64_t v = (int64_t)rd64(p);
+            d = (double)v;
+            /* double: only an int with an exact double value fits */
+            if (n->kind == K_DOUBLE &&
+                !(d >= -9223372036854775808.0 && d < 9223372036854775808.0 && (int64_t)d == v)) {
+                return misfit(ctx);
+            }
+            *used = 8;
+        } else {
+            return misfit(ctx);
+        }
+        if (n->choices != NULL) {
+            PyObject *value = PyFloat_FromDouble(d);
+            if (value == NULL) {
+                return PYERR;
+            }
+            int ok = choice_ok(n, value);
+            Py_DECREF(value);
+            if (ok <= 0) {
+                return ok < 0 ? PYERR : misfit(ctx);
+            }
+        }
+        if (reserve(&n->values, 8) < 0) {
+            return PYERR;
+        }
+        if (n->kind == K_FLOAT) {
+            float f = (float)d;
+            put(&n->values, (const char *)&f, 4);
+        } else {
+            put(&n->values, (const char *)&d, 8);
+        }
+        rc = OK;
+        break;
+    }
+    case K_BOOL:
+        if (t != 0x08 || avail < 1 || p[0] > 1) {
+            return misfit(ctx);
+        }
+        if (n->choices != NULL) {
+            int ok = choice_ok(n, p[0] ? Py_True : Py_False);
+            if (ok <= 0) {
+                return ok < 0 ? PYERR : misfit(ctx);
+            }
+        }
+        rc = bit_append(&n->values, n->count, p[0]);
+        *used = 1;
+        break;
+    case K_TIMESTAMP:
+    case K_TIMESTAMP_NTZ:
+    case K_DATE: {
+        if (t != 0x09 || avail < 8) {
+            return misfit(ctx);
+        }
+        int64_t ms = (int64_t)rd64(p);
+        if (ms < MIN_DATETIME_MS || ms > MAX_DATETIME_MS) {
+            return misfit(ctx); /* a DatetimeMS, not a datetime */
+        }
+        if (reserve(&n->values, 8) < 0) {
+            return PYERR;
+        }
+        if (n->kind == K_DATE) {
+            int64_t days = ms >= 0 ? ms / 86400000 : -((-ms + 86399999) / 86400000);
+            if (ms - days * 86400000 != 0) {
+                return misfit(ctx);
+            }
+            int32_t d32 = (int32_t)days;
+            put(&n->values, (const char *)&d32, 4);
+        } else {
+            int64_t us = ms * 1000;
+            put(&n->values, (const char *)&us, 8);
+        }
+        *used = 8;
+        rc = OK;
+        break;
+    }
+    case K_DECIMAL: {
+        __int128 number;
+        if (t == 0x10 || t == 0x12) {
+            int64_t v;
+            if (!integral(t, p, avail, INT64_MIN, 0, &v, used)) {
+                return misfit(ctx);
+            }
+            /* |v| * 10**scale < 10**precision, checked before scaling so nothing overflows */
+            __int128 whole = 1;
+            for (int i = 0; i < n->precision - n->scale; i++) {
+                whole *= 10;
+            }
+            if (!(-whole < v && v < whole)) {
+                return misfit(ctx);
+            }
+            number = v;
+            for (int i = 0; i < n->scale; i++) {
+                number *= 10;
+            }
+        } else if (t == 0x13 && avail >= 16) {
+            uint64_t low = rd64(p), high = rd64(p + 8);
+            if ((high & 0x6000000000000000ULL) == 0x6000000000000000ULL) {
+                return fallback(ctx, "a special or non-canonical Decimal128 (converted in Python)");
+            }
+            int shift = (int)((high >> 49) & 0x3FFF) - 6176 + n->scale;
+            unsigned __int128 coefficient = ((unsigned __int128)(high & ((1ULL << 49) - 1)) << 64) | low;
+            const unsigned __int128 max_coefficient =
+                (unsigned __int128)999999999999999ULL * 10000000000000000000ULL + 9999999999999999999ULL;
+            if (coefficient > max_coefficient) {
+                coefficient = 0; /* as bson reads a non-canonical coefficient */
+            }
+            if (shift >= 0) {
+                if (coefficient != 0 && shift > 38) {
+                    return misfit(ctx);
+                }
+                /* 10**37: one more digit reaches 10**38, past every decimal(p,s) */
+                const unsigned __int128 ten37 = (unsigned __int128)1000000000000000000ULL * 10000000000000000000ULL;
+                for (int i = 0; i < shift && coefficient != 0; i++) {
+                    if (coefficient >= ten37) {
+                        return misfit(ctx);
+                    }
+                    coefficient *= 10;
+                }
+            } else {
+                for (int i = 0; i < -shift && coefficient != 0; i++) {
+                    if (coefficient % 10 != 0) {
+                        return misfit(ctx);
+                    }
+                    coefficient /= 10;
+                }
+            }
+            number = (__int128)coefficient;
+            if (high >> 63) {
+                number = -number;
+            }
+            *used = 16;
+        } else if (t == 0x01) {
+            return fallback(ctx, "a double for a decimal column (converted in Python)");
+        } else {
+            return misfit(ctx);
+        }
+        __int128 limit = 1;
+        for (int i = 0; i < n->precision; i++) {
+            limit *= 10;
+        }
+        if (!(-limit < number && number < limit)) {
+            return misfit(ctx);
+        }
+        if (reserve(&n->values, 16) < 0) {
+            return PYERR;
+        }
+        put(&n->values, (const char *)&number, 16);
+        rc = OK;
+        break;
+    }
+    case K_LIST: {
+        if (t != 0x04) {
+            return misfit(ctx);
+        }
+        Py_ssize_t size = doc_size(p, avail);
+        if (size < 0) {
+            return fallback(ctx, "a malformed array");
+        }
+        const uint8_t *q = p + 4, *last = p + size - 1;
+        while (q < last) {
+            uint8_t et = *q++;
+            const uint8_t *nul = name_end(q, last);
+            if (nul == NULL) {
+                return fallback(ctx, "a malformed field name");
+            }
+            q = nul + 1;
+            if ((et == 0x0A || et == 0x06) && !n->element_nullable) {
+                return misfit(ctx);
+            }
+            Py_ssize_t element;
+            rc = node_value(w, n->child, et, q, last - q, &element, depth + 1);
+            if (rc < 0) {
+                return rc;
+            }
+            q += element;
+        }
+        *used = size;
+        rc = end_offsets(ctx, n, n->child->count);
+        break;
+    }
+    case K_MAP: {
+        if (t != 0x03) {
+            return misfit(ctx);
+        }
+        Py_ssize_t size = doc_size(p, avail);
+        if (size < 0) {
+            return fallback(ctx, "a malformed document");
+        }
+        Py_ssize_t first_key = w->keys.len;
+        const uint8_t *q = p + 4, *last = p + size - 1;
+        while (q < last) {
+            uint8_t et = *q++;
+            const uint8_t *nul = name_end(q, last);
+            if (nul == NULL) {
+                return fallback(ctx, "a malformed field name");
+            }
+            Py_ssize_t key_len = nul - q;
+            if (!utf8_valid(q, key_len)) {
+                return fallback(ctx, "invalid UTF-8 in a field name");
+            }
+            if (key_len == 4 && memcmp(q, "$ref", 4) == 0) {
+                return fallback(ctx, "a document with a $ref key (bson may decode it as a DBRef)");
+            }
+            if (keys_push(&w->keys, q, key_len) < 0 || reserve(&n->keys->data, key_len) < 0) {
+                return PYERR;
+            }
+            put(&n->keys->data, (const char *)q, key_len);
+            n->keys->count++;
+            if ((rc = end_offsets(ctx, n->keys, n->keys->data.len)) < 0) {
+                return rc;
+            }
+            q = nul + 1;
+            if ((et == 0x0A || et == 0x06) && !n->element_nullable) {
+                return misfit(ctx);
+            }
+            Py_ssize_t element;
+            rc = node_value(w, n->child, et, q, last - q, &element, depth + 1);
+            if (rc < 0) {
+                return rc;
+            }
+            q += element;
+        }
+        if (has_duplicates(w->keys.keys + first_key, w->keys.len - first_key)) {
+            return fallback(ctx, "a document with a repeated field name");
+        }
+        w->keys.len = first_key;
+        *used = size;
+        rc = end_offsets(ctx, n, n->child->count);
+        break;
+    }
+    case K_STRUCT: {
+        if (t != 0x03) {
+            return misfit(ctx);
+        }
+        Py_ssize_t size = doc_size(p, avail);
+        if (size < 0) {
+            return fallback(ctx, "a malformed document");
+        }
+        rc = struct_value(w, n, p, size, depth);
+        if (rc < 0) {
+            return rc;
+        }
+        *used = size;
+        return OK; /* struct_value wrote the validity bit */
+    }
+    default:
+        return fallback(ctx, "a column kind converted in Python");
+    }
+    if (rc < 0) {
+        return rc;
+    }
+    if (bit_append(&n->validity, n->count, 1) < 0) {
+        return PYERR;
+    }
+    n->count++;
+    return OK;
+}
+
+#define MAX_STRUCT_FIELDS 64
+
+/* One document into a struct row: each field from its key's last occurrence (as in a decoded
+ * dict), every other element validated. */
+static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, int depth) {
+    Ctx *ctx = w->ctx;
+    const uint8_t *found[MAX_STRUCT_FIELDS];
+    Py_ssize_t found_avail[MAX_STRUCT_FIELDS];
+    uint8_t found_type[MAX_STRUCT_FIELDS];
+    if (n->nfields > MAX_STRUCT_FIELDS) {
+        return fallback(ctx, "a struct of more than 64 fields (converted in Python)");
+    }
+    memset(found_type, 0, sizeof(found_type));
+    const uint8_t *q = p + 4, *last = p + size - 1;
+    while (q < last) {
+        uint8_t t = *q++;
+        const uint8_t *nul = name_end(q, last);
+        if (nul == NULL) {
+            return fallback(ctx, "a malformed field name");
+        }
+        Py_ssize_t key_len = nul - q;
+        if (!utf8_valid(q, key_len)) {
+            return fallback(ctx, "invalid UTF-8 in a field name");
+        }
+        if (key_len == 4 && memcmp(q, "$ref", 4) == 0) {
+            return fallback(ctx, "a document with a $ref key (bson may decode it as a DBRef)");
+        }
+        Py_ssize_t index = -1;
+        for (Py_ssize_t i = 0; i < n->nfields; i++) {
+            if (n->fields[i].key_len == key_len && memcmp(n->fields[i].key, q, (size_t)key_len) == 0) {
+                index = i;
+                break;
+            }
+        }
+        q = nul + 1;
+        Py_ssize_t used;
+        /* a field's value is checked when it is converted; an earlier duplicate, here */
+        int rc = validate_value(ctx, t, q, last - q, &used, depth, index >= 0);
+        if (rc < 0) {
+            return rc;
+        }
+        if (index >= 0) {
+            if (found_type[index] != 0) {
+                Py_ssize_t earlier;
+                rc = validate_value(ctx, found_type[index], found[index], found_avail[index], &earlier, depth, 0);
+                if (rc < 0) {
+                    return rc;
+                }
+            }
+            found_type[index] = t;
+            found[index] = q;
+            found_avail[index] = last - q;
+        }
+        q += used;
+    }
+    for (Py_ssize_t i = 0; i < n->nfields; i++) {
+        StructField *f = &n->fields[i];
+        uint8_t t = found_type[i];
+        const uint8_t *value = found[i];
+        Py_ssize_t avail = found_avail[i];
+        if (t == 0) {
+            switch (f->default_kind) {
+            case D_BSON:
+                t = f->default_type;
+                value = f->default_value;
+                avail = f->default_avail;
+                break;
+            case D_PYTHON:
+                return fallback(ctx, "a missing field whose default the Python path computes");
+            case D_NULL:
+                t = 0x0A;
+                break;
+            default:
+                if (!f->none_ok) {
+                    return misfit(ctx);
+                }
+                t = 0x0A;
+            }
+        } else if ((t == 0x0A || t == 0x06) && !f->none_ok) {
+            return misfit(ctx);
+        }
+        Py_ssize_t used;
+        int rc = node_value(w, f->node, t, value, avail, &used, depth + 1);
+        if (rc < 0) {
+            return rc;
+        }
+    }
+    if (bit_append(&n->validity, n->count, 1) < 0) {
+        return PYERR;
+    }
+    n->count++;
+    return OK;
+}
+
+/* (validity or None, null count, length, buffers (values, offsets, data: those the kind has),
+ * children) */
+static PyObject *node_result(Node *n) {
+    PyObject *validity;
+    if (n->nulls == 0) {
+        validity = Py_None;
+        Py_INCREF(validity);
+    } else if ((validity = buf_finish(&n->validity)) == NULL) {
+        return NULL;
+    }
+    PyObject *buffers = NULL, *children = NULL;
+    switch (n->kind) {
+    case K_STRING:
+    case K_UUID:
+    case K_JSON:
+    case K_BINARY:
+        buffers = Py_BuildValue("(NN)", buf_finish(&n->offsets), buf_finish(&n->data));
+        children = PyTuple_New(0);
+        break;
+    case K_LIST:
+        buffers = Py_BuildValue("(N)", buf_finish(&n->offsets));
+        children = Py_BuildValue("(N)", node_result(n->child));
+        break;
+    case K_MAP:
+        buffers = Py_BuildValue("(N)", buf_finish(&n->offsets));
+        children = Py_BuildValue("(NN)", node_result(n->keys), node_result(n->child));
+        break;
+    case K_STRUCT:
+        buffers = PyTuple_New(0);
+        children = PyTuple_New(n->nfields);
+        if (children != NULL) {
+            for (Py_ssize_t i = 0; i < n->nfields; i++) {
+                PyObject *child = node_result(n->fields[i].node);
+                if (child == NULL) {
+                    Py_CLEAR(children);
+                    break;
+                }
+                PyTuple_SET_ITEM(children, i, child);
+            }
+        }
+        break;
+    default:
+        buffers = Py_BuildValue("(N)", buf_finish(&n->values));
+        children = PyTuple_New(0);
+    }
+    return Py_BuildValue("(NnnNN)", validity, n->nulls, n->count, buffers, children);
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* One change event */
 
 typedef struct {
@@ -1380,6 +2225,7 @@ typedef struct {
     StringColumn id, operation, database, collection, document_key, full, before, updated;
     TimestampColumn cluster_time, wall_time;
     StringListColumn removed;
+    Node *typed_full, *typed_before; /* NULL: Extended JSON documents */
 } Table;
 
 /* A string-or-null field (str or symbol in bson) into a string column. */
@@ -1419,6 +2265,18 @@ static int put_json_field(Writer *w, StringColumn *c, const Field *f, int null_t
         return rc;
     }
     return string_end_row(w->ctx, c);
+}
+
+/* A typed full document: a struct row, null when absent or null. */
+static int put_typed_field(Writer *w, Node *node, const Field *f) {
+    if (f->type == 0 || f->type == 0x0A || f->type == 0x06) {
+        return node_null(w->ctx, node);
+    }
+    if (f->type != 0x03) {
+        return misfit(w->ctx);
+    }
+    Py_ssize_t used;
+    return node_value(w, node, f->type, f->value, f->avail, &used, 1);
 }
 
 static int put_removed_fields(Ctx *ctx, StringListColumn *c, const Field *f) {
@@ -1469,8 +2327,10 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
     }
     Field fields[F_COUNT];
     memset(fields, 0, sizeof(fields));
+    /* documents read further below are validated there, not twice */
     int rc = read_fields(ctx, p, len, 0, event_field, fields,
-                     (1u << F_DOCUMENT_KEY) | (1u << F_FULL) | (1u << F_BEFORE));
+                         (1u << F_ID) | (1u << F_NS) | (1u << F_UPDATE) | (1u << F_DOCUMENT_KEY) |
+                             (1u << F_FULL) | (1u << F_BEFORE));
     if (rc < 0) {
         return rc;
     }
@@ -1531,11 +2391,18 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
     if ((rc = put_json_field(w, &table->document_key, &fields[F_DOCUMENT_KEY], 0)) < 0) {
         return rc;
     }
-    if ((rc = put_json_field(w, &table->full, &fields[F_FULL], 0)) < 0) {
-        return rc;
-    }
-    if ((rc = put_json_field(w, &table->before, &fields[F_BEFORE], 0)) < 0) {
-        return rc;
+    if (table->typed_full != NULL) {
+        if ((rc = put_typed_field(w, table->typed_full, &fields[F_FULL])) < 0 ||
+            (rc = put_typed_field(w, table->typed_before, &fields[F_BEFORE])) < 0) {
+            return rc;
+        }
+    } else {
+        if ((rc = put_json_field(w, &table->full, &fields[F_FULL], 0)) < 0) {
+            return rc;
+        }
+        if ((rc = put_json_field(w, &table->before, &fields[F_BEFORE], 0)) < 0) {
+            return rc;
+        }
     }
 
     const Field *update = &fields[F_UPDATE];
@@ -1575,6 +2442,8 @@ static void table_free(Table *t) {
     timestamp_column_free(&t->wall_time);
     buf_free(&t->removed.element_offsets);
     buf_free(&t->removed.element_data);
+    node_free(t->typed_full);
+    node_free(t->typed_before);
 }
 
 static int table_init(Table *t, Py_ssize_t rows) {
@@ -1649,18 +2518,18 @@ static int event_bytes(PyObject *item, PyObject *raw_type, Py_ssize_t slot, PyOb
 }
 
 PyDoc_STRVAR(convert_doc,
-             "convert(events, relaxed, raw_type, raw_slot) -> tuple | str | None\n\n"
+             "convert(events, relaxed, raw_type, raw_slot, plan) -> tuple | str | None\n\n"
              "The Arrow buffers of the default change-event columns of a list of RawBSONDocument\n"
              "events; a str naming the event and the reason when the batch must be converted in\n"
              "Python instead; None when not every event is a raw_type instance (nothing converted).\n"
              "raw_slot is the member descriptor of the document's bytes slot, or None to read the\n"
-             "`raw` property.");
+             "`raw` property. plan types full_document (see flowwarden.spark.native), None: Extended JSON.");
 
 static PyObject *convert(PyObject *module, PyObject *args) {
-    PyObject *events, *raw_type, *raw_slot;
+    PyObject *events, *raw_type, *raw_slot, *plan;
     int relaxed;
-    if (!PyArg_ParseTuple(args, "O!pO!O:convert", &PyList_Type, &events, &relaxed, &PyType_Type, &raw_type,
-                          &raw_slot)) {
+    if (!PyArg_ParseTuple(args, "O!pO!OO:convert", &PyList_Type, &events, &relaxed, &PyType_Type, &raw_type,
+                          &raw_slot, &plan)) {
         return NULL;
     }
     Py_ssize_t slot = -1;
@@ -1691,6 +2560,13 @@ static PyObject *convert(PyObject *module, PyObject *args) {
     if (table_init(&table, rows) < 0) {
         goto done;
     }
+    if (plan != Py_None) {
+        table.typed_full = node_parse(plan, NULL);
+        table.typed_before = table.typed_full ? node_parse(plan, NULL) : NULL;
+        if (table.typed_before == NULL) {
+            goto done;
+        }
+    }
     for (Py_ssize_t i = 0; i < rows; i++) {
         PyObject *item = PyList_GET_ITEM(events, i);
         Py_buffer view;
@@ -1712,12 +2588,14 @@ static PyObject *convert(PyObject *module, PyObject *args) {
             goto done;
         }
     }
+    PyObject *full = table.typed_full ? node_result(table.typed_full) : string_column_result(&table.full);
+    PyObject *before = table.typed_full ? node_result(table.typed_before) : string_column_result(&table.before);
     result = Py_BuildValue(
         "(NNNNNNNNNNN)", string_column_result(&table.id), string_column_result(&table.operation),
         timestamp_column_result(&table.cluster_time), timestamp_column_result(&table.wall_time),
         string_column_result(&table.database), string_column_result(&table.collection),
-        string_column_result(&table.document_key), string_column_result(&table.full),
-        string_column_result(&table.before), string_column_result(&table.updated), removed_result(&table.removed));
+        string_column_result(&table.document_key), full, before, string_column_result(&table.updated),
+        removed_result(&table.removed));
 done:
     table_free(&table);
     PyMem_Free(w.keys.keys);

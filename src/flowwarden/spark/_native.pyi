@@ -4,7 +4,12 @@ from collections.abc import Mapping
 from typing import Any
 
 def convert(
-    events: list[Mapping[str, Any]], relaxed: bool, raw_type: type, raw_slot: object, /
+    events: list[Mapping[str, Any]],
+    relaxed: bool,
+    raw_type: type,
+    raw_slot: object,
+    plan: tuple[Any, ...] | None,
+    /,
 ) -> tuple[tuple[object, ...], ...] | str | None:
     """The Arrow buffers of the default change-event columns, why the batch falls back, or
     None when not every event is a raw_type instance."""

@@ -674,6 +674,8 @@ class _Plan(NamedTuple):
     schema: Any  # pyarrow.Schema of the table
     full_document: _Column | None
     before_change: _Column | None
+    native_document: native.Document | None  # the compiled converter's plan of a typed document
+    corrupt_record: bool
 
 
 @functools.lru_cache(maxsize=64)
@@ -684,13 +686,15 @@ def _cached_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode) -> _Plan:
 def _make_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode) -> _Plan:
     table_schema = change_event_arrow_schema(schema, mode=mode)
     if schema is None:
-        return _Plan(table_schema, None, None)
+        return _Plan(table_schema, None, None, None, False)
     spec = document_spec(schema)
     json = encoder_for(json_mode)
     return _Plan(
         table_schema,
         _compile(spec, "full_document", json),
         _compile(spec, "full_document_before_change", json),
+        native.compile_document(spec, arrow_type(spec)) if native.AVAILABLE else None,
+        has_corrupt_record(schema, mode),
     )
 
 
@@ -711,15 +715,19 @@ def _raw(events: Sequence[Mapping[str, Any] | ChangeEvent]) -> list[Mapping[str,
 
 def _native_table(raws: list[Mapping[str, Any]], plan: _Plan, json_mode: JsonMode) -> Any:
     """The table of a batch of RawBSONDocuments from the compiled converter, or None when it
-    is not built, the schema is typed, not every event is raw, or it leaves this batch to
-    Python."""
-    if plan.full_document is not None or not native.AVAILABLE:
+    is not built, not every event is raw, or it leaves this batch to Python (every batch with
+    a document that does not fit the schema: the Python path reports those)."""
+    if not native.AVAILABLE or (plan.full_document is not None and plan.native_document is None):
         return None
-    columns = native.convert(raws, json_mode)
+    columns = native.convert(raws, json_mode, plan.native_document)
     if isinstance(columns, str):
         log.debug("%d raw events converted in Python: %s", len(raws), columns)
         return None
-    return None if columns is None else pa.Table.from_arrays(columns, schema=plan.schema)
+    if columns is None:
+        return None
+    if plan.corrupt_record:
+        columns.append(pa.nulls(len(raws), type=pa.string()))
+    return pa.Table.from_arrays(columns, schema=plan.schema)
 
 
 def _decoded(raws: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -20,11 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.errors import InvalidDocument
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden.spark._extra import require
 from flowwarden.spark.extjson import JsonMode
+from flowwarden.spark.schema import FieldSpec, Kind, ValueSpec
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
 
@@ -33,7 +36,7 @@ try:
 except ImportError:  # built without a compiler: the Python path converts every batch
     _native = None  # type: ignore[assignment]
 
-__all__ = ["AVAILABLE", "DECODE_OPTIONS", "convert"]
+__all__ = ["AVAILABLE", "DECODE_OPTIONS", "Document", "compile_document", "convert"]
 
 AVAILABLE: bool = _native is not None
 """Whether the compiled converter is installed (``False``: every batch converts in Python)."""
@@ -70,6 +73,78 @@ _KINDS = (
 )
 
 
+# Kind codes and default kinds as _native.c numbers them.
+_KIND_CODES = {
+    Kind.STRING: 1,
+    Kind.UUID: 2,
+    Kind.JSON: 3,
+    Kind.INT8: 4,
+    Kind.INT16: 5,
+    Kind.INT32: 6,
+    Kind.INT64: 7,
+    Kind.FLOAT: 8,
+    Kind.DOUBLE: 9,
+    Kind.BOOL: 10,
+    Kind.TIMESTAMP: 11,
+    Kind.TIMESTAMP_NTZ: 12,
+    Kind.DATE: 13,
+    Kind.DECIMAL: 14,
+    Kind.BINARY: 15,
+    Kind.LIST: 16,
+    Kind.MAP: 17,
+    Kind.STRUCT: 18,
+}
+_DOCUMENT_COLUMNS = (7, 8)  # full_document, full_document_before_change
+_NO_DEFAULT, _NULL_DEFAULT, _BSON_DEFAULT, _PYTHON_DEFAULT = range(4)
+
+Document = tuple[tuple[Any, ...], Any]
+"""A typed full document for :func:`convert`: the compiled plan and the struct's Arrow type."""
+
+
+def _default(field: FieldSpec) -> tuple[int, bytes | None]:
+    """What a missing key gives: nothing, null, a BSON value the C code converts like a present
+    one, or "ask Python" (a default factory, or a default BSON does not carry exactly, such as
+    a Decimal or a datetime with microseconds)."""
+    if not field.has_default:
+        return _NO_DEFAULT, None
+    if field.default_factory is not None:
+        return _PYTHON_DEFAULT, None
+    if field.default is None:
+        return _NULL_DEFAULT, None
+    try:
+        data = bson.encode({"v": field.default})
+    except (InvalidDocument, TypeError, OverflowError, ValueError):
+        return _PYTHON_DEFAULT, None
+    if repr(bson.decode(data, codec_options=DECODE_OPTIONS)["v"]) != repr(field.default):
+        return _PYTHON_DEFAULT, None
+    return _BSON_DEFAULT, data
+
+
+def _program(spec: ValueSpec) -> tuple[Any, ...]:
+    choices = None
+    if spec.choices is not None:
+        choices = tuple(c.encode() if isinstance(c, str) else c for c in spec.choices)
+    child = _program(spec.element) if spec.element is not None else None
+    fields = tuple(
+        (field.key.encode(), _program(field.value), int(field.none_ok), *_default(field))
+        for field in spec.fields
+    )
+    return (
+        _KIND_CODES[spec.kind],
+        int(spec.element_nullable),
+        spec.precision,
+        spec.scale,
+        choices,
+        child,
+        fields,
+    )
+
+
+def compile_document(spec: ValueSpec, arrow_type: Any) -> Document:
+    """The plan the C code follows for a typed full document (compile once per schema)."""
+    return _program(spec), arrow_type
+
+
 def _buffer(data: bytes | None) -> Any:
     return None if data is None else pa.py_buffer(data)
 
@@ -87,14 +162,43 @@ def _array(kind: Any, count: int, column: tuple[Any, ...]) -> Any:
     return pa.Array.from_buffers(kind, count, [_buffer(validity), *map(pa.py_buffer, column[2:])], nulls)
 
 
-def convert(events: list[Mapping[str, Any]], json_mode: JsonMode) -> list[Any] | str | None:
-    """The eleven change-event columns of ``events`` with Extended JSON ``full_document``,
-    when every event is a ``RawBSONDocument``: None when one is not (nothing converted), a str
-    naming the event the compiled converter leaves to Python and why. Never call it when
+def _typed_array(kind: Any, column: tuple[Any, ...]) -> Any:
+    """The array of one node of a typed plan: (validity, nulls, length, buffers, children)."""
+    validity, nulls, count, buffers, children = column
+    head = [_buffer(validity), *map(pa.py_buffer, buffers)]
+    if pa.types.is_struct(kind):
+        arrays = [_typed_array(field.type, child) for field, child in zip(kind, children, strict=True)]
+        return pa.Array.from_buffers(kind, count, head, nulls, children=arrays)
+    if pa.types.is_map(kind):
+        keys = _typed_array(_STRING, children[0])
+        items = _typed_array(kind.item_type, children[1])
+        entries = pa.StructArray.from_arrays([keys, items], fields=[kind.key_field, kind.item_field])
+        return pa.Array.from_buffers(kind, count, head, nulls, children=[entries])
+    if pa.types.is_list(kind):
+        return pa.Array.from_buffers(
+            kind, count, head, nulls, children=[_typed_array(kind.value_type, children[0])]
+        )
+    return pa.Array.from_buffers(kind, count, head, nulls)
+
+
+def convert(
+    events: list[Mapping[str, Any]], json_mode: JsonMode, document: Document | None = None
+) -> list[Any] | str | None:
+    """The eleven change-event columns of ``events``, when every event is a
+    ``RawBSONDocument``: None when one is not (nothing converted), a str naming the event the
+    compiled converter leaves to Python and why (any value that does not fit ``document``
+    is one: the Python path reports misfits). ``document`` types both full-document columns
+    (:func:`compile_document`); None writes them as Extended JSON. Never call it when
     :data:`AVAILABLE` is false."""
     assert _native is not None, "flowwarden.spark._native is not built"
-    result = _native.convert(events, json_mode is JsonMode.RELAXED, RawBSONDocument, _RAW_SLOT)
+    program = document[0] if document is not None else None
+    result = _native.convert(events, json_mode is JsonMode.RELAXED, RawBSONDocument, _RAW_SLOT, program)
     if result is None or isinstance(result, str):
         return result
     count = len(events)
-    return [_array(kind, count, column) for kind, column in zip(_KINDS, result, strict=True)]
+    return [
+        _typed_array(document[1], column)
+        if document is not None and index in _DOCUMENT_COLUMNS
+        else _array(kind, count, column)
+        for index, (kind, column) in enumerate(zip(_KINDS, result, strict=True))
+    ]

@@ -1,0 +1,297 @@
+"""The compiled converter with a typed full document, against the Python path.
+
+Every schema kind (struct, list, map, the integer widths, float, double, bool, timestamp,
+timestamp_ntz, date, decimal, binary, UUID, ObjectId-as-string, enums and literals, Any as
+Extended JSON, defaults) gets random values that fit and values that do not. The native
+table must equal the Python path's table for every schema mode; a batch with a value that does
+not fit falls back, so the Python path reports it (same ``malformed`` rows, same errors).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from decimal import Decimal
+from typing import Any, Literal
+
+import bson
+import pyarrow as pa
+import pytest
+from bson.binary import Binary
+from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, Field
+from pyspark.sql.types import (
+    BinaryType,
+    DateType,
+    FloatType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+)
+
+from flowwarden.config import SchemaMode
+from flowwarden.errors import SchemaMismatchError
+from flowwarden.spark import events_to_arrow, native
+from flowwarden.spark.arrow import _plan
+from flowwarden.spark.extjson import JsonMode
+from flowwarden.spark.schema import ObjectIdStr
+
+pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="flowwarden.spark._native is not built")
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Line(BaseModel):
+    sku: str
+    qty: int
+    price: float | None = None
+
+
+class Doc(BaseModel):
+    id: ObjectIdStr = Field(alias="_id")
+    name: str
+    count: int = 0
+    ratio: float | None = None
+    ok: bool | None = None
+    at: dt.datetime | None = None
+    day: dt.date | None = None
+    amount: Decimal | None = Field(default=None, max_digits=12, decimal_places=2)
+    big: Decimal | None = None
+    blob: bytes | None = None
+    key: uuid.UUID | None = None
+    color: Color | None = None
+    level: Literal[1, 2, 3] | None = None
+    lines: list[Line] = []
+    tags: list[str] | None = None
+    attrs: dict[str, int] | None = None
+    extra: Any = None
+    note: str = "none"
+
+
+SPARK_SCHEMA = StructType(
+    [
+        StructField("_id", StringType()),
+        StructField("small", ShortType()),
+        StructField("f", FloatType()),
+        StructField("when", TimestampNTZType()),
+        StructField("day", DateType()),
+        StructField("raw", BinaryType()),
+    ]
+)
+
+SCHEMAS = [Doc, SPARK_SCHEMA]
+MODES = list(SchemaMode)
+
+keys = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=3)
+ms_values = st.one_of(
+    st.integers(-(10**13), 10**13),
+    st.integers(-(10**13), 10**13).map(lambda d: d - d % 86_400_000),
+    st.sampled_from([2**62, -(2**62)]),
+)
+numbers = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**63), 2**63 - 1).map(Int64),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**6), 10**6).map(float),
+    st.sampled_from([2**53 + 1, 2**24 + 1, 32767, 32768, -32769]).map(Int64),
+)
+decimals = st.one_of(
+    st.decimals(min_value=-(10**10), max_value=10**10, places=2).map(lambda d: Decimal128(d)),
+    st.decimals(allow_nan=False, allow_infinity=False, places=None)
+    .filter(lambda d: len(d.as_tuple().digits) <= 34 and -6176 <= d.as_tuple().exponent <= 6111)  # type: ignore[operator]
+    .map(lambda d: Decimal128(d)),
+    st.sampled_from(["NaN", "Infinity", "1E+20", "0.001", "-0"]).map(Decimal128),
+)
+anything = st.one_of(
+    st.none(),
+    numbers,
+    st.text(max_size=6),
+    ms_values.map(DatetimeMS),
+    decimals,
+    st.builds(Binary, st.binary(max_size=17), st.sampled_from([0, 3, 4, 5])),
+    st.binary(min_size=12, max_size=12).map(ObjectId),
+    st.booleans(),
+    st.lists(st.integers(0, 5), max_size=3),
+    st.dictionaries(keys, st.integers(-(2**63), 2**63 - 1), max_size=3),
+)
+
+
+def often(fitting: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Mostly values that fit, sometimes anything at all."""
+    return st.one_of(fitting, fitting, fitting, fitting, fitting, fitting, anything)
+
+
+line = st.fixed_dictionaries(
+    {"sku": often(st.text(max_size=5)), "qty": often(st.integers(-5, 5))},
+    optional={"price": often(st.floats(allow_nan=False))},
+)
+doc_fields = {
+    "_id": often(st.binary(min_size=12, max_size=12).map(ObjectId)),
+    "name": often(st.text(max_size=8)),
+}
+doc_optional = {
+    "count": often(numbers),
+    "ratio": often(numbers),
+    "ok": often(st.booleans()),
+    "at": often(ms_values.map(DatetimeMS)),
+    "day": often(ms_values.map(DatetimeMS)),
+    "amount": often(decimals),
+    "big": often(st.one_of(decimals, st.integers(-(10**15), 10**15), st.floats(-1e6, 1e6))),
+    "blob": often(st.builds(Binary, st.binary(max_size=9), st.sampled_from([0, 5, 128]))),
+    "key": often(st.builds(Binary, st.binary(min_size=16, max_size=16), st.just(4))),
+    "color": often(st.sampled_from(["red", "blue", "green"])),
+    "level": often(st.sampled_from([1, 2, 3, 4])),
+    "lines": often(st.lists(line, max_size=3)),
+    "tags": often(st.lists(st.one_of(st.text(max_size=4), st.none()), max_size=3)),
+    "attrs": often(st.dictionaries(keys, st.one_of(st.integers(-9, 9), st.none()), max_size=3)),
+    "extra": anything,
+    "note": often(st.text(max_size=4)),
+    "small": often(st.integers(-40000, 40000)),
+    "f": often(numbers),
+    "when": often(ms_values.map(DatetimeMS)),
+    "raw": often(st.builds(Binary, st.binary(max_size=9), st.sampled_from([0, 5]))),
+}
+documents = st.fixed_dictionaries(doc_fields, optional=doc_optional)
+
+
+@st.composite
+def raw_events(draw: st.DrawFn) -> list[bytes]:
+    out = []
+    for i in range(draw(st.integers(1, 5))):
+        event: dict[str, Any] = {"_id": {"_data": f"82{i:08X}"}, "operationType": "insert"}
+        kind = draw(st.sampled_from(["doc", "doc", "doc", "none", "other"]))
+        if kind == "doc":
+            event["fullDocument"] = draw(documents)
+        elif kind == "other":
+            event["fullDocument"] = draw(anything)
+        if draw(st.booleans()):
+            event["fullDocumentBeforeChange"] = draw(documents)
+        out.append(bson.encode(event))
+    return out
+
+
+def python_batch(data: list[bytes], schema: Any, mode: SchemaMode) -> Any:
+    decoded = [bson.decode(item, codec_options=native.DECODE_OPTIONS) for item in data]
+    return events_to_arrow(decoded, schema=schema, mode=mode)
+
+
+def raw_batch(data: list[bytes], schema: Any, mode: SchemaMode) -> Any:
+    return events_to_arrow([RawBSONDocument(item) for item in data], schema=schema, mode=mode)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["pydantic", "struct-type"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=raw_events())
+def test_typed_native_table_is_the_python_table(schema: Any, mode: SchemaMode, data: list[bytes]) -> None:
+    try:
+        expected = python_batch(data, schema, mode)
+    except SchemaMismatchError as error:
+        with pytest.raises(SchemaMismatchError) as caught:
+            raw_batch(data, schema, mode)
+        assert str(caught.value) == str(error)
+        return
+    got = raw_batch(data, schema, mode)
+    got.table.validate(full=True)
+    assert got.malformed == expected.malformed
+    for name in expected.table.column_names:
+        assert got.table[name].to_pylist() == expected.table[name].to_pylist(), name
+    assert got.table.equals(expected.table)
+
+
+def fitting_event(i: int) -> bytes:
+    oid = ObjectId()
+    document = {
+        "_id": oid,
+        "name": f"n{i}",
+        "count": Int64(i),
+        "ratio": i / 4,
+        "ok": i % 2 == 0,
+        "at": dt.datetime(2024, 1, 1) + dt.timedelta(milliseconds=i),
+        "day": dt.datetime(2024, 1, 1) + dt.timedelta(days=i),
+        "amount": Decimal128(f"{i}.25"),
+        "big": i,
+        "blob": Binary(b"\x00\x01", 0),
+        "key": Binary(uuid.uuid4().bytes, 4),
+        "color": "red",
+        "level": 2,
+        "lines": [{"sku": "a", "qty": 1, "price": 1.5}, {"sku": "b", "qty": 2}],
+        "tags": ["x", "y"],
+        "attrs": {"a": 1, "b": 2},
+        "extra": {"nested": [1, Decimal128("2.5")]},
+    }
+    return bson.encode({"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "fullDocument": document})
+
+
+def test_a_fitting_batch_takes_the_native_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = [fitting_event(i) for i in range(200)]
+    results: list[Any] = []
+    convert = native.convert
+
+    def recording(*args: Any) -> Any:
+        results.append(convert(*args))
+        return results[-1]
+
+    monkeypatch.setattr(native, "convert", recording)
+    for mode in MODES:
+        got = raw_batch(data, Doc, mode)
+        expected = python_batch(data, Doc, mode)
+        assert got.table.equals(expected.table) and got.malformed == ()
+    raw_results = [result for result in results if result is not None]  # None: the decoded batches
+    assert len(raw_results) == len(MODES) and all(isinstance(result, list) for result in raw_results)
+
+
+def test_a_misfit_falls_back_and_is_reported_by_the_python_path() -> None:
+    data = [fitting_event(0), bson.encode({"_id": {"_data": "8201"}, "fullDocument": {"_id": 1, "name": 2}})]
+    plan = _plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    assert "does not fit" in str(
+        native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
+    )
+    got = raw_batch(data, Doc, SchemaMode.DROPMALFORMED)
+    assert [row.index for row in got.malformed] == [1] and got.table.num_rows == 1
+
+
+def test_defaults_bson_cannot_carry_exactly_are_left_to_python() -> None:
+    class WithDefaults(BaseModel):
+        when: dt.datetime = dt.datetime(2024, 1, 1, 0, 0, 0, 123456)  # microseconds: not in BSON
+        price: Decimal = Decimal("1.50")
+        made: list[int] = Field(default_factory=lambda: [1])
+        plain: int = 7
+
+    data = [bson.encode({"_id": {"_data": "8200"}, "fullDocument": {}})]
+    plan = _plan(WithDefaults, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    assert isinstance(
+        native.convert([RawBSONDocument(data[0])], JsonMode.CANONICAL, plan.native_document), str
+    )
+    assert raw_batch(data, WithDefaults, SchemaMode.PERMISSIVE).table.equals(
+        python_batch(data, WithDefaults, SchemaMode.PERMISSIVE).table
+    )
+
+    class Plain(BaseModel):
+        plain: int = 7
+        label: str = "x"
+
+    plan = _plan(Plain, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    columns = native.convert([RawBSONDocument(data[0])], JsonMode.CANONICAL, plan.native_document)
+    assert isinstance(columns, list)
+    assert columns[7].to_pylist() == [{"plain": 7, "label": "x"}]
+
+
+def test_arrow_schema_types_of_every_kind() -> None:
+    schema = pa.schema([pa.field("i8", pa.int8()), pa.field("m", pa.map_(pa.string(), pa.float64()))])
+    data = [bson.encode({"_id": {"_data": "8200"}, "fullDocument": {"i8": 5, "m": {"a": 1, "b": 2.5}}})]
+    got = raw_batch(data, schema, SchemaMode.FAILFAST)
+    assert got.table.equals(python_batch(data, schema, SchemaMode.FAILFAST).table)
+    assert got.table["full_document"].to_pylist() == [{"i8": 5, "m": [("a", 1.0), ("b", 2.5)]}]
