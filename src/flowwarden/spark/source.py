@@ -24,7 +24,9 @@ checkpoint is ``{"_data": "<token hex>"}``; two other shapes exist:
   start or skipped entirely.
 
 The reader holds no cursor between calls: every call opens its own change stream and closes
-it, so nothing but the offsets carries state, and ``read`` runs in any executor.
+it, so nothing but the offsets carries state, and ``read`` runs in any executor. ``read`` takes
+the events as raw BSON (``RawBSONDocument``), so the compiled converter of
+:mod:`flowwarden.spark.native` turns them into Arrow buffers without decoding them in Python.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import pymongo
 from bson import Timestamp, json_util
+from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -368,11 +371,13 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         self._target: dict[str, Any] | None = None
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
+        self._raw_client: pymongo.MongoClient[RawBSONDocument] | None = None
 
     # The reader is pickled to executors for read(): the client stays behind.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_client"] = None
+        state["_raw_client"] = None
         return state
 
     # ------------------------------------------------------------------------------------------
@@ -495,6 +500,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self._raw_client is not None:
+            self._raw_client.close()
+            self._raw_client = None
 
     # ------------------------------------------------------------------------------------------
     # executor side
@@ -512,7 +520,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         else:
             resume = self._resume_options(start)
         expected = _spark_arrow_schema(self.schema)
-        events: list[Mapping[str, Any]] = []
+        events: list[RawBSONDocument] = []
         try:
             for event in self._replay(resume, end_token):
                 events.append(event)
@@ -524,9 +532,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if events:
             yield from self._batches(events, expected)
 
-    def _replay(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[Mapping[str, Any]]:
+    def _replay(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[RawBSONDocument]:
         deadline = time.monotonic() + READ_STALL_SECONDS
-        with self._watch(resume, counting=False) as stream:
+        with self._watch(resume, counting=False, raw=True) as stream:
             while True:
                 event = stream.try_next()
                 if event is None:
@@ -549,7 +557,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     return
                 deadline = time.monotonic() + READ_STALL_SECONDS
 
-    def _batches(self, events: list[Mapping[str, Any]], expected: Any) -> Iterator[Any]:
+    def _batches(self, events: list[RawBSONDocument], expected: Any) -> Iterator[Any]:
         batch = events_to_arrow(
             events, schema=self.document_schema, mode=self.options.mode, json_mode=self.options.json_mode
         )
@@ -563,6 +571,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._client = pymongo.MongoClient(self.options.uri, appname="flowwarden-spark")
         return self._client
 
+    def _raw_client_for(self) -> pymongo.MongoClient[RawBSONDocument]:
+        """A client whose change streams deliver events as raw BSON, for ``read``."""
+        if self._raw_client is None:
+            self._raw_client = pymongo.MongoClient(
+                self.options.uri, appname="flowwarden-spark", document_class=RawBSONDocument
+            )
+        return self._raw_client
+
     def _resume_options(self, start: Offset) -> dict[str, Any]:
         token = _token(start)
         if token is not None:
@@ -574,14 +590,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             f"{_OWNER}: offset {start!r} is not a flowwarden offset", stream=self.options.namespace
         )
 
-    def _watch(self, resume: dict[str, Any], *, counting: bool) -> Any:
+    def _watch(self, resume: dict[str, Any], *, counting: bool, raw: bool = False) -> Any:
         """A change stream with the source's options from ``resume``.
 
         ``counting`` streams only find where a micro-batch ends: they see the same events
         (same pipeline, same full-document options, so the same filters) but bring back only
-        ``_id``.
+        ``_id``. ``raw`` streams deliver ``RawBSONDocument`` events.
         """
-        client = self._client_for()
+        client: Any = self._raw_client_for() if raw else self._client_for()
         options = self.options
         target: Any = client
         if options.database is not None:
