@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 native = Extension(
     "flowwarden.spark._native",
     sources=["src/flowwarden/spark/_native.c"],
-    extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     optional=True,
 )
 

@@ -122,6 +122,7 @@ static inline uint64_t rd64(const uint8_t *p) {
 typedef struct {
     const char *reason; /* why the batch falls back to Python */
     int relaxed;
+    const uint8_t *end; /* end of the event being read: eight bytes before it may be loaded */
 } Ctx;
 
 static int fallback(Ctx *ctx, const char *reason) {
@@ -180,17 +181,42 @@ static inline int plain8(uint64_t w) {
     return ((w | control | quote | backslash) & HIGHS) == 0;
 }
 
-static int utf8_valid(const uint8_t *p, Py_ssize_t n) {
+/* The n < 8 bytes at p as one word, the bytes past them replaced by `fill` bytes (read as a
+ * whole word when the event has eight bytes there, which is the common case). */
+static inline uint64_t short_word(const Ctx *ctx, const uint8_t *p, Py_ssize_t n, uint64_t fill) {
+    uint64_t w = fill;
+    if (ctx->end - p >= 8) {
+        memcpy(&w, p, 8);
+        uint64_t mask = n ? (~0ULL >> (64 - 8 * n)) : 0;
+        return (w & mask) | (fill & ~mask);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        w = (w & ~(0xFFULL << (8 * i))) | ((uint64_t)p[i] << (8 * i));
+    }
+    return w;
+}
+
+static int utf8_valid(const Ctx *ctx, const uint8_t *p, Py_ssize_t n) {
     Py_ssize_t i = 0;
-    while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t w;
+    if (n < 8) {
+        if ((short_word(ctx, p, n, 0) & HIGHS) == 0) {
+            return 1;
+        }
+    } else {
+        uint64_t w;
+        memcpy(&w, p + n - 8, 8);
+        int ascii_tail = (w & HIGHS) == 0;
+        for (; i + 8 <= n; i += 8) {
             memcpy(&w, p + i, 8);
-            if ((w & HIGHS) == 0) {
-                i += 8;
-                continue;
+            if ((w & HIGHS) != 0) {
+                break;
             }
         }
+        if (i + 8 > n && ascii_tail) {
+            return 1;
+        }
+    }
+    while (i < n) {
         if (p[i] < 0x80) {
             i++;
             continue;
@@ -234,34 +260,55 @@ static const char ESCAPE_SHORT[32] = {
     0, 0, 0, 0, 0, 0, 0, 0, 0,   0,   0,   0, 0,   0,   0, 0,
 };
 
-/* A quoted JSON string of n bytes at p, validating UTF-8 as it goes. */
+/* A quoted JSON string of n bytes at p, validating UTF-8 as it goes. Plain text (ASCII with
+ * nothing to escape) is checked and copied eight bytes at a time; the last partial word is
+ * done with the word ending at the string's end (or, for short strings, the word starting at
+ * it with the bytes past the string masked off). */
 static int put_json_string(Ctx *ctx, Buf *b, const uint8_t *p, Py_ssize_t n) {
-    if (reserve(b, n + 2) < 0) {
+    if (reserve(b, n + 2 + 8) < 0) {
         return PYERR;
     }
     put_char(b, '"');
     Py_ssize_t i = 0;
+    if (n < 8) {
+        uint64_t w = short_word(ctx, p, n, ONES * 'a');
+        if (plain8(w)) {
+            memcpy(b->data + b->len, &w, 8);
+            b->len += n;
+            put_char(b, '"');
+            return OK;
+        }
+    }
     while (i < n) {
-        Py_ssize_t run = i;
-        while (run + 8 <= n) {
-            uint64_t chunk;
-            memcpy(&chunk, p + run, 8);
-            if (!plain8(chunk)) {
+        uint64_t w;
+        while (i + 8 <= n) {
+            memcpy(&w, p + i, 8);
+            if (!plain8(w)) {
                 break;
             }
-            run += 8;
+            memcpy(b->data + b->len, &w, 8);
+            b->len += 8;
+            i += 8;
         }
-        while (run < n && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\') {
-            run++;
+        if (i == n) {
+            break;
         }
-        if (run > i) {
-            put(b, (const char *)p + i, run - i);
-            i = run;
-            if (i == n) {
+        if (i + 8 > n && n >= 8) {
+            memcpy(&w, p + n - 8, 8);
+            if (plain8(w)) {
+                /* rewrites the last 8 - (n - i) bytes already copied with the same bytes */
+                b->len += n - i;
+                memcpy(b->data + b->len - 8, &w, 8);
+                i = n;
                 break;
             }
         }
         uint8_t c = p[i];
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            put_char(b, (char)c);
+            i++;
+            continue;
+        }
         if (c >= 0x80) {
             int k = utf8_sequence(p + i, n - i);
             if (k == 0) {
@@ -272,7 +319,7 @@ static int put_json_string(Ctx *ctx, Buf *b, const uint8_t *p, Py_ssize_t n) {
             continue;
         }
         /* an escape: at most 6 bytes instead of 1 */
-        if (reserve(b, (n - i) + 6) < 0) {
+        if (reserve(b, (n - i) + 6 + 8 + 1) < 0) {
             return PYERR;
         }
         put_char(b, '\\');
@@ -294,6 +341,16 @@ static int put_json_string(Ctx *ctx, Buf *b, const uint8_t *p, Py_ssize_t n) {
     }
     put_char(b, '"');
     return OK;
+}
+
+/* The 24 lowercase hex digits of 12 bytes (callers reserve 24 bytes). */
+static inline void put_hex12(Buf *b, const uint8_t *p) {
+    char *out = b->data + b->len;
+    for (int i = 0; i < 12; i++) {
+        out[2 * i] = HEX[p[i] >> 4];
+        out[2 * i + 1] = HEX[p[i] & 15];
+    }
+    b->len += 24;
 }
 
 /* Decimal digits of v (callers reserve 20 bytes). */
@@ -666,7 +723,7 @@ static int validate_value(Ctx *ctx, uint8_t t, const uint8_t *p, Py_ssize_t avai
         if (n < 0) {
             return fallback(ctx, "a malformed string");
         }
-        if (!utf8_valid(p + 4, text)) {
+        if (!utf8_valid(ctx, p + 4, text)) {
             return fallback(ctx, "invalid UTF-8 in a string");
         }
         break;
@@ -722,7 +779,7 @@ static int validate_value(Ctx *ctx, uint8_t t, const uint8_t *p, Py_ssize_t avai
         if (nul2 == NULL) {
             return fallback(ctx, "a malformed regular expression");
         }
-        if (!utf8_valid(p, pattern) || !utf8_valid(nul + 1, nul2 - nul - 1)) {
+        if (!utf8_valid(ctx, p, pattern) || !utf8_valid(ctx, nul + 1, nul2 - nul - 1)) {
             return fallback(ctx, "invalid UTF-8 in a regular expression");
         }
         n = nul2 + 1 - p;
@@ -733,7 +790,7 @@ static int validate_value(Ctx *ctx, uint8_t t, const uint8_t *p, Py_ssize_t avai
         if (n < 0 || n + 12 > avail) {
             return fallback(ctx, "a malformed DBPointer");
         }
-        if (!utf8_valid(p + 4, text)) {
+        if (!utf8_valid(ctx, p + 4, text)) {
             return fallback(ctx, "invalid UTF-8 in a DBPointer");
         }
         n += 12;
@@ -766,7 +823,7 @@ static int validate_document(Ctx *ctx, const uint8_t *p, Py_ssize_t size, int is
         if (nul == NULL) {
             return fallback(ctx, "a malformed field name");
         }
-        if (!is_array && !utf8_valid(q, nul - q)) {
+        if (!is_array && !utf8_valid(ctx, q, nul - q)) {
             return fallback(ctx, "invalid UTF-8 in a field name");
         }
         q = nul + 1;
@@ -786,6 +843,7 @@ static int validate_document(Ctx *ctx, const uint8_t *p, Py_ssize_t size, int is
 typedef struct {
     const uint8_t *key;
     Py_ssize_t len;
+    uint32_t sketch; /* length and three bytes: unequal sketches, unequal keys */
 } Key;
 
 /* Keys of the documents being written, one stack shared by all nesting levels. */
@@ -795,20 +853,28 @@ typedef struct {
     Py_ssize_t cap;
 } KeyStack;
 
-static int keys_push(KeyStack *s, const uint8_t *key, Py_ssize_t len) {
-    if (s->len == s->cap) {
-        Py_ssize_t cap = s->cap ? s->cap * 2 : 256;
-        Key *keys = PyMem_Realloc(s->keys, (size_t)cap * sizeof(Key));
-        if (keys == NULL) {
-            PyErr_NoMemory();
-            return PYERR;
-        }
-        s->keys = keys;
-        s->cap = cap;
+static int keys_grow(KeyStack *s);
+
+static inline int keys_push(KeyStack *s, const uint8_t *key, Py_ssize_t len) {
+    if (s->len == s->cap && keys_grow(s) < 0) {
+        return PYERR;
     }
-    s->keys[s->len].key = key;
-    s->keys[s->len].len = len;
-    s->len++;
+    Key *k = &s->keys[s->len++];
+    k->key = key;
+    k->len = len;
+    k->sketch = len ? ((uint32_t)len << 16) ^ ((uint32_t)key[0] << 8) ^ key[len - 1] : 0;
+    return OK;
+}
+
+static int keys_grow(KeyStack *s) {
+    Py_ssize_t cap = s->cap ? s->cap * 2 : 256;
+    Key *keys = PyMem_Realloc(s->keys, (size_t)cap * sizeof(Key));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return PYERR;
+    }
+    s->keys = keys;
+    s->cap = cap;
     return OK;
 }
 
@@ -826,7 +892,7 @@ static int has_duplicates(Key *keys, Py_ssize_t n) {
     if (n <= 16) {
         for (Py_ssize_t i = 1; i < n; i++) {
             for (Py_ssize_t j = 0; j < i; j++) {
-                if (keys[i].len == keys[j].len && (keys[i].len == 0 || keys[i].key[0] == keys[j].key[0]) &&
+                if (keys[i].sketch == keys[j].sketch && keys[i].len == keys[j].len &&
                     memcmp(keys[i].key, keys[j].key, (size_t)keys[i].len) == 0) {
                     return 1;
                 }
@@ -916,10 +982,7 @@ static int write_value(Writer *w, Buf *b, uint8_t t, const uint8_t *p, Py_ssize_
             return PYERR;
         }
         PUT_LITERAL(b, "{\"$oid\":\"");
-        for (int i = 0; i < 12; i++) {
-            put_char(b, HEX[p[i] >> 4]);
-            put_char(b, HEX[p[i] & 15]);
-        }
+        put_hex12(b, p);
         PUT_LITERAL(b, "\"}");
         n = 12;
         break;
@@ -955,7 +1018,7 @@ static int write_value(Writer *w, Buf *b, uint8_t t, const uint8_t *p, Py_ssize_
         if (nul2 == NULL) {
             return fallback(ctx, "a malformed regular expression");
         }
-        if (!utf8_valid(flags, nul2 - flags)) {
+        if (!utf8_valid(ctx, flags, nul2 - flags)) {
             return fallback(ctx, "invalid UTF-8 in a regular expression");
         }
         int seen[6] = {0, 0, 0, 0, 0, 0};
@@ -1589,7 +1652,7 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
     case K_STRING:
         if (t == 0x02 || t == 0x0E) {
             *used = string_value(p, avail, &text);
-            if (*used < 0 || !utf8_valid(p + 4, text)) {
+            if (*used < 0 || !utf8_valid(ctx, p + 4, text)) {
                 return fallback(ctx, "a malformed string");
             }
             if (n->choices != NULL) {
@@ -1614,10 +1677,7 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
             if (reserve(&n->data, 24) < 0) {
                 return PYERR;
             }
-            for (int i = 0; i < 12; i++) {
-                put_char(&n->data, HEX[p[i] >> 4]);
-                put_char(&n->data, HEX[p[i] & 15]);
-            }
+            put_hex12(&n->data, p);
             *used = 12;
         } else {
             return misfit(ctx);
@@ -1907,7 +1967,7 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
                 return fallback(ctx, "a malformed field name");
             }
             Py_ssize_t key_len = nul - q;
-            if (!utf8_valid(q, key_len)) {
+            if (!utf8_valid(ctx, q, key_len)) {
                 return fallback(ctx, "invalid UTF-8 in a field name");
             }
             if (key_len == 4 && memcmp(q, "$ref", 4) == 0) {
@@ -1989,7 +2049,7 @@ static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, i
             return fallback(ctx, "a malformed field name");
         }
         Py_ssize_t key_len = nul - q;
-        if (!utf8_valid(q, key_len)) {
+        if (!utf8_valid(ctx, q, key_len)) {
             return fallback(ctx, "invalid UTF-8 in a field name");
         }
         if (key_len == 4 && memcmp(q, "$ref", 4) == 0) {
@@ -2050,7 +2110,12 @@ static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, i
             return misfit(ctx);
         }
         Py_ssize_t used;
+        const uint8_t *event_end = ctx->end;
+        if (value == f->default_value && value != NULL) {
+            ctx->end = value + avail + 1; /* reading the default's own document */
+        }
         int rc = node_value(w, f->node, t, value, avail, &used, depth + 1);
+        ctx->end = event_end;
         if (rc < 0) {
             return rc;
         }
@@ -2173,7 +2238,7 @@ static int read_fields(Ctx *ctx, const uint8_t *p, Py_ssize_t size, int depth,
             return fallback(ctx, "a malformed field name");
         }
         Py_ssize_t key_len = nul - q;
-        if (!utf8_valid(q, key_len)) {
+        if (!utf8_valid(ctx, q, key_len)) {
             return fallback(ctx, "invalid UTF-8 in a field name");
         }
         if (depth > 0 && key_len == 4 && memcmp(q, "$ref", 4) == 0) {
@@ -2553,7 +2618,7 @@ static PyObject *convert(PyObject *module, PyObject *args) {
     if (raw_name == NULL) {
         return NULL;
     }
-    Ctx ctx = {NULL, relaxed};
+    Ctx ctx = {NULL, relaxed, NULL};
     Writer w = {&ctx, {NULL, 0, 0}};
     Table table;
     PyObject *result = NULL;
@@ -2576,6 +2641,7 @@ static PyObject *convert(PyObject *module, PyObject *args) {
             goto done;
         }
         w.keys.len = 0;
+        ctx.end = data + len;
         int rc = convert_event(&w, &table, data, len);
         if (view.obj != NULL) {
             PyBuffer_Release(&view);
