@@ -400,7 +400,7 @@ class Carrier:
 def convert_any(data: bytes, mode: JsonMode) -> Any:
     from flowwarden.spark import _native
 
-    return _native.convert([Carrier(data)], mode is JsonMode.RELAXED, Carrier, None, None)
+    return _native.convert([Carrier(data)], mode is JsonMode.RELAXED, Carrier, None, None, 1)
 
 
 @st.composite
@@ -433,8 +433,9 @@ def test_corrupted_bytes_fall_back_or_match(mode: JsonMode, data: bytes) -> None
     if isinstance(result, str):
         return
     expected = events_to_arrow([decoded], json_mode=mode).table
+    ((count, columns),) = result
     table = pa.Table.from_arrays(
-        [native._array(kind, 1, column) for kind, column in zip(native._KINDS, result, strict=True)],
+        [native._array(kind, count, column) for kind, column in zip(native._KINDS, columns, strict=True)],
         schema=expected.schema,
     )
     table.validate(full=True)
@@ -444,7 +445,7 @@ def test_corrupted_bytes_fall_back_or_match(mode: JsonMode, data: bytes) -> None
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=64))
 def test_random_bytes_never_crash(data: bytes) -> None:
-    assert isinstance(convert_any(data, JsonMode.CANONICAL), (str, tuple))
+    assert isinstance(convert_any(data, JsonMode.CANONICAL), (str, list))
 
 
 @pytest.mark.parametrize("cut", range(0, 40))
@@ -546,6 +547,21 @@ def test_an_empty_batch() -> None:
     columns = native.convert([], JsonMode.CANONICAL)
     assert isinstance(columns, list) and [len(column) for column in columns] == [0] * 11
     assert events_to_arrow([]).table.equals(python_table([], JsonMode.CANONICAL))
+
+
+def test_large_batches_are_converted_in_slices_on_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "THREADS", 3)
+    data = sample_events(7000)
+    data[6500] = event_with({"b": Binary(b"abc", 2)})  # the last slice leaves the batch to Python
+    for mode in MODES:
+        result = native_result(data[:6400], mode)
+        assert isinstance(result, pa.Table) and result["_id"].num_chunks == 3
+        assert_same(result, python_table(data[:6400], mode))
+        reason = native_result(data, mode)
+        assert isinstance(reason, str) and reason.startswith("event 6500:")
+        assert events_to_arrow([RawBSONDocument(item) for item in data], json_mode=mode).table.equals(
+            python_table(data, mode)
+        )
 
 
 def test_large_batch_buffers_grow() -> None:

@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <pythread.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,10 +43,11 @@
 static const char *HEX = "0123456789abcdef";
 
 /* ---------------------------------------------------------------------------------------- */
-/* Growable output buffers, backed by a bytes object handed to pyarrow without a copy. */
+/* Growable output buffers on the C heap: workers fill them without the GIL, and a finished
+ * buffer is handed to pyarrow without a copy, as a NativeBuffer that frees it when released.
+ * PYERR from here means "out of memory"; the caller raises MemoryError once it holds the GIL. */
 
 typedef struct {
-    PyObject *obj;
     char *data;
     Py_ssize_t len;
     Py_ssize_t cap;
@@ -53,23 +55,17 @@ typedef struct {
 
 static int buf_grow(Buf *b, Py_ssize_t need) {
     Py_ssize_t cap = b->cap ? b->cap : 4096;
-    if (need > PY_SSIZE_T_MAX / 2 - b->len) {
-        PyErr_NoMemory();
+    if (need > PY_SSIZE_T_MAX / 4 - b->len) {
         return PYERR;
     }
     while (cap < b->len + need) {
         cap *= 2;
     }
-    if (b->obj == NULL) {
-        b->obj = PyBytes_FromStringAndSize(NULL, cap);
-        if (b->obj == NULL) {
-            return PYERR;
-        }
-    } else if (_PyBytes_Resize(&b->obj, cap) < 0) {
-        b->obj = NULL;
+    char *data = realloc(b->data, (size_t)cap);
+    if (data == NULL) {
         return PYERR;
     }
-    b->data = PyBytes_AS_STRING(b->obj);
+    b->data = data;
     b->cap = cap;
     return OK;
 }
@@ -88,21 +84,54 @@ static inline void put(Buf *b, const char *s, Py_ssize_t n) {
 
 static inline void put_char(Buf *b, char c) { b->data[b->len++] = c; }
 
-/* The buffer as a bytes object of exactly its length; the Buf gives it up. */
-static PyObject *buf_finish(Buf *b) {
-    if (b->obj == NULL) {
-        return PyBytes_FromStringAndSize(NULL, 0);
-    }
-    if (b->len != b->cap && _PyBytes_Resize(&b->obj, b->len) < 0) {
-        b->obj = NULL;
-        return NULL;
-    }
-    PyObject *out = b->obj;
-    b->obj = NULL;
-    return out;
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t len;
+} NativeBuffer;
+
+static int native_buffer_get(PyObject *self, Py_buffer *view, int flags) {
+    NativeBuffer *b = (NativeBuffer *)self;
+    return PyBuffer_FillInfo(view, self, b->data, b->len, 1, flags);
 }
 
-static void buf_free(Buf *b) { Py_CLEAR(b->obj); }
+static void native_buffer_dealloc(PyObject *self) {
+    free(((NativeBuffer *)self)->data);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs native_buffer_procs = {native_buffer_get, NULL};
+
+static PyTypeObject NativeBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flowwarden.spark._native.NativeBuffer",
+    .tp_basicsize = sizeof(NativeBuffer),
+    .tp_dealloc = native_buffer_dealloc,
+    .tp_as_buffer = &native_buffer_procs,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bytes written by the compiled converter (read-only buffer protocol).",
+};
+
+/* The buffer as a NativeBuffer of exactly its length; the Buf gives it up. */
+static PyObject *buf_finish(Buf *b) {
+    if (b->data == NULL && buf_grow(b, 1) < 0) {
+        return PyErr_NoMemory();
+    }
+    NativeBuffer *out = PyObject_New(NativeBuffer, &NativeBufferType);
+    if (out == NULL) {
+        return NULL;
+    }
+    out->data = b->data;
+    out->len = b->len;
+    b->data = NULL;
+    b->len = b->cap = 0;
+    return (PyObject *)out;
+}
+
+static void buf_free(Buf *b) {
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Reading */
@@ -451,18 +480,21 @@ static int put_double_repr(Buf *b, double d) {
             }
         }
     }
+    /* repr's own formatter allocates with PyMem: it runs holding the GIL */
+    PyGILState_STATE gil = PyGILState_Ensure();
     char *text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (text == NULL) {
-        return PYERR;
-    }
-    Py_ssize_t n = (Py_ssize_t)strlen(text);
-    if (reserve(b, n) < 0) {
+    int rc = PYERR;
+    if (text != NULL) {
+        Py_ssize_t n = (Py_ssize_t)strlen(text);
+        if (reserve(b, n) == OK) {
+            put(b, text, n);
+            rc = OK;
+        }
         PyMem_Free(text);
-        return PYERR;
     }
-    put(b, text, n);
-    PyMem_Free(text);
-    return OK;
+    PyErr_Clear(); /* a failure here is reported as MemoryError by the caller */
+    PyGILState_Release(gil);
+    return rc;
 }
 
 static int put_double(Ctx *ctx, Buf *b, double d) {
@@ -868,9 +900,8 @@ static inline int keys_push(KeyStack *s, const uint8_t *key, Py_ssize_t len) {
 
 static int keys_grow(KeyStack *s) {
     Py_ssize_t cap = s->cap ? s->cap * 2 : 256;
-    Key *keys = PyMem_Realloc(s->keys, (size_t)cap * sizeof(Key));
+    Key *keys = realloc(s->keys, (size_t)cap * sizeof(Key));
     if (keys == NULL) {
-        PyErr_NoMemory();
         return PYERR;
     }
     s->keys = keys;
@@ -1386,7 +1417,14 @@ typedef struct Node {
     int kind;
     int element_nullable;
     int precision, scale;
-    PyObject *choices; /* tuple of allowed values (bytes for strings), or NULL */
+    /* allowed values (an enum's or literal's), parsed into C values; none: any value */
+    int has_choices;
+    Py_ssize_t nchoices;
+    const uint8_t **choice_text; /* strings: UTF-8 bytes of the plan, alive during the call */
+    Py_ssize_t *choice_len;
+    int64_t *choice_int;
+    double *choice_double;
+    int choice_bool[2];
     struct Node *child;  /* LIST element, MAP value */
     struct Node *keys;   /* MAP keys (a K_STRING node) */
     StructField *fields;
@@ -1406,6 +1444,10 @@ static void node_free(Node *n) {
         node_free(n->fields[i].node);
     }
     PyMem_Free(n->fields);
+    PyMem_Free(n->choice_text);
+    PyMem_Free(n->choice_len);
+    PyMem_Free(n->choice_int);
+    PyMem_Free(n->choice_double);
     buf_free(&n->validity);
     buf_free(&n->values);
     buf_free(&n->offsets);
@@ -1425,6 +1467,45 @@ static int node_start(Node *n) {
     return OK;
 }
 
+static int parse_choices(Node *n, PyObject *choices) {
+    if (!PyTuple_Check(choices)) {
+        PyErr_SetString(PyExc_TypeError, "choices must be a tuple");
+        return PYERR;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(choices);
+    n->has_choices = 1;
+    n->choice_text = PyMem_Calloc((size_t)count + 1, sizeof(*n->choice_text));
+    n->choice_len = PyMem_Calloc((size_t)count + 1, sizeof(*n->choice_len));
+    n->choice_int = PyMem_Calloc((size_t)count + 1, sizeof(*n->choice_int));
+    n->choice_double = PyMem_Calloc((size_t)count + 1, sizeof(*n->choice_double));
+    if (!n->choice_text || !n->choice_len || !n->choice_int || !n->choice_double) {
+        PyErr_NoMemory();
+        return PYERR;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *c = PyTuple_GET_ITEM(choices, i);
+        if (PyBytes_Check(c)) {
+            n->choice_text[n->nchoices] = (const uint8_t *)PyBytes_AS_STRING(c);
+            n->choice_len[n->nchoices++] = PyBytes_GET_SIZE(c);
+        } else if (PyBool_Check(c)) {
+            n->choice_bool[c == Py_True] = 1;
+        } else if (PyLong_Check(c)) {
+            int overflow = 0;
+            long long v = PyLong_AsLongLongAndOverflow(c, &overflow);
+            if (!overflow) { /* a choice past int64 equals no value of a column */
+                n->choice_double[n->nchoices] = (double)v;
+                n->choice_int[n->nchoices++] = v;
+            }
+        } else if (PyFloat_Check(c)) {
+            n->choice_double[n->nchoices++] = PyFloat_AS_DOUBLE(c);
+        } else {
+            PyErr_SetString(PyExc_TypeError, "a choice must be bytes, bool, int or float");
+            return PYERR;
+        }
+    }
+    return OK;
+}
+
 /* (kind, element_nullable, precision, scale, choices, child, fields); fields: tuple of
  * (key bytes, node, none_ok, default kind, default bson document bytes or None) */
 static Node *node_parse(PyObject *plan, PyObject *keep) {
@@ -1438,7 +1519,9 @@ static Node *node_parse(PyObject *plan, PyObject *keep) {
                           &child, &fields)) {
         goto fail;
     }
-    n->choices = choices == Py_None ? NULL : choices;
+    if (choices != Py_None && parse_choices(n, choices) < 0) {
+        goto fail;
+    }
     if (n->kind == K_LIST || n->kind == K_MAP) {
         n->child = node_parse(child, keep);
         if (n->child == NULL) {
@@ -1590,12 +1673,32 @@ static int misfit(Ctx *ctx) {
 static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_t avail, Py_ssize_t *used,
                       int depth);
 
-static int choice_ok(Node *n, PyObject *value) {
-    if (n->choices == NULL) {
-        return 1;
+static int choice_text(const Node *n, const uint8_t *p, Py_ssize_t len) {
+    for (Py_ssize_t i = 0; i < n->nchoices; i++) {
+        if (n->choice_text[i] != NULL && n->choice_len[i] == len && memcmp(n->choice_text[i], p, (size_t)len) == 0) {
+            return 1;
+        }
     }
-    int found = PySequence_Contains(n->choices, value);
-    return found;
+    return 0;
+}
+
+static int choice_int(const Node *n, int64_t v) {
+    for (Py_ssize_t i = 0; i < n->nchoices; i++) {
+        if (n->choice_text[i] == NULL && n->choice_int[i] == v && n->choice_double[i] == (double)v) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* a double column's converted value against int or float choices: Python's == */
+static int choice_double(const Node *n, double d) {
+    for (Py_ssize_t i = 0; i < n->nchoices; i++) {
+        if (n->choice_text[i] == NULL && n->choice_double[i] == d) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* The number an integral BSON value (int32, int64, or a double with an integral value) holds,
@@ -1655,23 +1758,15 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
             if (*used < 0 || !utf8_valid(ctx, p + 4, text)) {
                 return fallback(ctx, "a malformed string");
             }
-            if (n->choices != NULL) {
-                PyObject *value = PyBytes_FromStringAndSize((const char *)p + 4, text);
-                if (value == NULL) {
-                    return PYERR;
-                }
-                int ok = choice_ok(n, value);
-                Py_DECREF(value);
-                if (ok <= 0) {
-                    return ok < 0 ? PYERR : misfit(ctx);
-                }
+            if (n->has_choices && !choice_text(n, p + 4, text)) {
+                return misfit(ctx);
             }
             if (reserve(&n->data, text) < 0) {
                 return PYERR;
             }
             put(&n->data, (const char *)p + 4, text);
         } else if (t == 0x07 && avail >= 12) {
-            if (n->choices != NULL) {
+            if (n->has_choices) {
                 return fallback(ctx, "an ObjectId for a field with choices (converted in Python)");
             }
             if (reserve(&n->data, 24) < 0) {
@@ -1735,16 +1830,8 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
         if (!integral(t, p, avail, LOW[which], HIGH[which], &v, used)) {
             return misfit(ctx);
         }
-        if (n->choices != NULL) {
-            PyObject *value = PyLong_FromLongLong(v);
-            if (value == NULL) {
-                return PYERR;
-            }
-            int ok = choice_ok(n, value);
-            Py_DECREF(value);
-            if (ok <= 0) {
-                return ok < 0 ? PYERR : misfit(ctx);
-            }
+        if (n->has_choices && !choice_int(n, v)) {
+            return misfit(ctx);
         }
         int width = fixed_width(n->kind);
         if (reserve(&n->values, 8) < 0) {
@@ -1781,16 +1868,8 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
         } else {
             return misfit(ctx);
         }
-        if (n->choices != NULL) {
-            PyObject *value = PyFloat_FromDouble(d);
-            if (value == NULL) {
-                return PYERR;
-            }
-            int ok = choice_ok(n, value);
-            Py_DECREF(value);
-            if (ok <= 0) {
-                return ok < 0 ? PYERR : misfit(ctx);
-            }
+        if (n->has_choices && !choice_double(n, d)) {
+            return misfit(ctx);
         }
         if (reserve(&n->values, 8) < 0) {
             return PYERR;
@@ -1808,11 +1887,8 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
         if (t != 0x08 || avail < 1 || p[0] > 1) {
             return misfit(ctx);
         }
-        if (n->choices != NULL) {
-            int ok = choice_ok(n, p[0] ? Py_True : Py_False);
-            if (ok <= 0) {
-                return ok < 0 ? PYERR : misfit(ctx);
-            }
+        if (n->has_choices && !n->choice_bool[p[0]]) {
+            return misfit(ctx);
         }
         rc = bit_append(&n->values, n->count, p[0]);
         *used = 1;
@@ -2582,26 +2658,79 @@ static int event_bytes(PyObject *item, PyObject *raw_type, Py_ssize_t slot, PyOb
     return OK;
 }
 
+/* One slice of the batch, converted by one thread into its own columns. */
+typedef struct {
+    Table table;
+    Ctx ctx;
+    Writer w;
+    const uint8_t **data;
+    Py_ssize_t *len;
+    Py_ssize_t start, end;
+    int rc;
+    Py_ssize_t failed_at;
+    int *stop; /* set by the first slice that fails: the others need not go on */
+    PyThread_type_lock done;
+} Slice;
+
+static void convert_slice(void *arg) {
+    Slice *c = arg;
+    c->rc = OK;
+    for (Py_ssize_t i = c->start; i < c->end; i++) {
+        if (__atomic_load_n(c->stop, __ATOMIC_RELAXED)) {
+            c->rc = FALLBACK;
+            c->ctx.reason = NULL; /* stopped: another slice has the reason */
+            c->failed_at = i;
+            break;
+        }
+        c->w.keys.len = 0;
+        c->ctx.end = c->data[i] + c->len[i];
+        int rc = convert_event(&c->w, &c->table, c->data[i], c->len[i]);
+        if (rc != OK) {
+            c->rc = rc;
+            c->failed_at = i;
+            __atomic_store_n(c->stop, 1, __ATOMIC_RELAXED);
+            break;
+        }
+    }
+    if (c->done != NULL) {
+        PyThread_release_lock(c->done);
+    }
+}
+
+static PyObject *slice_result(Slice *c) {
+    Table *t = &c->table;
+    PyObject *full = t->typed_full ? node_result(t->typed_full) : string_column_result(&t->full);
+    PyObject *before = t->typed_full ? node_result(t->typed_before) : string_column_result(&t->before);
+    return Py_BuildValue("(n(NNNNNNNNNNN))", c->end - c->start, string_column_result(&t->id),
+                         string_column_result(&t->operation), timestamp_column_result(&t->cluster_time),
+                         timestamp_column_result(&t->wall_time), string_column_result(&t->database),
+                         string_column_result(&t->collection), string_column_result(&t->document_key), full, before,
+                         string_column_result(&t->updated), removed_result(&t->removed));
+}
+
+#define MAX_THREADS 16
+#define MIN_EVENTS_PER_THREAD 2048
+
 PyDoc_STRVAR(convert_doc,
-             "convert(events, relaxed, raw_type, raw_slot, plan) -> tuple | str | None\n\n"
-             "The Arrow buffers of the default change-event columns of a list of RawBSONDocument\n"
-             "events; a str naming the event and the reason when the batch must be converted in\n"
-             "Python instead; None when not every event is a raw_type instance (nothing converted).\n"
+             "convert(events, relaxed, raw_type, raw_slot, plan, threads) -> list | str | None\n\n"
+             "The Arrow buffers of the change-event columns of a list of RawBSONDocument events, as a\n"
+             "list of (rows, columns) slices in event order, converted by up to `threads` threads\n"
+             "without the GIL; a str naming an event and the reason when the batch must be converted\n"
+             "in Python instead; None when not every event is a raw_type instance (nothing converted).\n"
              "raw_slot is the member descriptor of the document's bytes slot, or None to read the\n"
              "`raw` property. plan types full_document (see flowwarden.spark.native), None: Extended JSON.");
 
 static PyObject *convert(PyObject *module, PyObject *args) {
     PyObject *events, *raw_type, *raw_slot, *plan;
-    int relaxed;
-    if (!PyArg_ParseTuple(args, "O!pO!OO:convert", &PyList_Type, &events, &relaxed, &PyType_Type, &raw_type,
-                          &raw_slot, &plan)) {
+    int relaxed, threads;
+    if (!PyArg_ParseTuple(args, "O!pO!OOi:convert", &PyList_Type, &events, &relaxed, &PyType_Type, &raw_type,
+                          &raw_slot, &plan, &threads)) {
         return NULL;
     }
     Py_ssize_t slot = -1;
     if (raw_slot != Py_None) {
         if (!Py_IS_TYPE(raw_slot, &PyMemberDescr_Type) ||
             ((PyMemberDescrObject *)raw_slot)->d_member->type != T_OBJECT_EX ||
-            !PyObject_TypeCheck(raw_slot, &PyMemberDescr_Type) ||
             PyDescr_TYPE(raw_slot) != (PyTypeObject *)raw_type) {
             PyErr_SetString(PyExc_TypeError, "raw_slot must be the raw_type's member descriptor of its bytes");
             return NULL;
@@ -2614,58 +2743,136 @@ static PyObject *convert(PyObject *module, PyObject *args) {
             Py_RETURN_NONE;
         }
     }
-    PyObject *raw_name = PyUnicode_InternFromString("raw");
-    if (raw_name == NULL) {
-        return NULL;
+    Py_ssize_t slices = rows / MIN_EVENTS_PER_THREAD;
+    if (slices > threads) {
+        slices = threads;
     }
-    Ctx ctx = {NULL, relaxed, NULL};
-    Writer w = {&ctx, {NULL, 0, 0}};
-    Table table;
+    if (slices > MAX_THREADS) {
+        slices = MAX_THREADS;
+    }
+    if (slices < 1) {
+        slices = 1;
+    }
+
     PyObject *result = NULL;
-    if (table_init(&table, rows) < 0) {
+    PyObject *raw_name = PyUnicode_InternFromString("raw");
+    const uint8_t **data = PyMem_Calloc((size_t)rows + 1, sizeof(*data));
+    Py_ssize_t *lens = PyMem_Calloc((size_t)rows + 1, sizeof(*lens));
+    Py_buffer *views = NULL; /* only for events whose bytes are not a bytes object */
+    Slice *slice = PyMem_Calloc((size_t)slices, sizeof(Slice));
+    int stop = 0;
+    Py_ssize_t s_done = 0;
+    if (raw_name == NULL || data == NULL || lens == NULL || slice == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
         goto done;
     }
-    if (plan != Py_None) {
-        table.typed_full = node_parse(plan, NULL);
-        table.typed_before = table.typed_full ? node_parse(plan, NULL) : NULL;
-        if (table.typed_before == NULL) {
-            goto done;
-        }
-    }
     for (Py_ssize_t i = 0; i < rows; i++) {
-        PyObject *item = PyList_GET_ITEM(events, i);
         Py_buffer view;
-        const uint8_t *data;
-        Py_ssize_t len;
-        if (event_bytes(item, raw_type, slot, raw_name, &view, &data, &len) < 0) {
+        if (event_bytes(PyList_GET_ITEM(events, i), raw_type, slot, raw_name, &view, &data[i], &lens[i]) < 0) {
             goto done;
         }
-        w.keys.len = 0;
-        ctx.end = data + len;
-        int rc = convert_event(&w, &table, data, len);
         if (view.obj != NULL) {
-            PyBuffer_Release(&view);
+            if (views == NULL && (views = PyMem_Calloc((size_t)rows, sizeof(Py_buffer))) == NULL) {
+                PyBuffer_Release(&view);
+                PyErr_NoMemory();
+                goto done;
+            }
+            views[i] = view;
         }
-        if (rc == PYERR) {
+    }
+    for (Py_ssize_t k = 0; k < slices; k++) {
+        Slice *c = &slice[k];
+        c->start = rows * k / slices;
+        c->end = rows * (k + 1) / slices;
+        c->data = data;
+        c->len = lens;
+        c->stop = &stop;
+        c->ctx.relaxed = relaxed;
+        c->w.ctx = &c->ctx;
+        s_done = k + 1;
+        if (table_init(&c->table, c->end - c->start) < 0) {
             goto done;
         }
-        if (rc == FALLBACK) {
-            result = PyUnicode_FromFormat("event %zd: %s", i, ctx.reason);
+        if (plan != Py_None) {
+            c->table.typed_full = node_parse(plan, NULL);
+            c->table.typed_before = c->table.typed_full ? node_parse(plan, NULL) : NULL;
+            if (c->table.typed_before == NULL) {
+                goto done;
+            }
+        }
+    }
+    /* slices 1.. on their own threads (inline when a thread cannot start), slice 0 here */
+    for (Py_ssize_t k = 1; k < slices; k++) {
+        Slice *c = &slice[k];
+        c->done = PyThread_allocate_lock();
+        if (c->done != NULL) {
+            PyThread_acquire_lock(c->done, WAIT_LOCK);
+            if (PyThread_start_new_thread(convert_slice, c) == PYTHREAD_INVALID_THREAD_ID) {
+                PyThread_release_lock(c->done);
+                PyThread_free_lock(c->done);
+                c->done = NULL;
+            }
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    convert_slice(&slice[0]);
+    for (Py_ssize_t k = 1; k < slices; k++) {
+        if (slice[k].done != NULL) {
+            PyThread_acquire_lock(slice[k].done, WAIT_LOCK);
+            PyThread_release_lock(slice[k].done);
+            PyThread_free_lock(slice[k].done);
+            slice[k].done = NULL;
+        } else {
+            convert_slice(&slice[k]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+
+    for (Py_ssize_t k = 0; k < slices; k++) {
+        if (slice[k].rc == PYERR) {
+            PyErr_NoMemory();
             goto done;
         }
     }
-    PyObject *full = table.typed_full ? node_result(table.typed_full) : string_column_result(&table.full);
-    PyObject *before = table.typed_full ? node_result(table.typed_before) : string_column_result(&table.before);
-    result = Py_BuildValue(
-        "(NNNNNNNNNNN)", string_column_result(&table.id), string_column_result(&table.operation),
-        timestamp_column_result(&table.cluster_time), timestamp_column_result(&table.wall_time),
-        string_column_result(&table.database), string_column_result(&table.collection),
-        string_column_result(&table.document_key), full, before, string_column_result(&table.updated),
-        removed_result(&table.removed));
+    for (Py_ssize_t k = 0; k < slices; k++) {
+        if (slice[k].rc == FALLBACK && slice[k].ctx.reason != NULL) {
+            result = PyUnicode_FromFormat("event %zd: %s", slice[k].failed_at, slice[k].ctx.reason);
+            goto done;
+        }
+    }
+    result = PyList_New(slices);
+    if (result == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < slices; k++) {
+        PyObject *one = slice_result(&slice[k]);
+        if (one == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, k, one);
+    }
 done:
-    table_free(&table);
-    PyMem_Free(w.keys.keys);
-    Py_DECREF(raw_name);
+    if (slice != NULL) {
+        for (Py_ssize_t k = 0; k < s_done; k++) {
+            table_free(&slice[k].table);
+            free(slice[k].w.keys.keys);
+        }
+        PyMem_Free(slice);
+    }
+    if (views != NULL) {
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            if (views[i].obj != NULL) {
+                PyBuffer_Release(&views[i]);
+            }
+        }
+        PyMem_Free(views);
+    }
+    PyMem_Free(data);
+    PyMem_Free(lens);
+    Py_XDECREF(raw_name);
     return result;
 }
 
@@ -2686,4 +2893,9 @@ static struct PyModuleDef module = {
     NULL,
 };
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&NativeBufferType) < 0) {
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

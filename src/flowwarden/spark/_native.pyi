@@ -9,7 +9,8 @@ def convert(
     raw_type: type,
     raw_slot: object,
     plan: tuple[Any, ...] | None,
+    threads: int,
     /,
-) -> tuple[tuple[object, ...], ...] | str | None:
-    """The Arrow buffers of the default change-event columns, why the batch falls back, or
-    None when not every event is a raw_type instance."""
+) -> list[tuple[int, tuple[Any, ...]]] | str | None:
+    """The Arrow buffers of the change-event columns, one (rows, columns) per slice, why the
+    batch falls back, or None when not every event is a raw_type instance."""

@@ -17,6 +17,7 @@ This module imports pyarrow, never pyspark.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,10 +37,13 @@ try:
 except ImportError:  # built without a compiler: the Python path converts every batch
     _native = None  # type: ignore[assignment]
 
-__all__ = ["AVAILABLE", "DECODE_OPTIONS", "Document", "compile_document", "convert"]
+__all__ = ["AVAILABLE", "DECODE_OPTIONS", "THREADS", "Document", "compile_document", "convert"]
 
 AVAILABLE: bool = _native is not None
 """Whether the compiled converter is installed (``False``: every batch converts in Python)."""
+
+THREADS: int = min(os.cpu_count() or 1, 8)
+"""How many threads convert one large batch (a slice of at least 2048 events each)."""
 
 DECODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO
@@ -188,17 +192,26 @@ def convert(
     ``RawBSONDocument``: None when one is not (nothing converted), a str naming the event the
     compiled converter leaves to Python and why (any value that does not fit ``document``
     is one: the Python path reports misfits). ``document`` types both full-document columns
-    (:func:`compile_document`); None writes them as Extended JSON. Never call it when
-    :data:`AVAILABLE` is false."""
+    (:func:`compile_document`); None writes them as Extended JSON. Large batches are converted
+    in :data:`THREADS` slices at once (the GIL is released), and their columns are chunked
+    arrays with one chunk per slice. Never call it when :data:`AVAILABLE` is false."""
     assert _native is not None, "flowwarden.spark._native is not built"
     program = document[0] if document is not None else None
-    result = _native.convert(events, json_mode is JsonMode.RELAXED, RawBSONDocument, _RAW_SLOT, program)
+    result = _native.convert(
+        events, json_mode is JsonMode.RELAXED, RawBSONDocument, _RAW_SLOT, program, THREADS
+    )
     if result is None or isinstance(result, str):
         return result
-    count = len(events)
+    slices = [_slice_arrays(count, columns, document) for count, columns in result]
+    if len(slices) == 1:
+        return slices[0]
+    return [pa.chunked_array(chunks, type=chunks[0].type) for chunks in zip(*slices, strict=True)]
+
+
+def _slice_arrays(count: int, columns: tuple[Any, ...], document: Document | None) -> list[Any]:
     return [
         _typed_array(document[1], column)
         if document is not None and index in _DOCUMENT_COLUMNS
         else _array(kind, count, column)
-        for index, (kind, column) in enumerate(zip(_KINDS, result, strict=True))
+        for index, (kind, column) in enumerate(zip(_KINDS, columns, strict=True))
     ]
