@@ -737,7 +737,8 @@ static int validate_document(Ctx *ctx, const uint8_t *p, Py_ssize_t size, int is
 
 /* Checks one value of BSON type t at p (avail bytes up to its container's terminator) the way
  * bson.decode would, without writing anything: the parts of an event no column shows still
- * have to decode. Sets *used to the value's length. */
+ * have to decode. Sets *used to the value's length. `shallow` 1 leaves the inside of documents
+ * and arrays, 2 also the text of strings, to a converter that checks them as it reads them. */
 static int validate_value(Ctx *ctx, uint8_t t, const uint8_t *p, Py_ssize_t avail, Py_ssize_t *used,
                           int depth, int shallow) {
     Py_ssize_t n, text;
@@ -755,7 +756,7 @@ static int validate_value(Ctx *ctx, uint8_t t, const uint8_t *p, Py_ssize_t avai
         if (n < 0) {
             return fallback(ctx, "a malformed string");
         }
-        if (!utf8_valid(ctx, p + 4, text)) {
+        if (shallow < 2 && !utf8_valid(ctx, p + 4, text)) {
             return fallback(ctx, "invalid UTF-8 in a string");
         }
         break;
@@ -1431,6 +1432,8 @@ typedef struct Node {
     Py_ssize_t nfields;
     /* output */
     Py_ssize_t count, nulls;
+    Py_ssize_t leading_nulls; /* STRUCT: null rows not yet given to the children (a column that
+                                 stays all null becomes pa.nulls and never needs them) */
     Buf validity, values, offsets, data;
 } Node;
 
@@ -1645,6 +1648,10 @@ static int node_null(Ctx *ctx, Node *n) {
     case K_MAP:
         return end_offsets(ctx, n, n->child->count);
     case K_STRUCT:
+        if (n->nulls == n->count) {
+            n->leading_nulls++;
+            return OK;
+        }
         for (Py_ssize_t i = 0; i < n->nfields; i++) {
             int rc = node_null(ctx, n->fields[i].node);
             if (rc < 0) {
@@ -2110,6 +2117,14 @@ static int node_value(Writer *w, Node *n, uint8_t t, const uint8_t *p, Py_ssize_
  * dict), every other element validated. */
 static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, int depth) {
     Ctx *ctx = w->ctx;
+    for (; n->leading_nulls > 0; n->leading_nulls--) {
+        for (Py_ssize_t i = 0; i < n->nfields; i++) {
+            int rc = node_null(ctx, n->fields[i].node);
+            if (rc < 0) {
+                return rc;
+            }
+        }
+    }
     const uint8_t *found[MAX_STRUCT_FIELDS];
     Py_ssize_t found_avail[MAX_STRUCT_FIELDS];
     uint8_t found_type[MAX_STRUCT_FIELDS];
@@ -2133,7 +2148,8 @@ static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, i
         }
         Py_ssize_t index = -1;
         for (Py_ssize_t i = 0; i < n->nfields; i++) {
-            if (n->fields[i].key_len == key_len && memcmp(n->fields[i].key, q, (size_t)key_len) == 0) {
+            if (n->fields[i].key_len == key_len && (key_len == 0 || n->fields[i].key[0] == q[0]) &&
+                memcmp(n->fields[i].key, q, (size_t)key_len) == 0) {
                 index = i;
                 break;
             }
@@ -2141,7 +2157,7 @@ static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, i
         q = nul + 1;
         Py_ssize_t used;
         /* a field's value is checked when it is converted; an earlier duplicate, here */
-        int rc = validate_value(ctx, t, q, last - q, &used, depth, index >= 0);
+        int rc = validate_value(ctx, t, q, last - q, &used, depth, index >= 0 ? 2 : 0);
         if (rc < 0) {
             return rc;
         }
