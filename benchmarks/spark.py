@@ -18,7 +18,9 @@ Extended JSON ``full_document`` and a pydantic model typing it as a struct):
 
 Every DataFrame is fully materialised by a ``noop`` write, so each figure covers the rows
 actually reaching Spark's executors, not a lazy plan. The measurements take turns, ``--repeat``
-rounds, and each one's best run counts. Then the streaming source reads ``--stream-events``
+rounds, and each one's best run counts. Before each timed run (outside the timed region) both
+garbage collectors run, Python's and the JVM's, so no run pays for the garbage of the one before
+(the by-hand runs leave the JVM heap full of row objects). Then the streaming source reads ``--stream-events``
 change events from an EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
 
 Prints plain figures and ratios; asserts nothing. Run:
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import random
 import shutil
 import tempfile
@@ -189,12 +192,14 @@ def by_hand(events: list[dict[str, Any]], typed: bool) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------
 
 
-def best_of(repeat: int, *runs: Callable[[], None]) -> list[float]:
+def best_of(repeat: int, settle: Callable[[], None], *runs: Callable[[], None]) -> list[float]:
     """Best time of each run; the runs take turns, so load from other processes on the machine
-    weighs on all of them alike rather than on whichever ran during a busy moment."""
+    weighs on all of them alike rather than on whichever ran during a busy moment. ``settle``
+    runs before each timed run, untimed."""
     best = [float("inf")] * len(runs)
     for _ in range(repeat):
         for index, run in enumerate(runs):
+            settle()
             start = time.perf_counter()
             run()
             best[index] = min(best[index], time.perf_counter() - start)
@@ -232,8 +237,12 @@ def variant(spark: Any, events: list[dict[str, Any]], repeat: int, label: str, s
     def arrow_only() -> None:
         events_to_arrow(raw_events, schema=schema)
 
+    def settle() -> None:
+        gc.collect()
+        spark.sparkContext._jvm.System.gc()
+
     t_hand, t_rows, t_fw, t_ceiling, t_arrow = best_of(
-        repeat, hand, hand_prebuilt_rows, flowwarden, ceiling, arrow_only
+        repeat, settle, hand, hand_prebuilt_rows, flowwarden, ceiling, arrow_only
     )
     print(f"\n{label}: {count:,} change events, best of {repeat}, each materialised by a noop write")
     print(line("by hand: dicts per event + createDataFrame(rows, schema)", count, t_hand))
