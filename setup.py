@@ -1,8 +1,9 @@
 """The optional compiled converter of flowwarden.spark (everything else is in pyproject.toml).
 
 ``flowwarden.spark._native`` turns raw change-event BSON into Arrow buffers in one pass. It is
-optional: without a C compiler (or on a big-endian machine) the build skips it, the install
-still succeeds, and flowwarden.spark converts events in Python with the same output.
+optional: without a C compiler (it needs GCC or Clang) or on a big-endian machine the build skips
+it, the install still succeeds, and flowwarden.spark converts events in Python with the same
+output.
 """
 
 import sys
