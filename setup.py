@@ -1,8 +1,8 @@
 """The optional compiled converter of flowwarden.spark (everything else is in pyproject.toml).
 
 ``flowwarden.spark._native`` turns raw change-event BSON into Arrow buffers in one pass. It is
-optional: without a C compiler (it needs GCC or Clang) or on a big-endian machine the build skips
-it, the install still succeeds, and flowwarden.spark converts events in Python with the same
+optional: without a C compiler (it needs GCC or Clang), on a big-endian or a 32-bit machine the
+build skips it, the install still succeeds, and flowwarden.spark converts events in Python with the same
 output.
 """
 
@@ -17,4 +17,4 @@ native = Extension(
     optional=True,
 )
 
-setup(ext_modules=[native] if sys.byteorder == "little" else [])
+setup(ext_modules=[native] if sys.byteorder == "little" and sys.maxsize > 2**32 else [])

@@ -462,6 +462,66 @@ def test_raw_events_with_damaged_bytes_raise_undecodable_event_error() -> None:
         events_to_arrow([RawBSONDocument(bytes(data))])
 
 
+def test_bytes_a_raw_property_builds_per_call_stay_alive_while_converted() -> None:
+    """Nothing but the converter holds the bytes such a property returns."""
+    from flowwarden.spark import _native
+
+    data = event_with({"s": "x" * 5000})
+
+    class Fresh:
+        @property
+        def raw(self) -> bytes:
+            return bytes(bytearray(data))
+
+    ((count, columns),) = _native.convert([Fresh() for _ in range(50)], False, Fresh, None, None, 1)
+    assert count == 50
+    expected = events_to_arrow([RawBSONDocument(data)] * 50).table
+    table = pa.Table.from_arrays(
+        [native._array(kind, count, column) for kind, column in zip(native._KINDS, columns, strict=True)],
+        schema=expected.schema,
+    )
+    assert_same(table, expected)
+
+
+def test_a_list_emptied_while_its_bytes_are_read_is_converted_as_it_was() -> None:
+    from flowwarden.spark import _native
+
+    data = event_with({"a": 1})
+    events: list[Any] = []
+
+    class Shrinking:
+        @property
+        def raw(self) -> bytes:
+            events.clear()
+            return data
+
+    events.extend(Shrinking() for _ in range(1000))
+    ((count, _),) = _native.convert(events, False, Shrinking, None, None, 1)
+    assert count == 1000
+
+
+def test_a_subclass_overriding_raw_is_converted_from_what_raw_returns() -> None:
+    """The compiled path reads RawBSONDocument's own slot only for RawBSONDocument itself."""
+    original = event_with({"a": 1})
+    replaced = event_with({"a": 2})
+
+    class Redacted(RawBSONDocument):
+        @property
+        def raw(self) -> bytes:
+            return replaced
+
+    table = events_to_arrow([Redacted(original)]).table
+    assert table.column("full_document").to_pylist() == [
+        events_to_arrow([RawBSONDocument(replaced)]).table.column("full_document")[0].as_py()
+    ]
+
+
+def test_empty_strings_in_empty_columns() -> None:
+    event = bson.encode({"_id": {"_data": "8200"}, "operationType": "", "ns": {"db": "", "coll": ""}})
+    table = events_to_arrow([RawBSONDocument(event)]).table
+    assert table.column("database").to_pylist() == [""] and table.column("operation_type").to_pylist() == [""]
+
+
 # ----------------------------------------------------------------------------------------------
 # Inputs and paths
 

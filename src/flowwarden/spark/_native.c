@@ -29,6 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Lengths read from BSON are compared as Py_ssize_t: only 64-bit builds are supported (setup.py
+ * skips the module elsewhere, and the Python path converts every batch). */
+_Static_assert(sizeof(Py_ssize_t) >= 8, "flowwarden.spark._native needs a 64-bit build");
+
 #define OK 0
 #define FALLBACK (-1)
 #define PYERR (-2)
@@ -76,6 +80,9 @@ static inline int reserve(Buf *b, Py_ssize_t n) {
 
 /* Callers reserve first. */
 static inline void put(Buf *b, const char *s, Py_ssize_t n) {
+    if (n == 0) {
+        return; /* an empty buffer has no data pointer yet, and memcpy wants one */
+    }
     memcpy(b->data + b->len, s, (size_t)n);
     b->len += n;
 }
@@ -713,7 +720,7 @@ static inline Py_ssize_t doc_size(const uint8_t *p, Py_ssize_t avail) {
         return -1;
     }
     uint32_t size = rd32(p);
-    if (size < 5 || (Py_ssize_t)size > avail || p[size - 1] != 0) {
+    if (size < 5 || size > INT32_MAX || (int64_t)size > (int64_t)avail || p[size - 1] != 0) {
         return -1;
     }
     return (Py_ssize_t)size;
@@ -726,7 +733,7 @@ static inline Py_ssize_t string_value(const uint8_t *p, Py_ssize_t avail, Py_ssi
         return -1;
     }
     uint32_t n = rd32(p);
-    if (n == 0 || (Py_ssize_t)n > avail - 4 || p[4 + n - 1] != 0) {
+    if (n == 0 || n > INT32_MAX || (int64_t)n > (int64_t)avail - 4 || p[4 + n - 1] != 0) {
         return -1;
     }
     *text_len = (Py_ssize_t)n - 1;
@@ -2641,8 +2648,9 @@ static PyObject *removed_result(StringListColumn *c) {
 /* The BSON bytes of one event: its RawBSONDocument's private slot (read through the slot's
  * member descriptor when Python passes it, else the `raw` property), bytes or a memoryview.
  * On success *view holds a buffer to release when view->obj is set. */
-static int event_bytes(PyObject *item, PyObject *raw_type, Py_ssize_t slot, PyObject *raw_name, Py_buffer *view,
-                       const uint8_t **data, Py_ssize_t *len) {
+static int event_bytes(PyObject *item, Py_ssize_t slot, PyObject *raw_name, Py_buffer *view) {
+    /* The view holds a reference to the bytes object until convert() releases it: a `raw`
+     * property may build new bytes on every call, which nothing else would keep alive. */
     PyObject *raw;
     view->obj = NULL;
     if (slot >= 0) {
@@ -2658,20 +2666,9 @@ static int event_bytes(PyObject *item, PyObject *raw_type, Py_ssize_t slot, PyOb
             return PYERR;
         }
     }
-    if (PyBytes_Check(raw)) {
-        *data = (const uint8_t *)PyBytes_AS_STRING(raw);
-        *len = PyBytes_GET_SIZE(raw);
-        Py_DECREF(raw); /* the document keeps its bytes alive */
-        return OK;
-    }
     int rc = PyObject_GetBuffer(raw, view, PyBUF_SIMPLE);
     Py_DECREF(raw);
-    if (rc < 0) {
-        return PYERR;
-    }
-    *data = (const uint8_t *)view->buf;
-    *len = view->len;
-    return OK;
+    return rc < 0 ? PYERR : OK;
 }
 
 /* One slice of the batch, converted by one thread into its own columns. */
@@ -2753,9 +2750,15 @@ static PyObject *convert(PyObject *module, PyObject *args) {
         }
         slot = ((PyMemberDescrObject *)raw_slot)->d_member->offset;
     }
-    Py_ssize_t rows = PyList_GET_SIZE(events);
+    /* A snapshot: reading `raw` may run Python code, which could change the list. */
+    PyObject *items = PyList_AsTuple(events);
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t rows = PyTuple_GET_SIZE(items);
     for (Py_ssize_t i = 0; i < rows; i++) {
-        if (!PyObject_TypeCheck(PyList_GET_ITEM(events, i), (PyTypeObject *)raw_type)) {
+        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(items, i), (PyTypeObject *)raw_type)) {
+            Py_DECREF(items);
             Py_RETURN_NONE;
         }
     }
@@ -2774,29 +2777,25 @@ static PyObject *convert(PyObject *module, PyObject *args) {
     PyObject *raw_name = PyUnicode_InternFromString("raw");
     const uint8_t **data = PyMem_Calloc((size_t)rows + 1, sizeof(*data));
     Py_ssize_t *lens = PyMem_Calloc((size_t)rows + 1, sizeof(*lens));
-    Py_buffer *views = NULL; /* only for events whose bytes are not a bytes object */
+    Py_buffer *views = PyMem_Calloc((size_t)rows + 1, sizeof(Py_buffer));
     Slice *slice = PyMem_Calloc((size_t)slices, sizeof(Slice));
     int stop = 0;
     Py_ssize_t s_done = 0;
-    if (raw_name == NULL || data == NULL || lens == NULL || slice == NULL) {
+    if (raw_name == NULL || data == NULL || lens == NULL || views == NULL || slice == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_NoMemory();
         }
         goto done;
     }
     for (Py_ssize_t i = 0; i < rows; i++) {
-        Py_buffer view;
-        if (event_bytes(PyList_GET_ITEM(events, i), raw_type, slot, raw_name, &view, &data[i], &lens[i]) < 0) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        /* The slot is read directly only from the type itself: a subclass may override `raw`. */
+        Py_ssize_t item_slot = Py_IS_TYPE(item, (PyTypeObject *)raw_type) ? slot : -1;
+        if (event_bytes(item, item_slot, raw_name, &views[i]) < 0) {
             goto done;
         }
-        if (view.obj != NULL) {
-            if (views == NULL && (views = PyMem_Calloc((size_t)rows, sizeof(Py_buffer))) == NULL) {
-                PyBuffer_Release(&view);
-                PyErr_NoMemory();
-                goto done;
-            }
-            views[i] = view;
-        }
+        data[i] = (const uint8_t *)views[i].buf;
+        lens[i] = views[i].len;
     }
     for (Py_ssize_t k = 0; k < slices; k++) {
         Slice *c = &slice[k];
@@ -2889,6 +2888,7 @@ done:
     PyMem_Free(data);
     PyMem_Free(lens);
     Py_XDECREF(raw_name);
+    Py_DECREF(items);
     return result;
 }
 
