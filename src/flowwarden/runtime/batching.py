@@ -91,9 +91,12 @@ class BatchDelivery:
 
         assert self._spark_provider is not None
         raws = [change for _, change in items]
+        try:
+            spark = await asyncio.to_thread(self._spark_provider)
+        except Exception as error:  # no session: the batch fails as a handler would
+            raise Exhausted(error, 1) from error
         while True:
             try:
-                spark = await asyncio.to_thread(self._spark_provider)
                 frame, malformed = await asyncio.to_thread(
                     events_to_dataframe, spark, raws, schema=self._schema, mode=self._mode
                 )

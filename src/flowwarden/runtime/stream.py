@@ -783,7 +783,7 @@ class StreamRunner:
         if not items:
             return
         try:
-            dropped = await self._batch.deliver(items, self._give_up_unreadable)
+            dropped = await self._batch.deliver(items, self._give_up_undecodable_in_batch)
             if dropped:
                 await self._park_malformed(dropped)
         except Exhausted as exhausted:
@@ -911,7 +911,7 @@ class StreamRunner:
         await committer.commit(self._sequence, readable["_id"])
         await committer.flush()
 
-    async def _give_up_unreadable(self, change: Mapping[str, Any], error: BaseException) -> None:
+    async def _give_up_undecodable_in_batch(self, change: Mapping[str, Any], error: BaseException) -> None:
         """An event of a raw DataFrame batch cannot be decoded: on_exhausted at once, for it alone
         (decoding again cannot help), before the method sees the rest of the batch."""
         self.log.error("stream %s: an event of a DataFrame batch cannot be decoded: %s", self.name, error)
