@@ -18,10 +18,10 @@ Extended JSON ``full_document`` and a pydantic model typing it as a struct):
 
 Every DataFrame is fully materialised by a ``noop`` write, so each figure covers the rows
 actually reaching Spark's executors, not a lazy plan. The measurements take turns, ``--repeat``
-rounds, and each one's best run counts. Before each timed run (outside the timed region) both
-garbage collectors run, Python's and the JVM's, so no run pays for the garbage of the one before
-(the by-hand runs leave the JVM heap full of row objects). Then the streaming source reads ``--stream-events``
-change events from an EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
+rounds in an order that rotates each round, and each one's best run counts. Before each timed
+run (outside the timed region) both garbage collectors run, Python's and the JVM's, so no run
+pays for the garbage of the one before (the by-hand runs leave the JVM heap full of row
+objects). Then the streaming source reads ``--stream-events`` change events from an EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
 
 Prints plain figures and ratios; asserts nothing. Run:
 
@@ -194,14 +194,17 @@ def by_hand(events: list[dict[str, Any]], typed: bool) -> list[dict[str, Any]]:
 
 def best_of(repeat: int, settle: Callable[[], None], *runs: Callable[[], None]) -> list[float]:
     """Best time of each run; the runs take turns, so load from other processes on the machine
-    weighs on all of them alike rather than on whichever ran during a busy moment. ``settle``
-    runs before each timed run, untimed."""
+    weighs on all of them alike rather than on whichever ran during a busy moment, and their
+    order rotates by one each round, so no run always follows the same one (a run right after
+    the by-hand ones finds the JVM busiest; one right after another Arrow ingestion finds its
+    code warm). ``settle`` runs before each timed run, untimed."""
     best = [float("inf")] * len(runs)
-    for _ in range(repeat):
-        for index, run in enumerate(runs):
+    for round_ in range(repeat):
+        for turn in range(len(runs)):
+            index = (turn + round_) % len(runs)
             settle()
             start = time.perf_counter()
-            run()
+            runs[index]()
             best[index] = min(best[index], time.perf_counter() - start)
     return best
 

@@ -12,6 +12,7 @@ import datetime as dt
 import math
 import re
 import struct
+import threading
 from typing import Any
 
 import bson
@@ -575,7 +576,10 @@ def test_change_events_memoryviews_and_subclasses_take_the_native_path(
         [Raw(item) for item in data],
     ):
         assert events_to_arrow(events).table.equals(expected)
-    assert len(calls) == 3 and all(isinstance(result, list) for result in calls)
+        assert isinstance(calls[-1], list)  # the table came from the compiled converter
+    # A list of ChangeEvents is offered as it is first (declined: not RawBSONDocuments), then
+    # unwrapped; the two lists of RawBSONDocuments go as they are.
+    assert [result is None for result in calls] == [True, False, False, False]
 
 
 def test_mixed_and_decoded_batches_take_the_python_path() -> None:
@@ -641,3 +645,70 @@ def test_regex_flags_are_read_as_bson_reads_them() -> None:
     assert re.search(
         r'"options":"imx"', events_to_arrow([RawBSONDocument(data)]).table["full_document"][0].as_py()
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# The pool of output blocks
+
+
+def big_batch(count: int, tag: str) -> list[bytes]:
+    """Events whose full documents make output blocks of a few MiB: pooled on release."""
+    return [event_with({"n": i, "tag": tag, "text": tag * 1000}) for i in range(count)]
+
+
+def test_released_blocks_are_reused_and_tables_alive_keep_their_bytes() -> None:
+    native.release_memory()
+    first_data, second_data = big_batch(3000, "a"), big_batch(3000, "b")
+    first = native_result(first_data, JsonMode.CANONICAL)
+    assert isinstance(first, pa.Table)
+    second = native_result(second_data, JsonMode.CANONICAL)
+    assert isinstance(second, pa.Table)
+    # tables alive keep their own blocks: writing the second did not touch the first
+    assert_same(first, python_table(first_data, JsonMode.CANONICAL))
+    assert_same(second, python_table(second_data, JsonMode.CANONICAL))
+
+    del first, second
+    blocks, held = native.pooled_memory()
+    assert blocks >= 2 and held >= 2 * 3000 * 1000  # at least the two full_document columns
+    again = native_result(first_data, JsonMode.CANONICAL)  # written into pooled blocks
+    assert isinstance(again, pa.Table)
+    assert native.pooled_memory()[1] < held
+    assert_same(again, python_table(first_data, JsonMode.CANONICAL))
+
+    del again
+    _, held = native.pooled_memory()
+    assert native.release_memory() == held
+    assert native.pooled_memory() == (0, 0)
+
+
+def test_the_pool_keeps_at_most_256_mib() -> None:
+    native.release_memory()
+    tables = [native_result(big_batch(2500, str(i % 10)), JsonMode.CANONICAL) for i in range(120)]
+    assert all(isinstance(table, pa.Table) for table in tables)
+    del tables  # a few hundred MiB of blocks released at once
+    blocks, held = native.pooled_memory()
+    assert 0 < held <= 256 << 20 and blocks > 0
+    native.release_memory()
+
+
+def test_threads_converting_and_releasing_at_once_get_their_own_tables() -> None:
+    native.release_memory()
+    batches = {tag: big_batch(2500, tag) for tag in "wxyz"}
+    expected = {tag: python_table(data, JsonMode.RELAXED) for tag, data in batches.items()}
+    errors: list[BaseException] = []
+
+    def work(tag: str) -> None:
+        try:
+            for _ in range(6):
+                events = [RawBSONDocument(item) for item in batches[tag]]
+                assert events_to_arrow(events, json_mode=JsonMode.RELAXED).table.equals(expected[tag])
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(tag,)) for tag in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    native.release_memory()

@@ -47,9 +47,76 @@ _Static_assert(sizeof(Py_ssize_t) >= 8, "flowwarden.spark._native needs a 64-bit
 static const char *HEX = "0123456789abcdef";
 
 /* ---------------------------------------------------------------------------------------- */
+/* Reused output blocks. Writing into fresh memory costs a page fault for every 4 KiB page on
+ * first touch, about a fifth of a conversion's CPU time. So the large blocks (a power of two
+ * of at least POOL_MIN_BLOCK bytes: every Buf grows by doubling from 4 KiB) go back to a pool
+ * when their Arrow buffer is released, up to POOL_MAX_BYTES in all, and the next conversion
+ * writes into them: a connector converting batch after batch stops faulting. release_memory()
+ * frees the pool. Workers take blocks without the GIL, hence the lock. */
+
+#define POOL_MIN_SHIFT 20
+#define POOL_MIN_BLOCK ((Py_ssize_t)1 << POOL_MIN_SHIFT)
+#define POOL_CLASSES 12 /* 1 MiB .. 2 GiB */
+#define POOL_SLOTS 16
+#define POOL_MAX_BYTES ((Py_ssize_t)256 << 20)
+
+static struct {
+    PyThread_type_lock lock;
+    char *blocks[POOL_CLASSES][POOL_SLOTS];
+    int count[POOL_CLASSES];
+    Py_ssize_t bytes;
+} pool;
+
+/* The pool class of a block of cap bytes, or -1 when blocks of that size are not kept. */
+static int pool_class(Py_ssize_t cap) {
+    if (cap < POOL_MIN_BLOCK || (cap & (cap - 1)) != 0) {
+        return -1;
+    }
+    int k = 0;
+    while (((Py_ssize_t)1 << (POOL_MIN_SHIFT + k)) < cap) {
+        k++;
+    }
+    return k < POOL_CLASSES ? k : -1;
+}
+
+static char *pool_take(Py_ssize_t cap) {
+    int k = pool_class(cap);
+    char *block = NULL;
+    if (k < 0) {
+        return NULL;
+    }
+    PyThread_acquire_lock(pool.lock, WAIT_LOCK);
+    if (pool.count[k] > 0) {
+        block = pool.blocks[k][--pool.count[k]];
+        pool.bytes -= cap;
+    }
+    PyThread_release_lock(pool.lock);
+    return block;
+}
+
+/* Keeps the block for reuse, or frees it when the pool does not take blocks of its size or is full. */
+static void pool_give(char *block, Py_ssize_t cap) {
+    int k = pool_class(cap);
+    if (block != NULL && k >= 0) {
+        PyThread_acquire_lock(pool.lock, WAIT_LOCK);
+        int kept = pool.count[k] < POOL_SLOTS && pool.bytes + cap <= POOL_MAX_BYTES;
+        if (kept) {
+            pool.blocks[k][pool.count[k]++] = block;
+            pool.bytes += cap;
+        }
+        PyThread_release_lock(pool.lock);
+        if (kept) {
+            return;
+        }
+    }
+    free(block);
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Growable output buffers on the C heap: workers fill them without the GIL, and a finished
- * buffer is handed to pyarrow without a copy, as a NativeBuffer that frees it when released.
- * PYERR from here means "out of memory"; the caller raises MemoryError once it holds the GIL. */
+ * buffer is handed to pyarrow without a copy, as a NativeBuffer that gives it back to the pool
+ * (or frees it) when released. PYERR from here means "out of memory"; the caller raises
+ * MemoryError once it holds the GIL. */
 
 typedef struct {
     char *data;
@@ -65,9 +132,21 @@ static int buf_grow(Buf *b, Py_ssize_t need) {
     while (cap < b->len + need) {
         cap *= 2;
     }
-    char *data = realloc(b->data, (size_t)cap);
-    if (data == NULL) {
-        return PYERR;
+    char *data;
+    if (cap < POOL_MIN_BLOCK) {
+        data = realloc(b->data, (size_t)cap);
+        if (data == NULL) {
+            return PYERR;
+        }
+    } else {
+        data = pool_take(cap);
+        if (data == NULL && (data = malloc((size_t)cap)) == NULL) {
+            return PYERR;
+        }
+        if (b->len > 0) {
+            memcpy(data, b->data, (size_t)b->len);
+        }
+        pool_give(b->data, b->cap);
     }
     b->data = data;
     b->cap = cap;
@@ -95,6 +174,7 @@ typedef struct {
     PyObject_HEAD
     char *data;
     Py_ssize_t len;
+    Py_ssize_t cap;
 } NativeBuffer;
 
 static int native_buffer_get(PyObject *self, Py_buffer *view, int flags) {
@@ -103,7 +183,8 @@ static int native_buffer_get(PyObject *self, Py_buffer *view, int flags) {
 }
 
 static void native_buffer_dealloc(PyObject *self) {
-    free(((NativeBuffer *)self)->data);
+    NativeBuffer *b = (NativeBuffer *)self;
+    pool_give(b->data, b->cap);
     Py_TYPE(self)->tp_free(self);
 }
 
@@ -129,13 +210,14 @@ static PyObject *buf_finish(Buf *b) {
     }
     out->data = b->data;
     out->len = b->len;
+    out->cap = b->cap;
     b->data = NULL;
     b->len = b->cap = 0;
     return (PyObject *)out;
 }
 
 static void buf_free(Buf *b) {
-    free(b->data);
+    pool_give(b->data, b->cap);
     b->data = NULL;
     b->len = b->cap = 0;
 }
@@ -2645,14 +2727,22 @@ static PyObject *removed_result(StringListColumn *c) {
                          element_data);
 }
 
-/* The BSON bytes of one event: its RawBSONDocument's private slot (read through the slot's
- * member descriptor when Python passes it, else the `raw` property), bytes or a memoryview.
- * On success *view holds a buffer to release when view->obj is set. */
-static int event_bytes(PyObject *item, Py_ssize_t slot, PyObject *raw_name, Py_buffer *view) {
-    /* The view holds a reference to the bytes object until convert() releases it: a `raw`
-     * property may build new bytes on every call, which nothing else would keep alive. */
+/* The BSON bytes of one event, held for the whole conversion: the GIL is released while the
+ * workers read them, and another thread could meanwhile replace a document's bytes (or a `raw`
+ * property may build new bytes on every call, which nothing else would keep alive). Exact
+ * bytes, what a RawBSONDocument holds, are held by a reference; anything else through the
+ * buffer protocol. */
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t len;
+    PyObject *bytes; /* a reference to exact bytes, or NULL */
+    Py_buffer view;  /* view.obj is set when the bytes came through the buffer protocol */
+} Source;
+
+/* Reads the bytes from the RawBSONDocument's private slot (through the slot's member
+ * descriptor when Python passes it, else the `raw` property), bytes or any buffer. */
+static int source_acquire(Source *src, PyObject *item, Py_ssize_t slot, PyObject *raw_name) {
     PyObject *raw;
-    view->obj = NULL;
     if (slot >= 0) {
         raw = *(PyObject **)((char *)item + slot);
         if (raw == NULL) {
@@ -2666,9 +2756,28 @@ static int event_bytes(PyObject *item, Py_ssize_t slot, PyObject *raw_name, Py_b
             return PYERR;
         }
     }
-    int rc = PyObject_GetBuffer(raw, view, PyBUF_SIMPLE);
+    if (PyBytes_CheckExact(raw)) {
+        src->bytes = raw;
+        src->data = (const uint8_t *)PyBytes_AS_STRING(raw);
+        src->len = PyBytes_GET_SIZE(raw);
+        return OK;
+    }
+    int rc = PyObject_GetBuffer(raw, &src->view, PyBUF_SIMPLE);
     Py_DECREF(raw);
-    return rc < 0 ? PYERR : OK;
+    if (rc < 0) {
+        return PYERR;
+    }
+    src->data = (const uint8_t *)src->view.buf;
+    src->len = src->view.len;
+    return OK;
+}
+
+static void source_release(Source *src) {
+    if (src->bytes != NULL) {
+        Py_CLEAR(src->bytes);
+    } else if (src->view.obj != NULL) {
+        PyBuffer_Release(&src->view);
+    }
 }
 
 /* One slice of the batch, converted by one thread into its own columns. */
@@ -2676,8 +2785,7 @@ typedef struct {
     Table table;
     Ctx ctx;
     Writer w;
-    const uint8_t **data;
-    Py_ssize_t *len;
+    const Source *sources;
     Py_ssize_t start, end;
     int rc;
     Py_ssize_t failed_at;
@@ -2696,8 +2804,9 @@ static void convert_slice(void *arg) {
             break;
         }
         c->w.keys.len = 0;
-        c->ctx.end = c->data[i] + c->len[i];
-        int rc = convert_event(&c->w, &c->table, c->data[i], c->len[i]);
+        const Source *src = &c->sources[i];
+        c->ctx.end = src->data + src->len;
+        int rc = convert_event(&c->w, &c->table, src->data, src->len);
         if (rc != OK) {
             c->rc = rc;
             c->failed_at = i;
@@ -2756,12 +2865,6 @@ static PyObject *convert(PyObject *module, PyObject *args) {
         return NULL;
     }
     Py_ssize_t rows = PyTuple_GET_SIZE(items);
-    for (Py_ssize_t i = 0; i < rows; i++) {
-        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(items, i), (PyTypeObject *)raw_type)) {
-            Py_DECREF(items);
-            Py_RETURN_NONE;
-        }
-    }
     Py_ssize_t slices = rows / MIN_EVENTS_PER_THREAD;
     if (slices > threads) {
         slices = threads;
@@ -2775,34 +2878,47 @@ static PyObject *convert(PyObject *module, PyObject *args) {
 
     PyObject *result = NULL;
     PyObject *raw_name = PyUnicode_InternFromString("raw");
-    const uint8_t **data = PyMem_Calloc((size_t)rows + 1, sizeof(*data));
-    Py_ssize_t *lens = PyMem_Calloc((size_t)rows + 1, sizeof(*lens));
-    Py_buffer *views = PyMem_Calloc((size_t)rows + 1, sizeof(Py_buffer));
+    Source *sources = PyMem_Calloc((size_t)rows + 1, sizeof(Source));
     Slice *slice = PyMem_Calloc((size_t)slices, sizeof(Slice));
+    Py_ssize_t acquired = 0;
     int stop = 0;
     Py_ssize_t s_done = 0;
-    if (raw_name == NULL || data == NULL || lens == NULL || views == NULL || slice == NULL) {
+    if (raw_name == NULL || sources == NULL || slice == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_NoMemory();
         }
         goto done;
     }
+    /* The only pass over the event objects while holding the GIL, so it is the one part of a
+     * conversion that does not run in parallel: each event and its bytes object are prefetched
+     * a few events ahead, as they are rarely in the cache. */
     for (Py_ssize_t i = 0; i < rows; i++) {
         PyObject *item = PyTuple_GET_ITEM(items, i);
-        /* The slot is read directly only from the type itself: a subclass may override `raw`. */
-        Py_ssize_t item_slot = Py_IS_TYPE(item, (PyTypeObject *)raw_type) ? slot : -1;
-        if (event_bytes(item, item_slot, raw_name, &views[i]) < 0) {
+        if (i + 16 < rows) {
+            __builtin_prefetch(PyTuple_GET_ITEM(items, i + 16));
+        }
+        if (slot >= 0 && i + 8 < rows) {
+            PyObject *ahead = PyTuple_GET_ITEM(items, i + 8);
+            if (Py_IS_TYPE(ahead, (PyTypeObject *)raw_type)) {
+                __builtin_prefetch(*(PyObject **)((char *)ahead + slot));
+            }
+        }
+        if (!PyObject_TypeCheck(item, (PyTypeObject *)raw_type)) {
+            result = Py_NewRef(Py_None); /* not every event is raw: nothing to convert */
             goto done;
         }
-        data[i] = (const uint8_t *)views[i].buf;
-        lens[i] = views[i].len;
+        /* The slot is read directly only from the type itself: a subclass may override `raw`. */
+        Py_ssize_t item_slot = Py_IS_TYPE(item, (PyTypeObject *)raw_type) ? slot : -1;
+        if (source_acquire(&sources[i], item, item_slot, raw_name) < 0) {
+            goto done;
+        }
+        acquired = i + 1;
     }
     for (Py_ssize_t k = 0; k < slices; k++) {
         Slice *c = &slice[k];
         c->start = rows * k / slices;
         c->end = rows * (k + 1) / slices;
-        c->data = data;
-        c->len = lens;
+        c->sources = sources;
         c->stop = &stop;
         c->ctx.relaxed = relaxed;
         c->w.ctx = &c->ctx;
@@ -2814,6 +2930,17 @@ static PyObject *convert(PyObject *module, PyObject *args) {
             c->table.typed_full = node_parse(plan, NULL);
             c->table.typed_before = c->table.typed_full ? node_parse(plan, NULL) : NULL;
             if (c->table.typed_before == NULL) {
+                goto done;
+            }
+        } else {
+            /* The Extended JSON of the full documents takes about as many bytes as the events:
+             * one block of that size up front spares the copies of growing to it. */
+            Py_ssize_t bytes = 0;
+            for (Py_ssize_t i = c->start; i < c->end; i++) {
+                bytes += sources[i].len;
+            }
+            if (reserve(&c->table.full.data, bytes) < 0) {
+                PyErr_NoMemory();
                 goto done;
             }
         }
@@ -2877,23 +3004,50 @@ done:
         }
         PyMem_Free(slice);
     }
-    if (views != NULL) {
-        for (Py_ssize_t i = 0; i < rows; i++) {
-            if (views[i].obj != NULL) {
-                PyBuffer_Release(&views[i]);
-            }
+    if (sources != NULL) {
+        for (Py_ssize_t i = 0; i < acquired; i++) {
+            source_release(&sources[i]);
         }
-        PyMem_Free(views);
+        PyMem_Free(sources);
     }
-    PyMem_Free(data);
-    PyMem_Free(lens);
     Py_XDECREF(raw_name);
     Py_DECREF(items);
     return result;
 }
 
+PyDoc_STRVAR(pool_doc, "pool() -> (blocks, bytes)\n\nHow many output blocks the pool keeps for reuse, and their size in bytes.");
+
+static PyObject *pool_stats(PyObject *module, PyObject *unused) {
+    Py_ssize_t blocks = 0, bytes;
+    PyThread_acquire_lock(pool.lock, WAIT_LOCK);
+    for (int k = 0; k < POOL_CLASSES; k++) {
+        blocks += pool.count[k];
+    }
+    bytes = pool.bytes;
+    PyThread_release_lock(pool.lock);
+    return Py_BuildValue("(nn)", blocks, bytes);
+}
+
+PyDoc_STRVAR(release_memory_doc, "release_memory() -> int\n\nFrees every block the pool keeps; returns how many bytes.");
+
+static PyObject *release_memory(PyObject *module, PyObject *unused) {
+    Py_ssize_t freed;
+    PyThread_acquire_lock(pool.lock, WAIT_LOCK);
+    for (int k = 0; k < POOL_CLASSES; k++) {
+        while (pool.count[k] > 0) {
+            free(pool.blocks[k][--pool.count[k]]);
+        }
+    }
+    freed = pool.bytes;
+    pool.bytes = 0;
+    PyThread_release_lock(pool.lock);
+    return PyLong_FromSsize_t(freed);
+}
+
 static PyMethodDef methods[] = {
     {"convert", convert, METH_VARARGS, convert_doc},
+    {"pool", pool_stats, METH_NOARGS, pool_doc},
+    {"release_memory", release_memory, METH_NOARGS, release_memory_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2912,6 +3066,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&NativeBufferType) < 0) {
         return NULL;
+    }
+    if (pool.lock == NULL && (pool.lock = PyThread_allocate_lock()) == NULL) {
+        return PyErr_NoMemory();
     }
     return PyModule_Create(&module);
 }

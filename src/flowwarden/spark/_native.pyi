@@ -1,10 +1,9 @@
 """Type stub of the compiled converter (src/flowwarden/spark/_native.c)."""
 
-from collections.abc import Mapping
 from typing import Any
 
 def convert(
-    events: list[Mapping[str, Any]],
+    events: list[Any],
     relaxed: bool,
     raw_type: type,
     raw_slot: object,
@@ -14,3 +13,9 @@ def convert(
 ) -> list[tuple[int, tuple[Any, ...]]] | str | None:
     """The Arrow buffers of the change-event columns, one (rows, columns) per slice, why the
     batch falls back, or None when not every event is a raw_type instance."""
+
+def pool() -> tuple[int, int]:
+    """How many output blocks the pool keeps for reuse, and their size in bytes."""
+
+def release_memory() -> int:
+    """Frees every block the pool keeps; returns how many bytes."""

@@ -713,20 +713,28 @@ def _raw(events: Sequence[Mapping[str, Any] | ChangeEvent]) -> list[Mapping[str,
     return [event.raw if isinstance(event, ChangeEvent) else event for event in events]
 
 
-def _native_table(raws: list[Mapping[str, Any]], plan: _Plan, json_mode: JsonMode) -> Any:
-    """The table of a batch of RawBSONDocuments from the compiled converter, or None when it
-    is not built, not every event is raw, or it leaves this batch to Python (every batch with
-    a document that does not fit the schema: the Python path reports those)."""
+def _native_table(events: Sequence[Mapping[str, Any] | ChangeEvent], plan: _Plan, json_mode: JsonMode) -> Any:
+    """The table of a batch of RawBSONDocuments (or ChangeEvents over them) from the compiled
+    converter, or None when it is not built, not every event is raw, or it leaves this batch to
+    Python (every batch with a document that does not fit the schema: the Python path reports
+    those)."""
     if not native.AVAILABLE or (plan.full_document is not None and plan.native_document is None):
         return None
-    columns = native.convert(raws, json_mode, plan.native_document)
+    # A list of RawBSONDocuments, what a raw-reading stream delivers, goes as it is; ChangeEvents
+    # are unwrapped first, which costs a pass in Python.
+    columns = native.convert(events, json_mode, plan.native_document) if type(events) is list else None
+    if columns is None:
+        raws = _raw(events)
+        if type(events) is list and all(raw is event for raw, event in zip(raws, events)):
+            return None  # not every event is raw: nothing to convert here
+        columns = native.convert(raws, json_mode, plan.native_document)
     if isinstance(columns, str):
-        log.debug("%d raw events converted in Python: %s", len(raws), columns)
+        log.debug("%d raw events converted in Python: %s", len(events), columns)
         return None
     if columns is None:
         return None
     if plan.corrupt_record:
-        columns.append(pa.nulls(len(raws), type=pa.string()))
+        columns.append(pa.nulls(len(events), type=pa.string()))
     return pa.Table.from_arrays(columns, schema=plan.schema)
 
 
@@ -807,12 +815,11 @@ def events_to_arrow(
     json_mode = JsonMode(json_mode)
     plan = _plan(schema, mode, json_mode)
     json = encoder_for(json_mode)
-    raws = _raw(events)
-    count = len(raws)
-    table = _native_table(raws, plan, json_mode)
+    table = _native_table(events, plan, json_mode)
     if table is not None:
         return ArrowBatch(table, ())
-    raws = _decoded(raws)
+    raws = _decoded(_raw(events))
+    count = len(raws)
 
     ids = _token_data(raws)
     operation, cluster, wall, ns, keys, updates, full, before = _columns_reader(_EVENT_KEYS)(raws, None)
