@@ -21,7 +21,8 @@ actually reaching Spark's executors, not a lazy plan. The measurements take turn
 rounds in an order that rotates each round, and each one's best run counts. Before each timed
 run (outside the timed region) both garbage collectors run, Python's and the JVM's, so no run
 pays for the garbage of the one before (the by-hand runs leave the JVM heap full of row
-objects). Then the streaming source reads ``--stream-events`` change events from an EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
+objects). Then the streaming source reads ``--stream-events`` change events from an
+EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
 
 Prints plain figures and ratios; asserts nothing. Run:
 

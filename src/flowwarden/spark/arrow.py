@@ -724,10 +724,9 @@ def _native_table(events: Sequence[Mapping[str, Any] | ChangeEvent], plan: _Plan
     # are unwrapped first, which costs a pass in Python.
     columns = native.convert(events, json_mode, plan.native_document) if type(events) is list else None
     if columns is None:
-        raws = _raw(events)
-        if type(events) is list and all(raw is event for raw, event in zip(raws, events)):
+        if type(events) is list and not any(isinstance(event, ChangeEvent) for event in events):
             return None  # not every event is raw: nothing to convert here
-        columns = native.convert(raws, json_mode, plan.native_document)
+        columns = native.convert(_raw(events), json_mode, plan.native_document)
     if isinstance(columns, str):
         log.debug("%d raw events converted in Python: %s", len(events), columns)
         return None

@@ -18,7 +18,6 @@ This module imports pyarrow, never pyspark.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import bson
