@@ -18,10 +18,10 @@ Extended JSON ``full_document`` and a pydantic model typing it as a struct):
 
 Every DataFrame is fully materialised by a ``noop`` write, so each figure covers the rows
 actually reaching Spark's executors, not a lazy plan. The measurements take turns, ``--repeat``
-rounds in an order that rotates each round, and each one's best run counts. Before each timed
-run (outside the timed region) both garbage collectors run, Python's and the JVM's, so no run
-pays for the garbage of the one before (the by-hand runs leave the JVM heap full of row
-objects). Then the streaming source reads ``--stream-events`` change events from an
+rounds after ``--warmup`` untimed ones, in an order that rotates each round, and each one's best
+run counts. Before each run (outside the timed region) both garbage collectors run, Python's and
+the JVM's, so no run pays for the garbage of the one before (the by-hand runs leave the JVM heap
+full of row objects). Then the streaming source reads ``--stream-events`` change events from an
 EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
 
 Prints plain figures and ratios; asserts nothing. Run:
@@ -193,20 +193,25 @@ def by_hand(events: list[dict[str, Any]], typed: bool) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------
 
 
-def best_of(repeat: int, settle: Callable[[], None], *runs: Callable[[], None]) -> list[float]:
-    """Best time of each run; the runs take turns, so load from other processes on the machine
-    weighs on all of them alike rather than on whichever ran during a busy moment, and their
-    order rotates by one each round, so no run always follows the same one (a run right after
-    the by-hand ones finds the JVM busiest; one right after another Arrow ingestion finds its
-    code warm). ``settle`` runs before each timed run, untimed."""
+def best_of(
+    repeat: int, warmup: int, settle: Callable[[], None], *runs: Callable[[], None]
+) -> list[float]:
+    """Best time of each run over ``repeat`` timed rounds, after ``warmup`` untimed ones (the
+    JVM compiles Spark's Arrow and row paths over the first rounds: each run gets faster for
+    several rounds before it settles). The runs take turns, so load from other processes on
+    the machine weighs on all of them alike rather than on whichever ran during a busy moment,
+    and their order rotates by one each round, so no run always follows the same one (a run
+    right after the by-hand ones finds the JVM busiest; one right after another Arrow ingestion
+    finds its code warm). ``settle`` runs before each run, untimed."""
     best = [float("inf")] * len(runs)
-    for round_ in range(repeat):
+    for round_ in range(warmup + repeat):
         for turn in range(len(runs)):
             index = (turn + round_) % len(runs)
             settle()
             start = time.perf_counter()
             runs[index]()
-            best[index] = min(best[index], time.perf_counter() - start)
+            if round_ >= warmup:
+                best[index] = min(best[index], time.perf_counter() - start)
     return best
 
 
@@ -218,7 +223,9 @@ def line(label: str, count: int, seconds: float) -> str:
     return f"  {label:<52} {count / seconds:>10,.0f} events/s {seconds:8.3f} s"
 
 
-def variant(spark: Any, events: list[dict[str, Any]], repeat: int, label: str, schema: Any) -> None:
+def variant(
+    spark: Any, events: list[dict[str, Any]], repeat: int, warmup: int, label: str, schema: Any
+) -> None:
     count = len(events)
     struct = change_event_struct_type(schema)
     typed = schema is not None
@@ -246,9 +253,12 @@ def variant(spark: Any, events: list[dict[str, Any]], repeat: int, label: str, s
         spark.sparkContext._jvm.System.gc()
 
     t_hand, t_rows, t_fw, t_ceiling, t_arrow = best_of(
-        repeat, settle, hand, hand_prebuilt_rows, flowwarden, ceiling, arrow_only
+        repeat, warmup, settle, hand, hand_prebuilt_rows, flowwarden, ceiling, arrow_only
     )
-    print(f"\n{label}: {count:,} change events, best of {repeat}, each materialised by a noop write")
+    print(
+        f"\n{label}: {count:,} change events, best of {repeat} after {warmup} warm-up rounds, "
+        "each materialised by a noop write"
+    )
     print(line("by hand: dicts per event + createDataFrame(rows, schema)", count, t_hand))
     print(line("  of which createDataFrame(prebuilt rows, schema)", count, t_rows))
     print(line("flowwarden: events_to_dataframe (raw BSON events)", count, t_fw))
@@ -258,9 +268,9 @@ def variant(spark: Any, events: list[dict[str, Any]], repeat: int, label: str, s
     print(f"  flowwarden time / ceiling time: {t_fw / t_ceiling:.2f} (target <= 1.5)")
 
 
-def conversion(spark: Any, events: list[dict[str, Any]], repeat: int) -> None:
-    variant(spark, events, repeat, "Extended JSON full_document (default)", None)
-    variant(spark, events, repeat, "full_document typed by a pydantic model", Order)
+def conversion(spark: Any, events: list[dict[str, Any]], repeat: int, warmup: int) -> None:
+    variant(spark, events, repeat, warmup, "Extended JSON full_document (default)", None)
+    variant(spark, events, repeat, warmup, "full_document typed by a pydantic model", Order)
 
 
 def streaming(spark: Any, count: int) -> None:
@@ -310,6 +320,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--stream-events", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
     parser.add_argument("--skip-streaming", action="store_true")
     args = parser.parse_args()
 
@@ -328,7 +339,7 @@ def main() -> None:
     converter = "compiled" if native.AVAILABLE else "Python (flowwarden.spark._native is not built)"
     print(f"flowwarden Spark benchmark: Spark {spark.version}, master {spark.sparkContext.master}")
     print(f"raw-event converter: {converter}")
-    conversion(spark, make_events(args.events), args.repeat)
+    conversion(spark, make_events(args.events), args.repeat, args.warmup)
     if not args.skip_streaming:
         streaming(spark, args.stream_events)
     spark.stop()
