@@ -37,6 +37,7 @@ import datetime as dt
 import gc
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -193,17 +194,17 @@ def by_hand(events: list[dict[str, Any]], typed: bool) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------
 
 
-def best_of(
+def timed_rounds(
     repeat: int, warmup: int, settle: Callable[[], None], *runs: Callable[[], None]
-) -> list[float]:
-    """Best time of each run over ``repeat`` timed rounds, after ``warmup`` untimed ones (the
+) -> list[list[float]]:
+    """The times of each run in ``repeat`` timed rounds, after ``warmup`` untimed ones (the
     JVM compiles Spark's Arrow and row paths over the first rounds: each run gets faster for
     several rounds before it settles). The runs take turns, so load from other processes on
     the machine weighs on all of them alike rather than on whichever ran during a busy moment,
     and their order rotates by one each round, so no run always follows the same one (a run
     right after the by-hand ones finds the JVM busiest; one right after another Arrow ingestion
     finds its code warm). ``settle`` runs before each run, untimed."""
-    best = [float("inf")] * len(runs)
+    times: list[list[float]] = [[] for _ in runs]
     for round_ in range(warmup + repeat):
         for turn in range(len(runs)):
             index = (turn + round_) % len(runs)
@@ -211,8 +212,8 @@ def best_of(
             start = time.perf_counter()
             runs[index]()
             if round_ >= warmup:
-                best[index] = min(best[index], time.perf_counter() - start)
-    return best
+                times[index].append(time.perf_counter() - start)
+    return times
 
 
 def materialise(df: Any) -> None:
@@ -252,9 +253,11 @@ def variant(
         gc.collect()
         spark.sparkContext._jvm.System.gc()
 
-    t_hand, t_rows, t_fw, t_ceiling, t_arrow = best_of(
-        repeat, warmup, settle, hand, hand_prebuilt_rows, flowwarden, ceiling, arrow_only
-    )
+    times = timed_rounds(repeat, warmup, settle, hand, hand_prebuilt_rows, flowwarden, ceiling, arrow_only)
+    t_hand, t_rows, t_fw, t_ceiling, t_arrow = map(min, times)
+    # Spark's own time moves by +-20% from one run to the next, in both runs alike: the ratio
+    # of the two runs of each round, taken side by side, moves less than the ratio of two bests.
+    paired = statistics.median(fw / ceil for fw, ceil in zip(times[2], times[3], strict=True))
     print(
         f"\n{label}: {count:,} change events, best of {repeat} after {warmup} warm-up rounds, "
         "each materialised by a noop write"
@@ -266,6 +269,7 @@ def variant(
     print(line("ceiling: createDataFrame(prebuilt Arrow table, schema)", count, t_ceiling))
     print(f"  flowwarden vs by hand: {t_hand / t_fw:.2f}x faster (target >= 3)")
     print(f"  flowwarden time / ceiling time: {t_fw / t_ceiling:.2f} (target <= 1.5)")
+    print(f"    median over the rounds of the two runs' ratio: {paired:.2f}")
 
 
 def conversion(spark: Any, events: list[dict[str, Any]], repeat: int, warmup: int) -> None:
