@@ -1,6 +1,6 @@
 """Connector throughput against the raw driver ceiling, and the connector's memory.
 
-    .venv/bin/python benchmarks/runtime.py [--events 200000] [--rounds 3]
+    .venv/bin/python benchmarks/runtime.py [--events 200000] [--rounds 5]
 
 Starts an EmbeddedReplicaSet in its own process (so server and consumer each get a core), fills the
 oplog with N inserts, then measures in fresh child processes reading the same N events from the
@@ -9,7 +9,8 @@ same start time:
 - raw PyMongo ``watch()`` loops, ``MongoClient`` and ``AsyncMongoClient``: the ceiling. Each loop
   calls ``try_next()`` (the driver's cheapest per-event call) and decodes with the codec options
   the connector uses (``tz_aware=True``, so both hand over the same timezone-aware datetimes);
-- a Connector with a no-op ``@on_change`` handler, save_every_n=1000;
+- a Connector with a no-op ``@on_change`` handler, save_every_n=1000, run as ``run()`` runs it: on
+  the process's main thread, timed from before it starts to its handler seeing the last event;
 - the same with save_every_n=0 (heartbeat saves only): what the awaited count saves cost;
 - the same with save_every_n=1 (on the first 20,000 events, once: each waits for its own save).
 
@@ -84,10 +85,15 @@ def child_raw_async(uri: str, start: Timestamp, events: int) -> dict[str, Any]:
 
 
 def child_connector(uri: str, start: Timestamp, events: int, save_every_n: int) -> dict[str, Any]:
+    """The connector as ``run()`` runs it (and the CLI): on the process's main thread, nothing
+    else in the process. The clock starts before the connector does (its client connects, the
+    stream opens, like the raw loops' ``watch()``) and stops when the handler has seen the last
+    event; then the handler asks the connector to stop."""
     from flowwarden import ChangeEvent, Connector, StartPosition, change_stream, checkpoint, on_change
 
     # A stream name of its own per run: no run resumes from another's checkpoint.
     name = f"bench-n{save_every_n}-{os.getpid()}"
+    finished: list[float] = []
 
     @change_stream(COLL, DB, name=name, batch_size=1000)
     @checkpoint(
@@ -97,29 +103,27 @@ def child_connector(uri: str, start: Timestamp, events: int, save_every_n: int) 
         start_at=start,
     )
     class NoOp:
+        def __init__(self) -> None:
+            self.seen = 0
+
         @on_change
         def handle(self, event: ChangeEvent) -> None:
-            pass
+            self.seen += 1
+            if self.seen == events:
+                finished.append(time.perf_counter())
+                connector.stop()
 
     baseline = _rss_mb()
     connector = Connector(uri, [NoOp])
     began = time.perf_counter()
-    connector.start()
-    peak = baseline
-    while True:
-        status = connector.status()[name]
-        peak = max(peak, _rss_mb())
-        if status.events_processed >= events:
-            break
-        if status.state.value == "FAILED":
-            raise RuntimeError(status.last_error)
-        time.sleep(0.01)
-    elapsed = time.perf_counter() - began
-    connector.stop()
+    asyncio.run(connector.run_async())
+    status = connector.status()[name]
+    if not finished:
+        raise RuntimeError(f"the connector stopped before the last event: {status.state} {status.last_error}")
     return {
-        "seconds": elapsed,
-        "events": connector.status()[name].events_processed,
-        "rss_growth_mb": max(peak, _peak_rss_mb()) - baseline,
+        "seconds": finished[0] - began,
+        "events": status.events_processed,
+        "rss_growth_mb": _peak_rss_mb() - baseline,
     }
 
 
@@ -159,7 +163,7 @@ def _run_child(kind: str, uri: str, start: Timestamp, events: int, extra: int = 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", default=None)
     parser.add_argument("--uri", default=None)
     parser.add_argument("--start", default=None)

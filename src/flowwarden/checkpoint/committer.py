@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -194,13 +194,22 @@ class CheckpointCommitter:
         CommitterClosedError after close, or the failure (for instance FencedError or
         CheckpointSaveFailedError) once the committer failed.
         """
+        save = self.commit_nowait(sequence, token)
+        if save is not None:
+            await save
+
+    def commit_nowait(self, sequence: int, token: ResumeToken) -> Coroutine[Any, Any, None] | None:
+        """:meth:`commit` for a hot loop: records the completion at once and returns None, or,
+        when this commit reaches the save count, the save the caller must await before going on
+        (that await is what bounds redelivery to ``save_every_n`` events). Same errors as
+        :meth:`commit`."""
         if self._refusal is not None:
             raise self._refusal.with_traceback(None)
         frontier = self._frontier
         if sequence != frontier + 1:
             if sequence > frontier:
                 self._completed[sequence] = token
-            return
+            return None
         completed = self._completed
         if completed:
             # Walk over completions the new one made contiguous, dropping them as we go so
@@ -213,10 +222,11 @@ class CheckpointCommitter:
         self._frontier = sequence
         self._frontier_token = token
         if sequence >= self._save_at:
-            # Count saves finish before commit returns, so the stored position is never more
-            # than save_every_n events behind the handlers, however slow the store is: a crash
-            # redelivers at most save_every_n events.
-            await self._save_now()
+            # Count saves finish before the commit is over, so the stored position is never
+            # more than save_every_n events behind the handlers, however slow the store is: a
+            # crash redelivers at most save_every_n events.
+            return self._save_now()
+        return None
 
     def observe_seen(self, token: ResumeToken) -> None:
         """Offer a post-batch resume token taken while no event was in flight; never blocks.

@@ -632,7 +632,9 @@ class StreamRunner:
                 if invoker is None or (
                     invoker.inline and (first_error := invoker.call_inline(ChangeEvent(change))) is None
                 ):
-                    await committer.commit(self._sequence, token)
+                    save = committer.commit_nowait(self._sequence, token)
+                    if save is not None:
+                        await save
                     self.events_processed += 1
                     if ctx._save_requested:
                         ctx._save_requested = False
