@@ -53,6 +53,7 @@ from flowwarden.runtime.context import StreamContext
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
 from flowwarden.runtime.lease import LeaseManager
+from flowwarden.runtime.read_ahead import EmptyRead, FailedRead, ReadAhead
 from flowwarden.runtime.status import StreamState, StreamStatus
 
 # Server error codes with a meaning of their own to the runner.
@@ -70,6 +71,7 @@ FATAL_CODES = frozenset(
 )
 
 _HISTORY_AUDIT_KEEP = 20
+_DEFAULT_READ_AHEAD_BATCH = 1000  # without a batch_size: the read-ahead bound counts this per batch
 
 
 class _HistoryLost(Exception):
@@ -590,27 +592,49 @@ class StreamRunner:
             self._batch.take()  # left by an earlier run: those events come again from the checkpoint
         position: Mapping[str, Any] | None = _opening_position(stream)
         committer.failed.add_done_callback(lambda _: self._set_halt())
+        reader = ReadAhead(stream, self._read_ahead_limit())
+        try:
+            await self._read_loop(reader, committer, position, save_initial)
+        finally:
+            await reader.close()
+
+    def _read_ahead_limit(self) -> int:
+        """How many read events may wait for the handlers: two batches, so the reader has the
+        next getMore in flight while the handlers work through the batch before it."""
+        return 2 * (self.spec.stream.batch_size or _DEFAULT_READ_AHEAD_BATCH)
+
+    async def _read_loop(
+        self,
+        reader: ReadAhead,
+        committer: CheckpointCommitter,
+        position: Mapping[str, Any] | None,
+        save_initial: bool,
+    ) -> None:
         batch = self._batch
         invokers = self._event_invokers
         fallback = self._fallback_invoker
         ctx = self._ctx
+        items = reader.items
         while True:
             if self._halt:
                 # One flag for the hot path; the reason is sorted out here.
                 self._raise_for_halt(committer)
                 return
-            try:
-                change = await stream.try_next()
-            except InvalidBSON as error:
-                await self._poison(committer, position, error)
-                raise _Reopen() from error  # from the checkpoint, now past the poison event
-            if change is None:
+            change = items.popleft() if items else await reader.wait()
+            kind = change.__class__
+            if kind is FailedRead:
+                error = change.error
+                if isinstance(error, InvalidBSON):
+                    await self._poison(committer, position, error)
+                    raise _Reopen() from error  # from the checkpoint, now past the poison event
+                raise error
+            if kind is EmptyRead:
                 if batch is not None and batch.due():
                     await self._deliver_batch(committer)
-                if not stream.alive:
+                if not change.alive:
                     # The server closed the stream after an invalidate event.
                     return
-                token = stream.resume_token
+                token = change.token
                 if token is not None and self._idle():
                     position = token
                     committer.observe_seen(token)

@@ -1,0 +1,101 @@
+"""Reading a change stream one batch ahead of the handlers.
+
+A change stream's ``try_next()`` returns buffered events at once and runs a getMore when the
+buffer is empty; done in the handlers' loop, every getMore is a round trip during which nothing
+is handled, and every batch of handling is time the server sits idle. :class:`ReadAhead` runs
+``try_next()`` in a task of its own, so the next getMore is in flight while the handlers work
+through the events already read: the server's time and the handlers' time overlap.
+
+What the read loop sees is unchanged, and in stream order: each event, an :class:`EmptyRead`
+where ``try_next()`` returned None (with the stream's resume token and liveness taken right
+then: a post-batch token is a safe resume point only once every event before it is finished,
+which the read loop judges when it reaches the marker), and the error ``try_next()`` raised, in
+the place it was raised. Nothing read ahead is acknowledged anywhere: events read but not yet
+handled when the loop ends are simply read again from the checkpoint.
+
+At most ``limit`` items wait; the reader pauses when that many do (and the driver holds at most
+one more batch), so memory stays bounded however far behind the stream is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+
+class EmptyRead:
+    """``try_next()`` returned None: the stream's resume token and liveness at that moment."""
+
+    __slots__ = ("alive", "token")
+
+    def __init__(self, token: Mapping[str, Any] | None, alive: bool) -> None:
+        self.token = token
+        self.alive = alive
+
+
+class FailedRead:
+    """``try_next()`` raised ``error``; the reader stopped there."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class ReadAhead:
+    """A task reading ``stream`` into a bounded queue; :attr:`items` and :meth:`wait` drain it.
+
+    The read loop takes ``items.popleft()`` while there are items and awaits :meth:`wait`
+    otherwise (no coroutine per event on the hot path). Call :meth:`close` when done.
+    """
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self.items: deque[Any] = deque()
+        self._stream = stream
+        self._limit = max(limit, 1)
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._read(), name="flowwarden-read-ahead")
+
+    async def _read(self) -> None:
+        stream, items, ready, limit = self._stream, self.items, self._ready, self._limit
+        try:
+            while True:
+                if len(items) >= limit:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                change = await stream.try_next()
+                if change is None:
+                    alive = bool(stream.alive)
+                    items.append(EmptyRead(stream.resume_token, alive))
+                    ready.set()
+                    if not alive:
+                        return
+                else:
+                    items.append(change)
+                    ready.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # handed to the read loop, which raises it in its place
+            items.append(FailedRead(error))
+            ready.set()
+
+    async def wait(self) -> Any:
+        """The next item, once there is one."""
+        items = self.items
+        while not items:
+            if self._task.done():
+                raise RuntimeError("the change stream reader ended without a last item")
+            self._room.set()
+            self._ready.clear()
+            await self._ready.wait()
+        return items.popleft()
+
+    async def close(self) -> None:
+        """Stop reading; what was read ahead and not taken is dropped (read again from the checkpoint)."""
+        self._task.cancel()
+        await asyncio.wait({self._task})  # never raises the reader's CancelledError; ours, yes
+        self.items.clear()
