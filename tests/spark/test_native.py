@@ -53,10 +53,16 @@ def python_table(data: list[bytes], mode: JsonMode) -> pa.Table:
 
 
 def native_result(data: list[bytes], mode: JsonMode) -> pa.Table | str:
-    columns = native.convert([RawBSONDocument(item) for item in data], mode)
-    assert columns is not None
-    if isinstance(columns, str):
-        return columns
+    """The compiled converter's table of the whole batch, or the reason for the first event it
+    leaves to Python."""
+    converted = native.convert([RawBSONDocument(item) for item in data], mode)
+    assert converted is not None
+    if isinstance(converted, str):
+        return converted
+    columns, left = converted
+    if left:
+        index, reason = left[0]
+        return f"event {index}: {reason}"
     table = pa.Table.from_arrays(columns, schema=python_table([], mode).schema)
     table.validate(full=True)
     return table
@@ -328,32 +334,33 @@ def with_duplicate_key() -> bytes:
     return struct.pack("<i", len(body) + 5) + body + b"\x00"
 
 
-@pytest.mark.parametrize(
-    ("data", "reason"),
-    [
-        (event_with({"c": Code("x", {"a": 1})}), "code with scope"),
-        (event_with({"r": DBRef("orders", 1)}), "$ref"),
-        (event_with({"b": Binary(b"abc", 2)}), "subtype 2"),
-        (with_duplicate_key(), "repeated field name"),
-        (bson.encode({"_id": {"_data": "8200"}, "operationType": 5}), "operationType"),
-        (bson.encode({"_id": {"_data": "8200"}, "ns": {"db": 1}}), "ns.db"),
-        (
-            bson.encode({"_id": {"_data": "8200"}, "updateDescription": {"removedFields": ["a", None]}}),
-            "removedFields",
-        ),
-        (event_with({"v": Decimal128.from_bid(bytes(15) + b"\x60")}), "non-canonical Decimal128"),
-    ],
-    ids=[
-        "code-with-scope",
-        "dbref",
-        "binary-2",
-        "duplicate-key",
-        "op-int",
-        "db-int",
-        "removed-null",
-        "dec128",
-    ],
-)
+# Events the C code leaves to Python, each with a word of the reason it gives.
+LEFT_TO_PYTHON = [
+    (event_with({"c": Code("x", {"a": 1})}), "code with scope"),
+    (event_with({"r": DBRef("orders", 1)}), "$ref"),
+    (event_with({"b": Binary(b"abc", 2)}), "subtype 2"),
+    (with_duplicate_key(), "repeated field name"),
+    (bson.encode({"_id": {"_data": "8200"}, "operationType": 5}), "operationType"),
+    (bson.encode({"_id": {"_data": "8200"}, "ns": {"db": 1}}), "ns.db"),
+    (
+        bson.encode({"_id": {"_data": "8200"}, "updateDescription": {"removedFields": ["a", None]}}),
+        "removedFields",
+    ),
+    (event_with({"v": Decimal128.from_bid(bytes(15) + b"\x60")}), "non-canonical Decimal128"),
+]
+LEFT_IDS = [
+    "code-with-scope",
+    "dbref",
+    "binary-2",
+    "duplicate-key",
+    "op-int",
+    "db-int",
+    "removed-null",
+    "dec128",
+]
+
+
+@pytest.mark.parametrize(("data", "reason"), LEFT_TO_PYTHON, ids=LEFT_IDS)
 def test_cases_left_to_python_give_the_python_table(data: bytes, reason: str) -> None:
     for mode in MODES:
         result = native_result([data], mode)
@@ -363,6 +370,42 @@ def test_cases_left_to_python_give_the_python_table(data: bytes, reason: str) ->
         except (pa.ArrowException, FlowWardenError):
             continue  # shapes the Python path refuses too
         assert events_to_arrow([RawBSONDocument(data)], json_mode=mode).table.equals(expected)
+
+
+@st.composite
+def mixed_batches(draw: st.DrawFn) -> tuple[list[bytes], list[int]]:
+    """A batch of converted events with events left to Python anywhere in it (first, last,
+    several in a row), and where those are."""
+    data = [bson.encode(event) for event in draw(st.lists(change_events(), min_size=0, max_size=10))]
+    left: list[int] = []
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data)))
+        data.insert(at, draw(st.sampled_from(LEFT_TO_PYTHON))[0])
+        left = [index + (index >= at) for index in left] + [at]
+    return data, sorted(left)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=mixed_batches())
+def test_events_left_to_python_are_put_back_in_their_places(
+    mode: JsonMode, batch: tuple[list[bytes], list[int]]
+) -> None:
+    data, left = batch
+    converted = native.convert([RawBSONDocument(item) for item in data], mode)
+    if len(left) < len(data):
+        assert isinstance(converted, native.Converted)
+        assert [index for index, _ in converted.left] == left
+        assert [len(column) for column in converted.columns] == [len(data) - len(left)] * 11
+    else:
+        assert isinstance(converted, str)
+    try:
+        expected = python_table(data, mode)
+    except (pa.ArrowException, FlowWardenError):
+        return  # shapes the Python path refuses too
+    got = events_to_arrow([RawBSONDocument(item) for item in data], json_mode=mode).table
+    got.validate(full=True)
+    assert_same(got, expected)
 
 
 def test_duplicate_keys_decode_as_the_last_value_in_the_first_place() -> None:
@@ -434,7 +477,8 @@ def test_corrupted_bytes_fall_back_or_match(mode: JsonMode, data: bytes) -> None
     if isinstance(result, str):
         return
     expected = events_to_arrow([decoded], json_mode=mode).table
-    ((count, columns),) = result
+    ((count, columns, left),) = result
+    assert left == ()
     table = pa.Table.from_arrays(
         [native._array(kind, count, column) for kind, column in zip(native._KINDS, columns, strict=True)],
         schema=expected.schema,
@@ -446,7 +490,7 @@ def test_corrupted_bytes_fall_back_or_match(mode: JsonMode, data: bytes) -> None
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=64))
 def test_random_bytes_never_crash(data: bytes) -> None:
-    assert isinstance(convert_any(data, JsonMode.CANONICAL), (str, list))
+    assert isinstance(convert_any(data, JsonMode.CANONICAL), (str, list))  # one event: all or nothing
 
 
 @pytest.mark.parametrize("cut", range(0, 40))
@@ -474,8 +518,8 @@ def test_bytes_a_raw_property_builds_per_call_stay_alive_while_converted() -> No
         def raw(self) -> bytes:
             return bytes(bytearray(data))
 
-    ((count, columns),) = _native.convert([Fresh() for _ in range(50)], False, Fresh, None, None, 1)
-    assert count == 50
+    ((count, columns, left),) = _native.convert([Fresh() for _ in range(50)], False, Fresh, None, None, 1)
+    assert count == 50 and left == ()
     expected = events_to_arrow([RawBSONDocument(data)] * 50).table
     table = pa.Table.from_arrays(
         [native._array(kind, count, column) for kind, column in zip(native._KINDS, columns, strict=True)],
@@ -497,8 +541,8 @@ def test_a_list_emptied_while_its_bytes_are_read_is_converted_as_it_was() -> Non
             return data
 
     events.extend(Shrinking() for _ in range(1000))
-    ((count, _),) = _native.convert(events, False, Shrinking, None, None, 1)
-    assert count == 1000
+    ((count, _, left),) = _native.convert(events, False, Shrinking, None, None, 1)
+    assert count == 1000 and left == ()
 
 
 def test_a_subclass_overriding_raw_is_converted_from_what_raw_returns() -> None:
@@ -576,7 +620,7 @@ def test_change_events_memoryviews_and_subclasses_take_the_native_path(
         [Raw(item) for item in data],
     ):
         assert events_to_arrow(events).table.equals(expected)
-        assert isinstance(calls[-1], list)  # the table came from the compiled converter
+        assert isinstance(calls[-1], native.Converted)  # the table came from the compiled converter
     # A list of ChangeEvents is offered as it is first (declined: not RawBSONDocuments), then
     # unwrapped; the two lists of RawBSONDocuments go as they are.
     assert [result is None for result in calls] == [True, False, False, False]
@@ -608,21 +652,29 @@ def test_without_the_module_the_python_path_converts(monkeypatch: pytest.MonkeyP
 
 
 def test_an_empty_batch() -> None:
-    columns = native.convert([], JsonMode.CANONICAL)
-    assert isinstance(columns, list) and [len(column) for column in columns] == [0] * 11
+    converted = native.convert([], JsonMode.CANONICAL)
+    assert isinstance(converted, native.Converted) and converted.left == ()
+    assert [len(column) for column in converted.columns] == [0] * 11
     assert events_to_arrow([]).table.equals(python_table([], JsonMode.CANONICAL))
 
 
 def test_large_batches_are_converted_in_slices_on_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "THREADS", 3)
     data = sample_events(7000)
-    data[6500] = event_with({"b": Binary(b"abc", 2)})  # the last slice leaves the batch to Python
     for mode in MODES:
         result = native_result(data[:6400], mode)
         assert isinstance(result, pa.Table) and result["_id"].num_chunks == 3
         assert_same(result, python_table(data[:6400], mode))
-        reason = native_result(data, mode)
-        assert isinstance(reason, str) and reason.startswith("event 6500:")
+    # events each slice leaves to Python (binary subtype 2), the first and last of a slice too
+    left = [0, 10, 2332, 3000, 3001, 4666, 6500, 6999]
+    for index in left:
+        data[index] = event_with({"b": Binary(b"abc", 2), "i": index})
+    for mode in MODES:
+        converted = native.convert([RawBSONDocument(item) for item in data], mode)
+        assert isinstance(converted, native.Converted)
+        assert [index for index, _ in converted.left] == left
+        assert all("binary subtype 2" in reason for _, reason in converted.left)
+        assert [len(column) for column in converted.columns] == [7000 - len(left)] * 11
         assert events_to_arrow([RawBSONDocument(item) for item in data], json_mode=mode).table.equals(
             python_table(data, mode)
         )

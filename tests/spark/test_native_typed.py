@@ -3,14 +3,16 @@
 Every schema kind (struct, list, map, the integer widths, float, double, bool, timestamp,
 timestamp_ntz, date, decimal, binary, UUID, ObjectId-as-string, enums and literals, Any as
 Extended JSON, defaults) gets random values that fit and values that do not. The native
-table must equal the Python path's table for every schema mode; a batch with a value that does
-not fit falls back, so the Python path reports it (same ``malformed`` rows, same errors).
+table must equal the Python path's table for every schema mode; an event with a value that
+does not fit is taken back out of the native columns, wherever the value sits, and converted
+by the Python path, which reports it (same ``malformed`` rows, same errors).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
 import uuid
 from decimal import Decimal
 from typing import Any, Literal
@@ -169,7 +171,7 @@ documents = st.fixed_dictionaries(doc_fields, optional=doc_optional)
 @st.composite
 def raw_events(draw: st.DrawFn) -> list[bytes]:
     out = []
-    for i in range(draw(st.integers(1, 5))):
+    for i in range(draw(st.integers(1, 12))):
         event: dict[str, Any] = {"_id": {"_data": f"82{i:08X}"}, "operationType": "insert"}
         kind = draw(st.sampled_from(["doc", "doc", "doc", "none", "other"]))
         if kind == "doc":
@@ -250,17 +252,45 @@ def test_a_fitting_batch_takes_the_native_path(monkeypatch: pytest.MonkeyPatch) 
         expected = python_batch(data, Doc, mode)
         assert got.table.equals(expected.table) and got.malformed == ()
     raw_results = [result for result in results if result is not None]  # None: the decoded batches
-    assert len(raw_results) == len(MODES) and all(isinstance(result, list) for result in raw_results)
+    assert len(raw_results) == len(MODES)
+    assert all(isinstance(result, native.Converted) and result.left == () for result in raw_results)
 
 
-def test_a_misfit_falls_back_and_is_reported_by_the_python_path() -> None:
+def test_an_event_with_a_misfit_is_left_to_the_python_path_which_reports_it() -> None:
     data = [fitting_event(0), bson.encode({"_id": {"_data": "8201"}, "fullDocument": {"_id": 1, "name": 2}})]
     plan = _plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
-    assert "does not fit" in str(
-        native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
-    )
+    converted = native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
+    assert isinstance(converted, native.Converted)
+    ((index, reason),) = converted.left
+    assert index == 1 and "does not fit" in reason
     got = raw_batch(data, Doc, SchemaMode.DROPMALFORMED)
     assert [row.index for row in got.malformed] == [1] and got.table.num_rows == 1
+
+
+def test_a_misfit_deep_in_an_event_takes_back_only_that_event() -> None:
+    """A value that does not fit, found after part of its event was written (two line items
+    into a list of three), leaves the rows around it converted natively, every mode."""
+    data = [fitting_event(i) for i in range(3000)]
+    misfits = [0, 1234, 2999]
+    for i in misfits:
+        document = bson.decode(fitting_event(i))["fullDocument"]
+        document["lines"].append({"sku": "c", "qty": "three"})
+        data[i] = bson.encode(
+            {"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "fullDocument": document}
+        )
+    plan = _plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    converted = native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
+    assert isinstance(converted, native.Converted)
+    assert [index for index, _ in converted.left] == misfits
+    for mode in MODES:
+        if mode is SchemaMode.FAILFAST:
+            with pytest.raises(SchemaMismatchError, match=re.escape("full_document.lines[].qty")):
+                raw_batch(data, Doc, mode)
+            continue
+        got, expected = raw_batch(data, Doc, mode), python_batch(data, Doc, mode)
+        got.table.validate(full=True)
+        assert got.malformed == expected.malformed and [row.index for row in got.malformed] == misfits
+        assert got.table.equals(expected.table)
 
 
 def test_defaults_bson_cannot_carry_exactly_are_left_to_python() -> None:
@@ -284,9 +314,9 @@ def test_defaults_bson_cannot_carry_exactly_are_left_to_python() -> None:
         label: str = "x"
 
     plan = _plan(Plain, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
-    columns = native.convert([RawBSONDocument(data[0])], JsonMode.CANONICAL, plan.native_document)
-    assert isinstance(columns, list)
-    assert columns[7].to_pylist() == [{"plain": 7, "label": "x"}]
+    converted = native.convert([RawBSONDocument(data[0])], JsonMode.CANONICAL, plan.native_document)
+    assert isinstance(converted, native.Converted)
+    assert converted.columns[7].to_pylist() == [{"plain": 7, "label": "x"}]
 
 
 def test_arrow_schema_types_of_every_kind() -> None:

@@ -7,11 +7,13 @@
  * validity + int64 microseconds, removed_fields as a list<string>. Extended JSON text is byte
  * for byte what flowwarden.spark.extjson.dumps writes for the decoded value.
  *
- * Hard rule: this module never guesses. Anything it does not convert exactly (a BSON type or
+ * Hard rule: this module never guesses. An event it does not convert exactly (a BSON type or
  * case it leaves to Python, bytes bson.decode would refuse, a shape events_to_arrow does not
- * expect) makes the whole call return a str saying which event and why, and the caller
- * converts the batch with the Python path. Every read is bounds-checked against the buffer:
- * malformed or truncated input is a fallback, never a crash.
+ * expect, a value that does not fit the schema) is taken back out of every column and listed
+ * with the reason; the caller converts those events with the Python path and puts them back
+ * in their places. When no event is left, the call returns a str naming the first event and
+ * why. Every read is bounds-checked against the buffer: malformed or truncated input is left
+ * to Python, never a crash.
  *
  * The checks mirror pymongo's bson C decoder (_cbsonmodule.c): document sizes and
  * terminators, strict UTF-8 in keys and strings, booleans 0 or 1, binary subtype 2's inner
@@ -238,7 +240,7 @@ static inline uint64_t rd64(const uint8_t *p) {
 }
 
 typedef struct {
-    const char *reason; /* why the batch falls back to Python */
+    const char *reason; /* why the event is left to Python */
     int relaxed;
     const uint8_t *end; /* end of the event being read: eight bytes before it may be loaded */
 } Ctx;
@@ -1400,9 +1402,13 @@ static inline int string_end_row(Ctx *ctx, StringColumn *c) {
 }
 
 static inline int string_null(Ctx *ctx, StringColumn *c) {
-    c->validity[c->count / 8] &= (uint8_t)~(1u << (c->count % 8));
+    int rc = string_end_row(ctx, c);
+    if (rc < 0) {
+        return rc;
+    }
+    c->validity[(c->count - 1) / 8] &= (uint8_t)~(1u << ((c->count - 1) % 8));
     c->nulls++;
-    return string_end_row(ctx, c);
+    return OK;
 }
 
 static int timestamp_column_init(TimestampColumn *c, Py_ssize_t rows) {
@@ -1463,9 +1469,9 @@ static PyObject *timestamp_column_result(TimestampColumn *c) {
 /* Typed documents: a schema plan (compiled in flowwarden.spark.native from the ValueSpec tree)
  * drives one column builder per struct field, list element and map value.
  *
- * Only values that fit are converted here: the first value that does not fit (or that the
- * Python path converts by rules not repeated here) makes the batch fall back, and the Python
- * path finds and reports every misfit with its own messages. */
+ * Only values that fit are converted here: an event with a value that does not fit (or that
+ * the Python path converts by rules not repeated here) is left to Python, which finds and
+ * reports every misfit with its own messages. */
 
 enum {
     K_STRING = 1,
@@ -2675,6 +2681,128 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Taking a row back */
+
+/* An event the converter leaves to Python (a value that does not fit the schema, or one the
+ * Python path converts by rules not repeated here) is taken back out of every column, which
+ * may hold any part of it. Each column's state before the row follows from the number of rows
+ * before it alone: offsets say where each row's data and children end. So converting records
+ * nothing for rows that never need it. */
+
+/* Sets the rows [from, to) of a preset bitmap (all valid at first) valid again; returns how
+ * many were null. */
+static Py_ssize_t bitmap_reset(uint8_t *bits, Py_ssize_t from, Py_ssize_t to) {
+    Py_ssize_t nulls = 0;
+    for (Py_ssize_t i = from; i < to; i++) {
+        if (!(bits[i / 8] & (1u << (i % 8)))) {
+            nulls++;
+            bits[i / 8] |= (uint8_t)(1u << (i % 8));
+        }
+    }
+    return nulls;
+}
+
+/* Cuts an appended bitmap back to `rows` bits; returns how many of the bits cut were 0. A
+ * node that never writes one (a map's keys) has none to cut. */
+static Py_ssize_t bits_cut(Buf *b, Py_ssize_t rows, Py_ssize_t count) {
+    const uint8_t *bits = (const uint8_t *)b->data;
+    Py_ssize_t zeros = 0;
+    if (bits == NULL) {
+        return 0;
+    }
+    for (Py_ssize_t i = rows; i < count; i++) {
+        zeros += !(bits[i / 8] & (1u << (i % 8)));
+    }
+    b->len = (rows + 7) / 8;
+    if (rows % 8) {
+        b->data[rows / 8] &= (char)((1u << (rows % 8)) - 1);
+    }
+    return zeros;
+}
+
+static inline Py_ssize_t offset_at(const Buf *offsets, Py_ssize_t row) { return ((const int32_t *)offsets->data)[row]; }
+
+static void node_rewind(Node *n, Py_ssize_t rows) {
+    if (n->count > rows) {
+        n->nulls -= bits_cut(&n->validity, rows, n->count);
+        n->count = rows;
+    } else {
+        bits_cut(&n->validity, rows, rows); /* a validity byte the row may have started */
+    }
+    switch (n->kind) {
+    case K_STRING:
+    case K_UUID:
+    case K_JSON:
+    case K_BINARY:
+        n->offsets.len = (rows + 1) * 4;
+        n->data.len = offset_at(&n->offsets, rows);
+        return;
+    case K_LIST:
+    case K_MAP:
+        n->offsets.len = (rows + 1) * 4;
+        node_rewind(n->child, offset_at(&n->offsets, rows));
+        if (n->keys != NULL) {
+            node_rewind(n->keys, offset_at(&n->offsets, rows));
+        }
+        return;
+    case K_STRUCT: {
+        /* While every row is null the children are not written (leading_nulls); once a row is
+         * not, every row is. */
+        Py_ssize_t children = n->nulls == rows ? 0 : rows;
+        n->leading_nulls = rows - children;
+        for (Py_ssize_t i = 0; i < n->nfields; i++) {
+            node_rewind(n->fields[i].node, children);
+        }
+        return;
+    }
+    case K_BOOL:
+        bits_cut(&n->values, rows, rows);
+        return;
+    default:
+        n->values.len = rows * fixed_width(n->kind);
+    }
+}
+
+static void string_rewind(StringColumn *c, Py_ssize_t rows) {
+    if (c->count < rows) {
+        return; /* a column this table does not write */
+    }
+    c->nulls -= bitmap_reset(c->validity, rows, c->count);
+    c->count = rows;
+    c->data.len = c->offsets[rows];
+}
+
+static void timestamp_rewind(TimestampColumn *c, Py_ssize_t rows) {
+    c->nulls -= bitmap_reset(c->validity, rows, c->count);
+    c->count = rows;
+}
+
+static void removed_rewind(StringListColumn *c, Py_ssize_t rows) {
+    StringColumn *lists = &c->lists;
+    lists->nulls -= bitmap_reset(lists->validity, rows, lists->count);
+    lists->count = rows;
+    c->elements = lists->offsets[rows];
+    c->element_offsets.len = (c->elements + 1) * 4;
+    c->element_data.len = offset_at(&c->element_offsets, c->elements);
+}
+
+/* Every column back to its first `rows` rows. */
+static void table_rewind(Table *t, Py_ssize_t rows) {
+    StringColumn *strings[] = {&t->id,           &t->operation, &t->database, &t->collection,
+                               &t->document_key, &t->full,      &t->before,   &t->updated};
+    for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
+        string_rewind(strings[i], rows);
+    }
+    timestamp_rewind(&t->cluster_time, rows);
+    timestamp_rewind(&t->wall_time, rows);
+    removed_rewind(&t->removed, rows);
+    if (t->typed_full != NULL) {
+        node_rewind(t->typed_full, rows);
+        node_rewind(t->typed_before, rows);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Module */
 
 static void table_free(Table *t) {
@@ -2780,6 +2908,12 @@ static void source_release(Source *src) {
     }
 }
 
+/* An event left to Python: its index in the batch, and why (a static string). */
+typedef struct {
+    Py_ssize_t index;
+    const char *reason;
+} Deferred;
+
 /* One slice of the batch, converted by one thread into its own columns. */
 typedef struct {
     Table table;
@@ -2787,47 +2921,71 @@ typedef struct {
     Writer w;
     const Source *sources;
     Py_ssize_t start, end;
-    int rc;
-    Py_ssize_t failed_at;
-    int *stop; /* set by the first slice that fails: the others need not go on */
+    Py_ssize_t rows; /* events converted here: the others are in `deferred` */
+    Deferred *deferred;
+    Py_ssize_t ndeferred;
+    int rc; /* OK, or PYERR: out of memory */
+    int *stop; /* set by a slice out of memory: the others need not go on */
     PyThread_type_lock done;
 } Slice;
 
 static void convert_slice(void *arg) {
     Slice *c = arg;
     c->rc = OK;
+    c->rows = 0;
     for (Py_ssize_t i = c->start; i < c->end; i++) {
         if (__atomic_load_n(c->stop, __ATOMIC_RELAXED)) {
-            c->rc = FALLBACK;
-            c->ctx.reason = NULL; /* stopped: another slice has the reason */
-            c->failed_at = i;
+            c->rc = PYERR;
             break;
         }
         c->w.keys.len = 0;
         const Source *src = &c->sources[i];
         c->ctx.end = src->data + src->len;
         int rc = convert_event(&c->w, &c->table, src->data, src->len);
-        if (rc != OK) {
-            c->rc = rc;
-            c->failed_at = i;
-            __atomic_store_n(c->stop, 1, __ATOMIC_RELAXED);
-            break;
+        if (rc == OK) {
+            c->rows++;
+            continue;
         }
+        if (rc == FALLBACK) {
+            table_rewind(&c->table, c->rows);
+            /* `deferred` holds a place for every event of the slice */
+            c->deferred[c->ndeferred].index = i;
+            c->deferred[c->ndeferred].reason = c->ctx.reason;
+            c->ndeferred++;
+            c->ctx.reason = NULL;
+            continue;
+        }
+        c->rc = rc;
+        __atomic_store_n(c->stop, 1, __ATOMIC_RELAXED);
+        break;
     }
     if (c->done != NULL) {
         PyThread_release_lock(c->done);
     }
 }
 
+/* (rows, columns, ((index, reason), ...)) */
 static PyObject *slice_result(Slice *c) {
     Table *t = &c->table;
+    PyObject *deferred = PyTuple_New(c->ndeferred);
+    if (deferred == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < c->ndeferred; k++) {
+        PyObject *one = Py_BuildValue("(ns)", c->deferred[k].index, c->deferred[k].reason);
+        if (one == NULL) {
+            Py_DECREF(deferred);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(deferred, k, one);
+    }
     PyObject *full = t->typed_full ? node_result(t->typed_full) : string_column_result(&t->full);
     PyObject *before = t->typed_full ? node_result(t->typed_before) : string_column_result(&t->before);
-    return Py_BuildValue("(n(NNNNNNNNNNN))", c->end - c->start, string_column_result(&t->id),
+    return Py_BuildValue("(n(NNNNNNNNNNN)N)", c->rows, string_column_result(&t->id),
                          string_column_result(&t->operation), timestamp_column_result(&t->cluster_time),
                          timestamp_column_result(&t->wall_time), string_column_result(&t->database),
                          string_column_result(&t->collection), string_column_result(&t->document_key), full, before,
-                         string_column_result(&t->updated), removed_result(&t->removed));
+                         string_column_result(&t->updated), removed_result(&t->removed), deferred);
 }
 
 #define MAX_THREADS 16
@@ -2836,9 +2994,10 @@ static PyObject *slice_result(Slice *c) {
 PyDoc_STRVAR(convert_doc,
              "convert(events, relaxed, raw_type, raw_slot, plan, threads) -> list | str | None\n\n"
              "The Arrow buffers of the change-event columns of a list of RawBSONDocument events, as a\n"
-             "list of (rows, columns) slices in event order, converted by up to `threads` threads\n"
-             "without the GIL; a str naming an event and the reason when the batch must be converted\n"
-             "in Python instead; None when not every event is a raw_type instance (nothing converted).\n"
+             "list of (rows, columns, left) slices in event order, converted by up to `threads` threads\n"
+             "without the GIL; `left` holds the (index, reason) of each event of the slice left to\n"
+             "Python, which are not in its columns. A str naming the first event and the reason when\n"
+             "every event is left to Python; None when not every event is a raw_type instance.\n"
              "raw_slot is the member descriptor of the document's bytes slot, or None to read the\n"
              "`raw` property. plan types full_document (see flowwarden.spark.native), None: Extended JSON.");
 
@@ -2926,6 +3085,11 @@ static PyObject *convert(PyObject *module, PyObject *args) {
         if (table_init(&c->table, c->end - c->start) < 0) {
             goto done;
         }
+        c->deferred = PyMem_Malloc(sizeof(Deferred) * (size_t)(c->end - c->start + 1));
+        if (c->deferred == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
         if (plan != Py_None) {
             c->table.typed_full = node_parse(plan, NULL);
             c->table.typed_before = c->table.typed_full ? node_parse(plan, NULL) : NULL;
@@ -2978,11 +3142,15 @@ static PyObject *convert(PyObject *module, PyObject *args) {
             goto done;
         }
     }
+    /* Nothing converted here (a batch of one event the Python path converts, say): the first
+     * event's reason, and the whole batch goes to Python. */
+    Py_ssize_t converted = 0;
     for (Py_ssize_t k = 0; k < slices; k++) {
-        if (slice[k].rc == FALLBACK && slice[k].ctx.reason != NULL) {
-            result = PyUnicode_FromFormat("event %zd: %s", slice[k].failed_at, slice[k].ctx.reason);
-            goto done;
-        }
+        converted += slice[k].rows;
+    }
+    if (converted == 0 && rows > 0) {
+        result = PyUnicode_FromFormat("event %zd: %s", slice[0].deferred[0].index, slice[0].deferred[0].reason);
+        goto done;
     }
     result = PyList_New(slices);
     if (result == NULL) {
@@ -3001,6 +3169,7 @@ done:
         for (Py_ssize_t k = 0; k < s_done; k++) {
             table_free(&slice[k].table);
             free(slice[k].w.keys.keys);
+            PyMem_Free(slice[k].deferred);
         }
         PyMem_Free(slice);
     }

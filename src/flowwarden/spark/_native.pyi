@@ -10,9 +10,10 @@ def convert(
     plan: tuple[Any, ...] | None,
     threads: int,
     /,
-) -> list[tuple[int, tuple[Any, ...]]] | str | None:
-    """The Arrow buffers of the change-event columns, one (rows, columns) per slice, why the
-    batch falls back, or None when not every event is a raw_type instance."""
+) -> list[tuple[int, tuple[Any, ...], tuple[tuple[int, str], ...]]] | str | None:
+    """The Arrow buffers of the change-event columns, one (rows, columns, left) per slice with
+    the (index, reason) of each event left to Python; why, when every event is; or None when
+    not every event is a raw_type instance."""
 
 def pool() -> tuple[int, int]:
     """How many output blocks the pool keeps for reuse, and their size in bytes."""

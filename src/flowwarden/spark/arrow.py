@@ -713,33 +713,58 @@ def _raw(events: Sequence[Mapping[str, Any] | ChangeEvent]) -> list[Mapping[str,
     return [event.raw if isinstance(event, ChangeEvent) else event for event in events]
 
 
-def _native_table(events: Sequence[Mapping[str, Any] | ChangeEvent], plan: _Plan, json_mode: JsonMode) -> Any:
+def _native_table(
+    events: Sequence[Mapping[str, Any] | ChangeEvent], plan: _Plan, json_mode: JsonMode
+) -> tuple[Any, tuple[int, ...]] | None:
     """The table of a batch of RawBSONDocuments (or ChangeEvents over them) from the compiled
-    converter, or None when it is not built, not every event is raw, or it leaves this batch to
-    Python (every batch with a document that does not fit the schema: the Python path reports
-    those)."""
+    converter, without the events it leaves to Python (every event with a document that does
+    not fit the schema: the Python path reports those), and their positions; None when it is
+    not built, not every event is raw, or it leaves every event to Python."""
     if not native.AVAILABLE or (plan.full_document is not None and plan.native_document is None):
         return None
     # A list of RawBSONDocuments, what a raw-reading stream delivers, goes as it is; ChangeEvents
     # are unwrapped first, which costs a pass in Python.
-    columns = native.convert(events, json_mode, plan.native_document) if type(events) is list else None
-    if columns is None:
+    converted = native.convert(events, json_mode, plan.native_document) if type(events) is list else None
+    if converted is None:
         if type(events) is list and not any(isinstance(event, ChangeEvent) for event in events):
             return None  # not every event is raw: nothing to convert here
-        columns = native.convert(_raw(events), json_mode, plan.native_document)
-    if isinstance(columns, str):
-        log.debug("%d raw events converted in Python: %s", len(events), columns)
+        converted = native.convert(_raw(events), json_mode, plan.native_document)
+    if isinstance(converted, str):
+        log.debug("%d raw events converted in Python: %s", len(events), converted)
         return None
-    if columns is None:
+    if converted is None:
         return None
+    columns, left = converted
+    if left:
+        index, reason = left[0]
+        log.debug(
+            "%d of %d raw events converted in Python; event %d: %s", len(left), len(events), index, reason
+        )
     if plan.corrupt_record:
-        columns.append(pa.nulls(len(events), type=pa.string()))
-    return pa.Table.from_arrays(columns, schema=plan.schema)
+        columns.append(pa.nulls(len(events) - len(left), type=pa.string()))
+    return pa.Table.from_arrays(columns, schema=plan.schema), tuple(index for index, _ in left)
 
 
-def _decoded(raws: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _put_back(table: Any, rest: Any, positions: tuple[int, ...]) -> Any:
+    """The rows of ``table`` with the rows of ``rest`` put back at ``positions`` (ascending):
+    one table in event order."""
+    converted = table.num_rows
+    order: list[int] = []
+    start = 0
+    for k, position in enumerate(positions):
+        order.extend(range(start, position - k))  # the converted rows before this one
+        order.append(converted + k)
+        start = position - k
+    order.extend(range(start, converted))
+    return pa.concat_tables([table, rest]).take(pa.array(order, type=pa.int64()))
+
+
+def _decoded(
+    raws: list[Mapping[str, Any]], positions: Sequence[int] | None = None
+) -> list[Mapping[str, Any]]:
     """Every RawBSONDocument decoded with :data:`~flowwarden.spark.native.DECODE_OPTIONS`
-    (whatever codec options it carries): the Python path's input, also for mixed batches."""
+    (whatever codec options it carries): the Python path's input, also for mixed batches.
+    ``positions``: where each of ``raws`` is in the batch (default: ``raws`` is the batch)."""
     out: list[Mapping[str, Any]] = []
     for index, raw in enumerate(raws):
         if not isinstance(raw, RawBSONDocument):
@@ -748,7 +773,7 @@ def _decoded(raws: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         try:
             decoded: dict[str, Any] = bson.decode(raw.raw, codec_options=native.DECODE_OPTIONS)
         except InvalidBSON as error:
-            raise UndecodableEventError(index, str(error)) from error
+            raise UndecodableEventError(positions[index] if positions else index, str(error)) from error
         out.append(decoded)
     return out
 
@@ -813,11 +838,36 @@ def events_to_arrow(
     mode = SchemaMode(mode)
     json_mode = JsonMode(json_mode)
     plan = _plan(schema, mode, json_mode)
+    converted = _native_table(events, plan, json_mode)
+    if converted is None:
+        table, malformed = _python_table(_decoded(_raw(events)), plan, json_mode)
+    else:
+        table, positions = converted
+        malformed = ()
+        if positions:
+            raws = _raw(events)
+            rest, rest_malformed = _python_table(
+                _decoded([raws[i] for i in positions], positions), plan, json_mode
+            )
+            table = _put_back(table, rest, positions)
+            malformed = tuple(dataclasses.replace(row, index=positions[row.index]) for row in rest_malformed)
+    if malformed and mode is SchemaMode.FAILFAST:
+        first = malformed[0]
+        raise SchemaMismatchError(field=first.field, token=first.token, index=first.index, reason=first.error)
+    if malformed and mode is SchemaMode.DROPMALFORMED:
+        dropped = {row.index for row in malformed}
+        keep = [i for i in range(table.num_rows) if i not in dropped]
+        table = table.take(pa.array(keep, type=pa.int64()))
+    return ArrowBatch(table, malformed)
+
+
+def _python_table(
+    raws: list[Mapping[str, Any]], plan: _Plan, json_mode: JsonMode
+) -> tuple[Any, tuple[MalformedRow, ...]]:
+    """The table of decoded events, with every row (the malformed ones with nulls where values
+    did not fit and, when the plan has one, their Extended JSON in ``_corrupt_record``), and
+    the malformed rows in event order."""
     json = encoder_for(json_mode)
-    table = _native_table(events, plan, json_mode)
-    if table is not None:
-        return ArrowBatch(table, ())
-    raws = _decoded(_raw(events))
     count = len(raws)
 
     ids = _token_data(raws)
@@ -860,17 +910,10 @@ def events_to_arrow(
         MalformedRow(index, raws[index]["_id"], path, reason)
         for index, (path, reason) in sorted(problems.first.items())
     )
-    if malformed and mode is SchemaMode.FAILFAST:
-        first = malformed[0]
-        raise SchemaMismatchError(field=first.field, token=first.token, index=first.index, reason=first.error)
-    if has_corrupt_record(schema, mode):
+    if plan.corrupt_record:
         corrupt: list[str | None] = [None] * count
         for row in malformed:
             document = full[row.index] if row.index in full_misfits else before[row.index]
             corrupt[row.index] = json(document)
         arrays.append(pa.array(corrupt, type=pa.string()))
-    table = pa.Table.from_arrays(arrays, schema=plan.schema)
-    if malformed and mode is SchemaMode.DROPMALFORMED:
-        dropped = {row.index for row in malformed}
-        table = table.take(pa.array([i for i in range(count) if i not in dropped], type=pa.int64()))
-    return ArrowBatch(table, malformed)
+    return pa.Table.from_arrays(arrays, schema=plan.schema), malformed

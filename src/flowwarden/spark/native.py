@@ -7,10 +7,11 @@ this module wraps them as Arrow arrays without copying, and says whether the mod
 
 Hard rule: a table from here equals, column for column and byte for byte, what the Python path
 of :func:`~flowwarden.spark.arrow.events_to_arrow` builds from the same events decoded with
-:data:`DECODE_OPTIONS`. Whatever the C code does not convert exactly (a rare BSON type, bytes
-``bson.decode`` would refuse, a document with a repeated key) makes :func:`convert` return the
-reason instead of a table, and the caller converts the batch in Python. The differential tests
-in tests/spark/test_native*.py hold the two paths to the same output.
+:data:`DECODE_OPTIONS`. An event the C code does not convert exactly (a rare BSON type, bytes
+``bson.decode`` would refuse, a document with a repeated key, a value that does not fit the
+schema) is left out of the columns and listed in :attr:`Converted.left` with the reason; the
+caller converts those events in Python and puts them back in their places. The differential
+tests in tests/spark/test_native*.py hold the two paths to the same output.
 
 This module imports pyarrow, never pyspark.
 """
@@ -18,7 +19,7 @@ This module imports pyarrow, never pyspark.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
@@ -40,6 +41,7 @@ __all__ = [
     "AVAILABLE",
     "DECODE_OPTIONS",
     "THREADS",
+    "Converted",
     "Document",
     "compile_document",
     "convert",
@@ -197,13 +199,23 @@ def _typed_array(kind: Any, column: tuple[Any, ...]) -> Any:
     return pa.Array.from_buffers(kind, count, head, nulls)
 
 
+class Converted(NamedTuple):
+    """What :func:`convert` made of a batch."""
+
+    columns: list[Any]
+    """The eleven change-event columns of every event not in ``left``, in event order."""
+    left: tuple[tuple[int, str], ...]
+    """(index in the batch, reason) of each event left to Python, in event order."""
+
+
 def convert(
     events: list[Any], json_mode: JsonMode, document: Document | None = None
-) -> list[Any] | str | None:
-    """The eleven change-event columns of ``events``, when every event is a
-    ``RawBSONDocument``: None when one is not (nothing converted), a str naming the event the
-    compiled converter leaves to Python and why (any value that does not fit ``document``
-    is one: the Python path reports misfits). ``document`` types both full-document columns
+) -> Converted | str | None:
+    """The change-event columns of ``events``, when every event is a ``RawBSONDocument``: None
+    when one is not (nothing converted). An event the compiled converter leaves to Python (any
+    event with a value that does not fit ``document`` is one: the Python path reports misfits)
+    is not in the columns but in :attr:`Converted.left`; when every event is, the result is a
+    str naming the first and why. ``document`` types both full-document columns
     (:func:`compile_document`); None writes them as Extended JSON. Large batches are converted
     in :data:`THREADS` slices at once (the GIL is released), and their columns are chunked
     arrays with one chunk per slice. Never call it when :data:`AVAILABLE` is false."""
@@ -214,10 +226,12 @@ def convert(
     )
     if result is None or isinstance(result, str):
         return result
-    slices = [_slice_arrays(count, columns, document) for count, columns in result]
+    left = tuple(event for _, _, slice_left in result for event in slice_left)
+    slices = [_slice_arrays(count, columns, document) for count, columns, _ in result]
     if len(slices) == 1:
-        return slices[0]
-    return [pa.chunked_array(chunks, type=chunks[0].type) for chunks in zip(*slices, strict=True)]
+        return Converted(slices[0], left)
+    chunked = [pa.chunked_array(chunks, type=chunks[0].type) for chunks in zip(*slices, strict=True)]
+    return Converted(chunked, left)
 
 
 def pooled_memory() -> tuple[int, int]:
