@@ -302,6 +302,43 @@ def variant(
 def conversion(spark: Any, events: list[dict[str, Any]], rounds: tuple[int, int, int], pause: float) -> None:
     variant(spark, events, rounds, pause, "Extended JSON full_document (default)", None)
     variant(spark, events, rounds, pause, "full_document typed by a pydantic model", Order)
+    misfits(events, rounds[1], rounds[2])
+
+
+def misfits(events: list[dict[str, Any]], repeat: int, warmup: int, every: int = 1000) -> None:
+    """events_to_arrow of the typed batch when one document in ``every`` does not fit the
+    schema (``qty`` holds a string): the compiled converter leaves those events to Python and
+    converts the rest; the whole batch in Python is the reference (from decoded dicts, decoding
+    not counted)."""
+    dirty = []
+    for i, event in enumerate(events):
+        if i % every == every // 2 and "fullDocument" in event:
+            event = {**event, "fullDocument": {**event["fullDocument"], "qty": "three"}}
+        dirty.append(event)
+    clean_raw = [RawBSONDocument(bson.encode(event)) for event in events]
+    dirty_raw = [RawBSONDocument(bson.encode(event)) for event in dirty]
+    malformed = len(events_to_arrow(dirty_raw, schema=Order).malformed)
+
+    def clean() -> None:
+        events_to_arrow(clean_raw, schema=Order)
+
+    def with_misfits() -> None:
+        events_to_arrow(dirty_raw, schema=Order)
+
+    def in_python() -> None:
+        events_to_arrow(dirty, schema=Order)
+
+    t_clean, t_dirty, t_python = map(
+        min, timed_rounds(repeat, warmup, gc.collect, clean, with_misfits, in_python)
+    )
+    count = len(events)
+    print(
+        f"\nfull_document typed, {malformed:,} of {count:,} documents do not fit the schema "
+        f"(PERMISSIVE), events_to_arrow only, best of {repeat} rounds"
+    )
+    print(line("raw events, every document fits", count, t_clean))
+    print(line(f"raw events, 1 in {every:,} does not fit", count, t_dirty))
+    print(line("decoded events, the whole batch in Python", count, t_python))
 
 
 def streaming(spark: Any, count: int) -> None:

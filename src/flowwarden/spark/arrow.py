@@ -747,16 +747,22 @@ def _native_table(
 
 def _put_back(table: Any, rest: Any, positions: tuple[int, ...]) -> Any:
     """The rows of ``table`` with the rows of ``rest`` put back at ``positions`` (ascending):
-    one table in event order."""
-    converted = table.num_rows
-    order: list[int] = []
+    one table in event order, each column copied once (a gather by row index costs several
+    times as much)."""
+    pieces = []
     start = 0
     for k, position in enumerate(positions):
-        order.extend(range(start, position - k))  # the converted rows before this one
-        order.append(converted + k)
-        start = position - k
-    order.extend(range(start, converted))
-    return pa.concat_tables([table, rest]).take(pa.array(order, type=pa.int64()))
+        end = position - k  # the converted rows before this one
+        if end > start:
+            pieces.append(table.slice(start, end - start))
+        pieces.append(rest.slice(k, 1))
+        start = end
+    if start < table.num_rows:
+        pieces.append(table.slice(start))
+    merged = pa.concat_tables(pieces)
+    return pa.Table.from_arrays(
+        [pa.concat_arrays(column.chunks) for column in merged.columns], schema=table.schema
+    )
 
 
 def _decoded(
