@@ -21,7 +21,7 @@ from flowwarden.config import OnHistoryLost, SchemaMode
 from flowwarden.errors import ConfigurationError, HistoryLostError
 from flowwarden.events import compare_tokens
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
-from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions
+from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions, _counting_needs_documents
 from flowwarden.testing import EmbeddedReplicaSet
 
 pytestmark = pytest.mark.spark
@@ -163,6 +163,47 @@ def test_offsets_are_tokens_and_a_range_replays_exactly(
             12,
             13,
             14,
+        ]
+    finally:
+        reader.stop()
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "needed"),
+    [
+        ((), False),
+        (({"$match": {"operationType": "update"}},), False),
+        (({"$match": {"fullDocument.qty": {"$gte": 5}}},), True),
+        (({"$addFields": {"before": "$fullDocumentBeforeChange.qty"}},), True),
+        (({"$match": {"operationType": "insert"}}, {"$changeStreamSplitLargeEvent": {}}), True),
+    ],
+)
+def test_planning_asks_for_documents_only_when_the_pipeline_reads_them(
+    pipeline: tuple[dict[str, Any], ...], needed: bool
+) -> None:
+    assert _counting_needs_documents(pipeline) is needed
+
+
+def test_a_filter_on_the_looked_up_document_plans_the_events_it_reads(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    """An update matches a $match on fullDocument only through its looked-up document: the
+    planning stream must look it up too, or the range would end before the event."""
+    collection = client[db_name]["orders"]
+    reader = reader_for(
+        mongodb_uri,
+        db_name,
+        full_document="updateLookup",
+        pipeline=json.dumps([{"$match": {"fullDocument.qty": {"$gte": 5}}}]),
+    )
+    try:
+        initial = reader.initialOffset()
+        collection.insert_one({"_id": 1, "n": 1, "qty": 1})
+        collection.update_one({"_id": 1}, {"$set": {"qty": 7}})
+        end = reader.latestOffset(initial, ReadMaxRows(1))
+        rows = read_rows(reader, initial, end)
+        assert [(r["operation_type"], json_util.loads(r["full_document"])["qty"]) for r in rows] == [
+            ("update", 7)
         ]
     finally:
         reader.stop()

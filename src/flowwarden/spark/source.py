@@ -594,8 +594,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """A change stream with the source's options from ``resume``.
 
         ``counting`` streams only find where a micro-batch ends: they see the same events
-        (same pipeline, same full-document options, so the same filters) but bring back only
-        ``_id``. ``raw`` streams deliver ``RawBSONDocument`` events.
+        (same pipeline, so the same filters) but bring back only ``_id``, and they look up no
+        document the pipeline does not read (see :func:`_counting_needs_documents`). ``raw``
+        streams deliver ``RawBSONDocument`` events.
         """
         client: Any = self._raw_client_for() if raw else self._client_for()
         options = self.options
@@ -605,12 +606,13 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if options.collection is not None:
                 target = target[options.collection]
         pipeline = [dict(stage) for stage in options.pipeline]
+        documents = not counting or _counting_needs_documents(options.pipeline)
         if counting and not (pipeline and "$changeStreamSplitLargeEvent" in pipeline[-1]):
             pipeline.append({"$project": {"_id": 1}})
         kwargs: dict[str, Any] = {"max_await_time_ms": options.max_await_time_ms, **resume}
-        if options.full_document != "default":
+        if options.full_document != "default" and documents:
             kwargs["full_document"] = options.full_document
-        if options.full_document_before_change != "off":
+        if options.full_document_before_change != "off" and documents:
             kwargs["full_document_before_change"] = options.full_document_before_change
         return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
 
@@ -626,6 +628,18 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return None
         ts: Timestamp = doc["ts"]
         return ts
+
+
+def _counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
+    """Whether a stream that only finds where a micro-batch ends must still ask for the
+    post-image (``fullDocument``, an ``updateLookup`` query per update) and pre-image: only
+    when a stage reads them (a ``$match`` on a field of the document, say) or the pipeline
+    splits large events, whose fragments depend on the documents' sizes. Otherwise they never
+    change which events the stream returns: ``required`` images missing make the read that
+    replays the range fail, as they would make the planning fail."""
+    if pipeline and "$changeStreamSplitLargeEvent" in pipeline[-1]:
+        return True
+    return "fullDocument" in json_util.dumps(list(pipeline))
 
 
 def _non_nullable(data_type: Any, path: str) -> list[str]:
