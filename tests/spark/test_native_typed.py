@@ -267,11 +267,13 @@ def test_an_event_with_a_misfit_is_left_to_the_python_path_which_reports_it() ->
     assert [row.index for row in got.malformed] == [1] and got.table.num_rows == 1
 
 
-def test_a_misfit_deep_in_an_event_takes_back_only_that_event() -> None:
+def test_a_misfit_deep_in_an_event_takes_back_only_that_event(monkeypatch: pytest.MonkeyPatch) -> None:
     """A value that does not fit, found after part of its event was written (two line items
-    into a list of three), leaves the rows around it converted natively, every mode."""
-    data = [fitting_event(i) for i in range(3000)]
-    misfits = [0, 1234, 2999]
+    into a list of three), leaves the rows around it converted natively, every mode; also at
+    the edges of the slices threads convert (6200 events in 3 slices: 0, 2066, 4133)."""
+    monkeypatch.setattr(native, "THREADS", 3)
+    data = [fitting_event(i) for i in range(6200)]
+    misfits = [0, 1234, 2065, 2066, 4133, 6199]
     for i in misfits:
         document = bson.decode(fitting_event(i))["fullDocument"]
         document["lines"].append({"sku": "c", "qty": "three"})
@@ -282,6 +284,7 @@ def test_a_misfit_deep_in_an_event_takes_back_only_that_event() -> None:
     converted = native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
     assert isinstance(converted, native.Converted)
     assert [index for index, _ in converted.left] == misfits
+    assert converted.columns[7].num_chunks == 3 and len(converted.columns[7]) == 6200 - len(misfits)
     for mode in MODES:
         if mode is SchemaMode.FAILFAST:
             with pytest.raises(SchemaMismatchError, match=re.escape("full_document.lines[].qty")):
