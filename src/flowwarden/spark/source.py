@@ -607,7 +607,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 target = target[options.collection]
         pipeline = [dict(stage) for stage in options.pipeline]
         documents = not counting or _counting_needs_documents(options.pipeline)
-        if counting and not (pipeline and "$changeStreamSplitLargeEvent" in pipeline[-1]):
+        if counting and not _splits_large_events(options.pipeline):
             pipeline.append({"$project": {"_id": 1}})
         kwargs: dict[str, Any] = {"max_await_time_ms": options.max_await_time_ms, **resume}
         if options.full_document != "default" and documents:
@@ -637,9 +637,13 @@ def _counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
     splits large events, whose fragments depend on the documents' sizes. Otherwise they never
     change which events the stream returns: ``required`` images missing make the read that
     replays the range fail, as they would make the planning fail."""
-    if pipeline and "$changeStreamSplitLargeEvent" in pipeline[-1]:
-        return True
-    return "fullDocument" in json_util.dumps(list(pipeline))
+    return _splits_large_events(pipeline) or "fullDocument" in json_util.dumps(list(pipeline))
+
+
+def _splits_large_events(pipeline: tuple[dict[str, Any], ...]) -> bool:
+    """Whether the pipeline ends with ``$changeStreamSplitLargeEvent`` (its fragments must keep
+    every field: a planning stream cannot project them to ``_id``)."""
+    return bool(pipeline) and "$changeStreamSplitLargeEvent" in pipeline[-1]
 
 
 def _non_nullable(data_type: Any, path: str) -> list[str]:
