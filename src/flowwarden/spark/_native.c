@@ -11,7 +11,7 @@
  * case it leaves to Python, bytes bson.decode would refuse, a shape events_to_arrow does not
  * expect, a value that does not fit the schema) is taken back out of every column and listed
  * with the reason; the caller converts those events with the Python path and puts them back
- * in their places. When no event is left, the call returns a str naming the first event and
+ * in their places. When every event is left, the call returns a str naming the first one and
  * why. Every read is bounds-checked against the buffer: malformed or truncated input is left
  * to Python, never a crash.
  *
