@@ -851,9 +851,8 @@ def events_to_arrow(
         table, positions = converted
         malformed = ()
         if positions:
-            raws = _raw(events)
             rest, rest_malformed = _python_table(
-                _decoded([raws[i] for i in positions], positions), plan, json_mode
+                _decoded(_raw([events[i] for i in positions]), positions), plan, json_mode
             )
             table = _put_back(table, rest, positions)
             malformed = tuple(dataclasses.replace(row, index=positions[row.index]) for row in rest_malformed)
