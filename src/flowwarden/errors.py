@@ -68,6 +68,14 @@ class CheckpointError(FlowWardenError):
         super().__init__(message)
 
 
+class UnreadableCheckpointError(CheckpointError):
+    """A stored checkpoint cannot be read: a damaged document or file, or one another program wrote.
+
+    A retry cannot fix it, so the stream fails at once; flowwarden never guesses a position and
+    never overwrites the damaged record, so an operator can inspect it, then fix, rewind or delete it.
+    """
+
+
 class FencedError(CheckpointError):
     """A checkpoint write carried an epoch lower than the stored one.
 
@@ -110,6 +118,41 @@ class StreamError(FlowWardenError):
     def __init__(self, message: str, *, stream: str | None = None) -> None:
         self.stream = stream
         super().__init__(message)
+
+
+class ResumePositionError(StreamError):
+    """A stored position cannot be resumed from: the server refused it, or it lies ahead of the
+    server's cluster time (a token from another deployment, or written by hand).
+
+    The stream fails at once and the checkpoint is left as it is; the message names the position
+    and the ``flowwarden checkpoints rewind`` command that sets a good one.
+    """
+
+    def __init__(self, stream: str, *, token: Any, reason: str) -> None:
+        self.token = token
+        self.reason = reason
+        super().__init__(
+            f"stream {stream!r} cannot resume from its stored position {token!r}: {reason}. "
+            f"The checkpoint was left untouched. Set a position with `flowwarden checkpoints rewind "
+            f"{stream} --to-token ...|--to-time ...|--to-start`, or delete the checkpoint to start from "
+            "the stream's start_position.",
+            stream=stream,
+        )
+
+
+class RestartsExhaustedError(StreamError):
+    """A stream kept failing with an error that is not known to be transient, ``max_restarts``
+    times in a row without reading anything in between."""
+
+    def __init__(self, stream: str, *, restarts: int, last_error: BaseException) -> None:
+        self.restarts = restarts
+        self.last_error = last_error
+        super().__init__(
+            f"stream {stream!r}: {type(last_error).__name__}: {last_error} (the same kind of error "
+            f"ended {restarts} re-open(s) in a row, so a re-open does not fix it). Fix the cause and "
+            "restart; @change_stream(max_restarts=...) sets how many re-opens are tried first.",
+            stream=stream,
+        )
 
 
 class HistoryLostError(StreamError):
@@ -195,8 +238,11 @@ __all__ = [
     "HistoryLostError",
     "LeaseLostError",
     "MissingDependencyError",
+    "RestartsExhaustedError",
+    "ResumePositionError",
     "StreamError",
     "StreamInvalidatedError",
+    "UnreadableCheckpointError",
 ]
 
 

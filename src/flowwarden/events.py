@@ -12,6 +12,7 @@ positions. The first value encoded is the cluster time: type byte ``0x82`` (time
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ ResumeToken = Mapping[str, Any]
 """A resume token as the server sends it: ``{"_data": "<hex>"}``."""
 
 _KEYSTRING_TIMESTAMP = 0x82
+_HEX = re.compile(r"[0-9A-F]*")
 
 M = TypeVar("M")
 
@@ -66,6 +68,27 @@ def token_cluster_time(token: ResumeToken) -> Timestamp:
     seconds = int.from_bytes(raw[1:5], "big")
     increment = int.from_bytes(raw[5:9], "big")
     return Timestamp(seconds, increment)
+
+
+def check_resume_token(token: Any) -> Timestamp:
+    """Check that ``token`` can be a resume token a server made, and return its cluster time.
+
+    Stricter than :func:`token_data`: ``_data`` must be a whole number of hex bytes and start
+    with a KeyString cluster time, which is what the server parses back on resume. A value that
+    fails here would be refused by the server (codes 9 and 40649) or resume somewhere no one
+    meant; raises :class:`InvalidTokenError` saying which part is wrong.
+    """
+    if not isinstance(token, Mapping):
+        raise InvalidTokenError(
+            f"not a resume token: {token!r}; expected a document like {{'_data': '8263...'}}"
+        )
+    data = token_data(token)
+    if len(data) % 2 or not _HEX.fullmatch(data):
+        raise InvalidTokenError(
+            f"resume token _data must be hex digits, two per byte; got {data[:40]!r}"
+            + ("..." if len(data) > 40 else "")
+        )
+    return token_cluster_time(token)
 
 
 def timestamp_datetime(ts: Timestamp) -> datetime:
@@ -183,6 +206,7 @@ __all__ = [
     "ChangeEvent",
     "InvalidTokenError",
     "ResumeToken",
+    "check_resume_token",
     "compare_tokens",
     "newer_token",
     "timestamp_datetime",

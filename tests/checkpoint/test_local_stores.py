@@ -6,12 +6,20 @@ import json
 import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from bson import json_util
 
 from flowwarden.checkpoint import Checkpoint, FileCheckpointStore, InMemoryCheckpointStore, SaveResult
-from flowwarden.checkpoint.contract import STREAM, CheckpointStoreContract, sample_token
-from flowwarden.errors import CheckpointError
+from flowwarden.checkpoint.contract import (
+    STREAM,
+    CheckpointStoreContract,
+    UnreadableRecordContract,
+    damaged_record,
+    sample_token,
+)
+from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 
 
 class TestInMemoryCheckpointStore(CheckpointStoreContract):
@@ -141,3 +149,81 @@ def _save_many(path: str, worker: int, rounds: int) -> None:
             )
         except FencedError:
             pass
+
+
+class TestFileStoreWithDamagedRecords(UnreadableRecordContract):
+    @pytest.fixture(autouse=True)
+    def _backing(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "checkpoints.json"
+
+    def make_store(self) -> FileCheckpointStore:
+        return FileCheckpointStore(self.path)
+
+    def write_raw(self, document: dict[str, Any]) -> None:
+        _write_file(self.path, {document["_id"]: document})
+
+    def read_raw(self, stream_id: str) -> bytes:
+        return self.path.read_bytes()
+
+
+def _write_file(path: Path, checkpoints: dict[str, Any]) -> None:
+    content = {"format": "flowwarden-checkpoints", "version": 1, "checkpoints": checkpoints}
+    path.write_text(json_util.dumps(content, json_options=json_util.CANONICAL_JSON_OPTIONS))
+
+
+class TestFileStoreRefusesWhatItCannotRead:
+    """A damaged file fails every call with UnreadableCheckpointError and is never rewritten."""
+
+    @pytest.fixture(autouse=True)
+    def _backing(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "checkpoints.json"
+        self.store = FileCheckpointStore(self.path)
+
+    def _refused_everywhere(self) -> None:
+        before = self.path.read_bytes()
+        with pytest.raises(UnreadableCheckpointError):
+            self.store.load(STREAM)
+        with pytest.raises(UnreadableCheckpointError):
+            self.store.list()
+        with pytest.raises(UnreadableCheckpointError):
+            self.store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(9)))
+        with pytest.raises(UnreadableCheckpointError):
+            self.store.save_seen(STREAM, sample_token(9), 0)
+        assert self.path.read_bytes() == before
+
+    def test_a_truncated_file(self) -> None:
+        self.store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1)))
+        whole = self.path.read_bytes()
+        self.path.write_bytes(whole[: len(whole) // 2])
+        self._refused_everywhere()
+
+    def test_a_file_that_is_not_utf8(self) -> None:
+        _write_file(self.path, {STREAM: damaged_record("instanceId", "host-A")})
+        self.path.write_bytes(self.path.read_bytes().replace(b"host-A", b"host-\xff"))
+        self._refused_everywhere()
+
+    def test_an_entry_that_is_not_an_object(self) -> None:
+        _write_file(self.path, {STREAM: 5})
+        self._refused_everywhere()
+
+    def test_an_entry_filed_under_another_stream(self) -> None:
+        _write_file(self.path, {STREAM: damaged_record("_id", "payments")})
+        with pytest.raises(UnreadableCheckpointError, match="payments"):
+            self.store.load(STREAM)
+        self._refused_everywhere()
+
+
+def test_temp_files_of_an_interrupted_save_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints.json"
+    FileCheckpointStore(path).save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1)))
+    # What a process killed between creating its temp file and renaming it leaves behind.
+    leftovers = [tmp_path / f".checkpoints.json.{n}.tmp" for n in ("a1b2", "c3d4")]
+    for leftover in leftovers:
+        leftover.write_text("partial")
+    unrelated = tmp_path / ".other.json.x.tmp"
+    unrelated.write_text("not ours")
+    store = FileCheckpointStore(path)
+    assert store.load(STREAM) is not None  # a read alone takes no lock: nothing removed yet
+    store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2)))
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert unrelated.exists()

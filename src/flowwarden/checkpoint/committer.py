@@ -23,18 +23,16 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
-from pymongo.errors import PyMongoError
-
 from flowwarden.checkpoint.model import Checkpoint, SaveResult
 from flowwarden.checkpoint.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore
 from flowwarden.errors import (
-    CheckpointError,
     CheckpointSaveFailedError,
     CommitterClosedError,
     ConfigurationError,
     FencedError,
 )
 from flowwarden.events import ResumeToken, token_data
+from flowwarden.failures import is_fatal, is_io_error
 
 logger = logging.getLogger("flowwarden.checkpoint")
 
@@ -45,19 +43,15 @@ _NEVER = sys.maxsize
 
 
 def is_retryable_save_error(error: BaseException) -> bool:
-    """The one rule for which failed saves the committer retries at its next trigger.
+    """The rule for which failed saves the committer retries at its next trigger.
 
-    * FencedError: never. A newer owner holds the stream; this instance must stop.
-    * CheckpointError: yes. Stores report transient failures (network, file system) this way.
-    * PyMongoError: yes. A custom store let a driver error through; drivers raise these for
-      network errors, elections and timeouts.
-    * OSError (ConnectionError, TimeoutError included) and asyncio.TimeoutError: yes, I/O.
-    * Anything else (TypeError, ValueError, ...) is a bug in the store or in what was saved;
-      retrying cannot fix it, so the committer fails at once.
+    An error from the store or the network (a :class:`~flowwarden.errors.CheckpointError`, a
+    PyMongo error, an ``OSError`` or a timeout) that :func:`flowwarden.failures.classify` does
+    not call fatal: a fenced write, credentials the server refuses or a checkpoint that cannot
+    be read are never retried. Anything else (TypeError, ValueError, ...) is a bug in the store
+    or in what was saved; retrying cannot fix it, so the committer fails at once.
     """
-    if isinstance(error, FencedError):
-        return False
-    return isinstance(error, (CheckpointError, PyMongoError, OSError, asyncio.TimeoutError))
+    return is_io_error(error) and not is_fatal(error)
 
 
 class CheckpointCommitter:

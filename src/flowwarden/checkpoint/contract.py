@@ -33,7 +33,7 @@ import pytest
 
 from flowwarden.checkpoint.model import Checkpoint, SaveResult
 from flowwarden.checkpoint.store import AsyncCheckpointStore, CheckpointStore
-from flowwarden.errors import FencedError
+from flowwarden.errors import CheckpointError, FencedError, UnreadableCheckpointError
 from flowwarden.events import token_data, token_datetime
 
 T = TypeVar("T")
@@ -314,6 +314,47 @@ class CheckpointStoreContract(abc.ABC):
         with pytest.raises(FencedError):
             store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(30), epoch=1))
 
+    # -- save_batch_end ---------------------------------------------------------------------
+
+    def test_save_batch_end_creates_moves_forward_and_never_touches_a_position(
+        self, store: CheckpointStore
+    ) -> None:
+        assert store.save_batch_end(STREAM, sample_token(200), 1) is SaveResult.STORED
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.batch_end_token == sample_token(200)
+        assert loaded.resume_token is None and loaded.epoch == 1
+        assert loaded.pending_batch_end == sample_token(200)
+        assert store.save_batch_end(STREAM, sample_token(200), 1) is SaveResult.IGNORED
+        assert store.save_batch_end(STREAM, sample_token(199), 1) is SaveResult.IGNORED
+        store.save(
+            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(150), epoch=1, metadata={"a": 1})
+        )
+        store.save_seen(STREAM, sample_token(160), 1)
+        assert store.save_batch_end(STREAM, sample_token(300), 1) is SaveResult.STORED
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.batch_end_token == sample_token(300)
+        assert loaded.last_processed_token == sample_token(150)
+        assert loaded.last_seen_token == sample_token(160)
+        assert loaded.metadata == {"a": 1}
+        # Once the position reaches the batch end, that batch is over.
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(300), epoch=1))
+        loaded = store.load(STREAM)
+        assert loaded is not None
+        assert loaded.batch_end_token == sample_token(300) and loaded.pending_batch_end is None
+
+    def test_save_batch_end_is_fenced_and_rewind_forgets_it(self, store: CheckpointStore) -> None:
+        store.save_batch_end(STREAM, sample_token(10), 3)
+        with pytest.raises(FencedError):
+            store.save_batch_end(STREAM, sample_token(11), 2)
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.batch_end_token == sample_token(10)
+        store.rewind(STREAM, sample_token(5))
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.batch_end_token is None
+        assert store.save_batch_end(STREAM, sample_token(9), 3) is SaveResult.STORED
+
     # -- delete / list ----------------------------------------------------------------------
 
     def test_delete_removes_the_record(self, store: CheckpointStore) -> None:
@@ -589,6 +630,22 @@ class AsyncCheckpointStoreContract(abc.ABC):
         loaded = await store.load(STREAM)
         assert loaded is not None and loaded.last_seen_token == sample_token(500)
 
+    async def test_save_batch_end(self, store: AsyncCheckpointStore) -> None:
+        assert await store.save_batch_end(STREAM, sample_token(200), 1) is SaveResult.STORED
+        assert await store.save_batch_end(STREAM, sample_token(199), 1) is SaveResult.IGNORED
+        await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(150), epoch=1))
+        assert await store.save_batch_end(STREAM, sample_token(300), 1) is SaveResult.STORED
+        with pytest.raises(FencedError):
+            await store.save_batch_end(STREAM, sample_token(400), 0)
+        loaded = await store.load(STREAM)
+        assert loaded is not None
+        assert loaded.batch_end_token == sample_token(300)
+        assert loaded.last_processed_token == sample_token(150)
+        assert loaded.pending_batch_end == sample_token(300)
+        await store.rewind(STREAM, sample_token(100))
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.batch_end_token is None
+
     async def test_delete_and_list(self, store: AsyncCheckpointStore) -> None:
         for name in ("b", "a", "c"):
             await store.save(Checkpoint(stream_id=name, last_processed_token=sample_token(1)))
@@ -686,9 +743,71 @@ class AsyncCheckpointStoreContract(abc.ABC):
             assert d2 >= d1 and e2 >= e1, "the stored checkpoint went backwards"
 
 
+# Stored records that cannot be checkpoints, as an operator or another program might leave them.
+# Each maps a name to (field, value); the field is set on an otherwise good record.
+DAMAGED_RECORDS: dict[str, tuple[str, Any]] = {
+    "token is not a document": ("lastProcessedToken", "8263A1B2C3"),
+    "token _data is not a string": ("lastProcessedToken", {"_data": 123}),
+    "token _data is not hex": ("lastProcessedToken", {"_data": "82zz00"}),
+    "token _data is too short": ("lastProcessedToken", {"_data": "82"}),
+    "seen token has no cluster time": ("lastSeenToken", {"_data": "0102030405060708090A"}),
+    "epoch is a string": ("epoch", "1"),
+    "events count is a float": ("eventsProcessed", 1.5),
+    "metadata is a list": ("metadata", [1, 2]),
+    "timestamp is a string that is no date": ("lastProcessedTimestamp", "yesterday"),
+}
+
+
+def damaged_record(field: str, value: Any) -> dict[str, Any]:
+    """A stored ``_fw_checkpoints`` document for :data:`STREAM` whose ``field`` holds ``value``."""
+    document = Checkpoint(
+        stream_id=STREAM, last_processed_token=sample_token(1_700_000_000), epoch=1
+    ).to_document()
+    document[field] = value
+    return document
+
+
+class UnreadableRecordContract(abc.ABC):
+    """What a store does with a stored record that cannot be a checkpoint.
+
+    For stores that keep documents (a database, a file): implement :meth:`make_store` and
+    :meth:`write_raw`. ``load`` and ``list`` must raise
+    :class:`~flowwarden.errors.UnreadableCheckpointError` naming the problem instead of
+    returning a guessed position, and the record must stay as it was.
+    """
+
+    @abc.abstractmethod
+    def make_store(self) -> CheckpointStore: ...
+
+    @abc.abstractmethod
+    def write_raw(self, document: dict[str, Any]) -> None:
+        """Store ``document`` as the record of ``document["_id"]``, bypassing every check."""
+
+    @abc.abstractmethod
+    def read_raw(self, stream_id: str) -> Any:
+        """The record stored for ``stream_id`` as the store holds it, for comparison."""
+
+    @pytest.mark.parametrize("damage", sorted(DAMAGED_RECORDS))
+    def test_a_damaged_record_is_refused_and_left_as_it_was(self, damage: str) -> None:
+        store = self.make_store()
+        field, value = DAMAGED_RECORDS[damage]
+        self.write_raw(damaged_record(field, value))
+        before = self.read_raw(STREAM)
+        with pytest.raises(UnreadableCheckpointError) as raised:
+            store.load(STREAM)
+        assert field in str(raised.value)
+        assert issubclass(type(raised.value), CheckpointError)
+        with pytest.raises(UnreadableCheckpointError):
+            store.list()
+        assert self.read_raw(STREAM) == before
+
+
 __all__ = [
+    "DAMAGED_RECORDS",
     "STREAM",
     "AsyncCheckpointStoreContract",
     "CheckpointStoreContract",
+    "UnreadableRecordContract",
+    "damaged_record",
     "sample_token",
 ]

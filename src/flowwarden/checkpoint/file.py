@@ -5,12 +5,19 @@ All streams share the file. Every write is a read-modify-write under an exclusiv
 and the new content replaces the old by temp file + fsync + ``os.replace``, so a crash leaves
 either the old or the new file, never a torn one. Values are MongoDB extended JSON (canonical),
 so tokens, dates and 64-bit integers round-trip exactly.
+
+A file that cannot be read (truncated, not UTF-8, not this format, an entry that is not a
+checkpoint) raises :class:`~flowwarden.errors.UnreadableCheckpointError` and is never rewritten:
+every write reads the file first, so a damaged file stops the writers instead of being replaced
+by a file that lost the other streams' positions. Temp files left by a process killed in the
+middle of a save are removed the first time a store takes the file lock.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import glob
 import os
 import sys
 import tempfile
@@ -22,8 +29,8 @@ from typing import Any, TypeVar
 from bson import json_util
 
 from flowwarden.checkpoint.model import Checkpoint, SaveResult, utc_now
-from flowwarden.checkpoint.transitions import apply_rewind, apply_save, apply_save_seen
-from flowwarden.errors import CheckpointError
+from flowwarden.checkpoint.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
+from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken
 
 if sys.platform == "win32":
@@ -75,16 +82,17 @@ class FileCheckpointStore:
         self.path = Path(path)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._thread_lock = _process_lock(self.path)
+        self._swept = False
 
     # -- reads ------------------------------------------------------------------------------
 
     def load(self, stream_id: str) -> Checkpoint | None:
         document = self._read(stream_id).get(stream_id)
-        return None if document is None else Checkpoint.from_document(document)
+        return None if document is None else _checkpoint(self.path, stream_id, document)
 
     def list(self) -> builtins.list[Checkpoint]:
         documents = self._read(None)
-        return [Checkpoint.from_document(documents[key]) for key in sorted(documents)]
+        return [_checkpoint(self.path, key, documents[key]) for key in sorted(documents)]
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -97,6 +105,12 @@ class FileCheckpointStore:
     def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         def change(current: Checkpoint | None) -> tuple[SaveResult, Checkpoint | None]:
             return apply_save_seen(current, stream_id, token, epoch, utc_now())
+
+        return self._modify(stream_id, change)
+
+    def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        def change(current: Checkpoint | None) -> tuple[SaveResult, Checkpoint | None]:
+            return apply_save_batch_end(current, stream_id, token, epoch, utc_now())
 
         return self._modify(stream_id, change)
 
@@ -125,7 +139,7 @@ class FileCheckpointStore:
         with self._locked(stream_id):
             documents = self._read(stream_id)
             before = documents.get(stream_id)
-            current = None if before is None else Checkpoint.from_document(before)
+            current = None if before is None else _checkpoint(self.path, stream_id, before)
             outcome, record = change(current)
             if remove:
                 if before is None:
@@ -151,15 +165,28 @@ class FileCheckpointStore:
             try:
                 _lock_fd(fd)
                 try:
+                    if not self._swept:
+                        self._sweep_temp_files()
                     yield
                 finally:
                     _unlock_fd(fd)
             finally:
                 os.close(fd)
 
+    def _sweep_temp_files(self) -> None:
+        """Remove temp files of saves that never finished (their process died before the rename).
+
+        Runs under the file lock, which every writer holds from creating its temp file to
+        renaming it, so no temp file found here belongs to a save in progress.
+        """
+        for leftover in self.path.parent.glob(f".{glob.escape(self.path.name)}.*.tmp"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        self._swept = True
+
     def _read(self, stream_id: str | None) -> dict[str, dict[str, Any]]:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -167,6 +194,7 @@ class FileCheckpointStore:
                 f"cannot read the checkpoint file {str(self.path)!r}: {exc}", stream_id=stream_id
             ) from exc
         try:
+            text = raw.decode("utf-8")
             content = json_util.loads(text, json_options=_JSON_OPTIONS)
             if not isinstance(content, dict) or content.get("format") != _FORMAT:
                 raise ValueError(f"not a flowwarden checkpoint file (expected format {_FORMAT!r})")
@@ -175,8 +203,8 @@ class FileCheckpointStore:
             documents = content.get("checkpoints")
             if not isinstance(documents, dict):
                 raise ValueError("'checkpoints' must be an object keyed by stream id")
-        except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
-            raise CheckpointError(
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise UnreadableCheckpointError(
                 f"the checkpoint file {str(self.path)!r} is unreadable: {exc}. Restore it from a "
                 "backup or remove it (every stream then starts from its start_position).",
                 stream_id=stream_id,
@@ -207,6 +235,23 @@ class FileCheckpointStore:
 
     def __repr__(self) -> str:
         return f"FileCheckpointStore({str(self.path)!r})"
+
+
+def _checkpoint(path: Path, key: str, document: Any) -> Checkpoint:
+    """The checkpoint stored under ``key``, checked to be a record of that very stream."""
+    if not isinstance(document, dict):
+        raise UnreadableCheckpointError(
+            f"the checkpoint file {str(path)!r} holds {type(document).__name__} {document!r:.80} for "
+            f"stream {key!r} instead of a checkpoint record. Fix or remove that entry.",
+            stream_id=key,
+        )
+    if document.get("_id") != key:
+        raise UnreadableCheckpointError(
+            f"the checkpoint file {str(path)!r} holds the record of {document.get('_id')!r} under "
+            f"stream {key!r}; the file was edited by hand. Fix the entry's key or its _id.",
+            stream_id=key,
+        )
+    return Checkpoint.from_document(document)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from flowwarden.checkpoint.model import Checkpoint, SaveResult, utc_now
-from flowwarden.checkpoint.transitions import apply_rewind, apply_save, apply_save_seen
+from flowwarden.checkpoint.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
 from flowwarden.events import ResumeToken
 
 
@@ -51,6 +51,15 @@ class InMemoryCheckpointStore:
     def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         with self._lock:
             result, record = apply_save_seen(self._records.get(stream_id), stream_id, token, epoch, utc_now())
+            if result is SaveResult.STORED:
+                self._records[stream_id] = record
+        return result
+
+    def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        with self._lock:
+            result, record = apply_save_batch_end(
+                self._records.get(stream_id), stream_id, token, epoch, utc_now()
+            )
             if result is SaveResult.STORED:
                 self._records[stream_id] = record
         return result

@@ -2,9 +2,11 @@
 
 A :class:`Checkpoint` is an immutable snapshot of one stream's position. It holds two resume
 tokens: ``last_processed_token`` (the ``_id`` of the newest event whose handling completed with no
-gap before it) and ``last_seen_token`` (a post-batch token observed while nothing was in flight).
-Both are positions AFTER work that is done, so resuming from the newer of the two never skips an
-event. This module only converts values; it never talks to a store.
+gap before it) and ``last_seen_token`` (a post-batch token observed while nothing was in flight,
+or the position a stream opened at). Both are positions AFTER work that is done, so resuming from
+the newer of the two never skips an event. A third token, ``batch_end_token``, is not a position:
+it records where the batch handed to a batch handler ends, so that the same batch is formed again
+after a crash. This module only converts values; it never talks to a store.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 
 from bson import Timestamp
 
-from flowwarden.errors import CheckpointError
+from flowwarden.errors import UnreadableCheckpointError
 from flowwarden.events import (
     InvalidTokenError,
     ResumeToken,
+    check_resume_token,
     newer_token,
     timestamp_datetime,
     token_data,
@@ -39,6 +42,7 @@ F_EVENTS = "eventsProcessed"
 F_EPOCH = "epoch"
 F_UPDATED_AT = "updatedAt"
 F_METADATA = "metadata"
+F_BATCH_END = "batchEndToken"
 
 DEFAULT_COLLECTION = "_fw_checkpoints"
 
@@ -106,6 +110,12 @@ class Checkpoint:
     epoch: int = 0
     updated_at: datetime | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    batch_end_token: ResumeToken | None = None
+    """The token of the last event of the newest batch handed to an ``@on_batch`` or
+    ``@on_dataframe`` method, written before the method runs. The batch starts right after the
+    processed position stored with it; after a crash the runtime forms the same batch again, so
+    ``ctx.batch_id`` names the same events. Not a resume position: ignored once the resume
+    position reaches it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.stream_id, str) or not self.stream_id:
@@ -115,6 +125,7 @@ class Checkpoint:
         # Frozen dataclass: the normalised copies are installed the one way frozen allows.
         object.__setattr__(self, "last_processed_token", processed)
         object.__setattr__(self, "last_seen_token", seen)
+        object.__setattr__(self, "batch_end_token", copy_token(self.batch_end_token))
         if self.last_processed_at is None:
             object.__setattr__(self, "last_processed_at", token_time(processed))
         if self.last_seen_at is None:
@@ -127,9 +138,21 @@ class Checkpoint:
         token = newer_token(self.last_processed_token, self.last_seen_token)
         return None if token is None else dict(token)
 
+    @property
+    def pending_batch_end(self) -> dict[str, Any] | None:
+        """:attr:`batch_end_token` while it is past the resume position (the batch it ends may
+        not have finished); None once the resume position reached it."""
+        end = self.batch_end_token
+        if end is None:
+            return None
+        resume = self.resume_token
+        if resume is not None and token_data(resume) >= token_data(end):
+            return None
+        return dict(end)
+
     def to_document(self) -> dict[str, Any]:
-        """The ``_fw_checkpoints`` document for this checkpoint."""
-        return {
+        """The ``_fw_checkpoints`` document for this checkpoint (``batchEndToken`` only when set)."""
+        document = {
             F_ID: self.stream_id,
             F_INSTANCE: self.instance_id,
             F_SEEN_TOKEN: copy_token(self.last_seen_token),
@@ -141,15 +164,24 @@ class Checkpoint:
             F_UPDATED_AT: self.updated_at,
             F_METADATA: dict(self.metadata),
         }
+        if self.batch_end_token is not None:
+            document[F_BATCH_END] = copy_token(self.batch_end_token)
+        return document
 
     @classmethod
     def from_document(cls, document: Mapping[str, Any]) -> Checkpoint:
         """Read a ``_fw_checkpoints`` document; FlowWarden-for-Java documents load too.
 
         Missing fields take their defaults (a Java document has no epoch, count or metadata).
-        A document that cannot be a checkpoint raises :class:`CheckpointError` rather than
-        yielding a made-up position.
+        A document that cannot be a checkpoint (a field of the wrong type, a token the server could
+        not resume from) raises :class:`UnreadableCheckpointError` rather than yielding a made-up
+        position.
         """
+        if not isinstance(document, Mapping):
+            raise UnreadableCheckpointError(
+                f"a checkpoint record is not a document but {type(document).__name__}: {document!r:.80}. "
+                "Fix or delete it (`flowwarden checkpoints delete`); flowwarden will not guess a position."
+            )
         stream_id = document.get(F_ID)
         try:
             if not isinstance(stream_id, str):
@@ -169,10 +201,11 @@ class Checkpoint:
                 epoch=_read_int(document.get(F_EPOCH), F_EPOCH),
                 updated_at=_read_time(document.get(F_UPDATED_AT), F_UPDATED_AT),
                 metadata=dict(metadata),
+                batch_end_token=_read_token(document.get(F_BATCH_END), F_BATCH_END),
             )
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             sid = stream_id if isinstance(stream_id, str) else None
-            raise CheckpointError(
+            raise UnreadableCheckpointError(
                 f"checkpoint document {stream_id!r} is not readable: {exc}. Fix or delete it "
                 "(`flowwarden checkpoints delete`); flowwarden will not guess a position.",
                 stream_id=sid,
@@ -184,6 +217,10 @@ def _read_token(value: Any, name: str) -> dict[str, Any] | None:
         return None
     if not isinstance(value, Mapping):
         raise ValueError(f"{name} must be a resume token document, got {type(value).__name__}")
+    try:
+        check_resume_token(value)
+    except InvalidTokenError as exc:
+        raise ValueError(f"{name} is not a resume token the server could resume from: {exc}") from None
     return copy_token(value)
 
 
@@ -210,16 +247,20 @@ def _read_time(value: Any, name: str) -> datetime | None:
         return value.astimezone(timezone.utc)
     if isinstance(value, Timestamp):
         return timestamp_datetime(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value / 1000, tz=timezone.utc)
-    if isinstance(value, str):
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return _read_time(parsed, name)
+    try:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+        if isinstance(value, str):
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            return _read_time(parsed, name)
+    except (ValueError, OverflowError, OSError) as exc:
+        raise ValueError(f"{name} is not a date: {value!r:.40} ({exc})") from None
     raise ValueError(f"{name} must be a date, got {type(value).__name__}")
 
 
 __all__ = [
     "DEFAULT_COLLECTION",
+    "F_BATCH_END",
     "Checkpoint",
     "SaveResult",
     "copy_token",

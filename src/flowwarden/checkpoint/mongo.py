@@ -18,6 +18,7 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
+from bson.errors import InvalidBSON
 from pymongo import ReadPreference, WriteConcern
 from pymongo.collection import Collection
 from pymongo.database import Database
@@ -25,6 +26,7 @@ from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from flowwarden.checkpoint.model import (
     DEFAULT_COLLECTION,
+    F_BATCH_END,
     F_EPOCH,
     F_EVENTS,
     F_ID,
@@ -42,7 +44,7 @@ from flowwarden.checkpoint.model import (
     utc_now,
 )
 from flowwarden.checkpoint.transitions import check_epoch, is_newer, require_processed_token
-from flowwarden.errors import CheckpointError
+from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken, token_data
 
 MAJORITY = WriteConcern(w="majority")
@@ -111,6 +113,26 @@ def _seen_write(stream_id: str, token: ResumeToken, epoch: int) -> tuple[dict[st
     return query, update
 
 
+def _batch_end_write(stream_id: str, token: ResumeToken, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    query = {
+        F_ID: stream_id,
+        "$and": [_epoch_allows(epoch), _token_older_than(F_BATCH_END, token_data(token))],
+    }
+    update = {
+        "$set": {F_BATCH_END: copy_token(token), F_EPOCH: epoch, F_UPDATED_AT: utc_now()},
+        "$setOnInsert": {
+            F_INSTANCE: None,
+            F_PROCESSED_TOKEN: None,
+            F_PROCESSED_AT: None,
+            F_SEEN_TOKEN: None,
+            F_SEEN_AT: None,
+            F_EVENTS: 0,
+            F_METADATA: {},
+        },
+    }
+    return query, update
+
+
 def _rewind_write(stream_id: str, token: ResumeToken | None) -> tuple[dict[str, Any], dict[str, Any]]:
     processed = copy_token(token)
     update = {
@@ -119,6 +141,7 @@ def _rewind_write(stream_id: str, token: ResumeToken | None) -> tuple[dict[str, 
             F_PROCESSED_AT: token_time(processed),
             F_SEEN_TOKEN: None,
             F_SEEN_AT: None,
+            F_BATCH_END: None,
             F_UPDATED_AT: utc_now(),
         },
         "$setOnInsert": {F_INSTANCE: None, F_EVENTS: 0, F_EPOCH: 0, F_METADATA: {}},
@@ -127,13 +150,17 @@ def _rewind_write(stream_id: str, token: ResumeToken | None) -> tuple[dict[str, 
 
 
 def _conflict_result(
-    current: Checkpoint | None, stream_id: str, token: ResumeToken, epoch: int, seen: bool
+    current: Checkpoint | None, stream_id: str, token: ResumeToken, epoch: int, slot: str
 ) -> SaveResult | None:
     """Why a conditional upsert collided: IGNORED, FencedError, or None to try the write again."""
     if current is None:
         return None  # deleted since the collision; the next insert will succeed
     check_epoch(current, stream_id, epoch)
-    stored = current.last_seen_token if seen else current.last_processed_token
+    stored = {
+        F_PROCESSED_TOKEN: current.last_processed_token,
+        F_SEEN_TOKEN: current.last_seen_token,
+        F_BATCH_END: current.batch_end_token,
+    }[slot]
     if not is_newer(token, stored):
         return SaveResult.IGNORED
     return None
@@ -141,6 +168,16 @@ def _conflict_result(
 
 def _read(document: Mapping[str, Any] | None) -> Checkpoint | None:
     return None if document is None else Checkpoint.from_document(document)
+
+
+def _undecodable(stream_id: str | None, exc: InvalidBSON) -> UnreadableCheckpointError:
+    """A stored document the driver cannot decode (a date out of range, broken UTF-8)."""
+    which = f"the checkpoint of stream {stream_id!r}" if stream_id else "a checkpoint document"
+    return UnreadableCheckpointError(
+        f"{which} cannot be decoded: {exc}. Fix or delete it (`flowwarden checkpoints delete`); "
+        "flowwarden will not guess a position.",
+        stream_id=stream_id,
+    )
 
 
 def _failure(action: str, stream_id: str | None, exc: PyMongoError) -> CheckpointError:
@@ -193,18 +230,29 @@ class MongoCheckpointStore:
             document = self.collection.find_one({F_ID: stream_id})
         except PyMongoError as exc:
             raise _failure("load", stream_id, exc) from exc
+        except InvalidBSON as exc:
+            raise _undecodable(stream_id, exc) from exc
         return _read(document)
 
     def save(self, checkpoint: Checkpoint) -> SaveResult:
         query, update = _save_write(checkpoint)
         assert checkpoint.last_processed_token is not None
         return self._conditional(
-            checkpoint.stream_id, query, update, checkpoint.last_processed_token, checkpoint.epoch, seen=False
+            checkpoint.stream_id,
+            query,
+            update,
+            checkpoint.last_processed_token,
+            checkpoint.epoch,
+            F_PROCESSED_TOKEN,
         )
 
     def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         query, update = _seen_write(stream_id, token, epoch)
-        return self._conditional(stream_id, query, update, token, epoch, seen=True)
+        return self._conditional(stream_id, query, update, token, epoch, F_SEEN_TOKEN)
+
+    def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        query, update = _batch_end_write(stream_id, token, epoch)
+        return self._conditional(stream_id, query, update, token, epoch, F_BATCH_END)
 
     def delete(self, stream_id: str) -> bool:
         try:
@@ -217,6 +265,8 @@ class MongoCheckpointStore:
             documents = builtins.list(self.collection.find({}, sort=[(F_ID, 1)]))
         except PyMongoError as exc:
             raise _failure("list", None, exc) from exc
+        except InvalidBSON as exc:
+            raise _undecodable(None, exc) from exc
         return [Checkpoint.from_document(document) for document in documents]
 
     def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
@@ -233,15 +283,14 @@ class MongoCheckpointStore:
         update: dict[str, Any],
         token: ResumeToken,
         epoch: int,
-        *,
-        seen: bool,
+        slot: str,
     ) -> SaveResult:
         for _ in range(_CONFLICT_ATTEMPTS):
             try:
                 self.collection.update_one(query, update, upsert=True)
                 return SaveResult.STORED
             except DuplicateKeyError:
-                result = _conflict_result(self.load(stream_id), stream_id, token, epoch, seen)
+                result = _conflict_result(self.load(stream_id), stream_id, token, epoch, slot)
                 if result is not None:
                     return result
             except PyMongoError as exc:
@@ -276,18 +325,29 @@ class AsyncMongoCheckpointStore:
             document = await self.collection.find_one({F_ID: stream_id})
         except PyMongoError as exc:
             raise _failure("load", stream_id, exc) from exc
+        except InvalidBSON as exc:
+            raise _undecodable(stream_id, exc) from exc
         return _read(document)
 
     async def save(self, checkpoint: Checkpoint) -> SaveResult:
         query, update = _save_write(checkpoint)
         assert checkpoint.last_processed_token is not None
         return await self._conditional(
-            checkpoint.stream_id, query, update, checkpoint.last_processed_token, checkpoint.epoch, seen=False
+            checkpoint.stream_id,
+            query,
+            update,
+            checkpoint.last_processed_token,
+            checkpoint.epoch,
+            F_PROCESSED_TOKEN,
         )
 
     async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         query, update = _seen_write(stream_id, token, epoch)
-        return await self._conditional(stream_id, query, update, token, epoch, seen=True)
+        return await self._conditional(stream_id, query, update, token, epoch, F_SEEN_TOKEN)
+
+    async def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        query, update = _batch_end_write(stream_id, token, epoch)
+        return await self._conditional(stream_id, query, update, token, epoch, F_BATCH_END)
 
     async def delete(self, stream_id: str) -> bool:
         try:
@@ -303,6 +363,8 @@ class AsyncMongoCheckpointStore:
                 documents.append(document)
         except PyMongoError as exc:
             raise _failure("list", None, exc) from exc
+        except InvalidBSON as exc:
+            raise _undecodable(None, exc) from exc
         return [Checkpoint.from_document(document) for document in documents]
 
     async def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
@@ -319,15 +381,14 @@ class AsyncMongoCheckpointStore:
         update: dict[str, Any],
         token: ResumeToken,
         epoch: int,
-        *,
-        seen: bool,
+        slot: str,
     ) -> SaveResult:
         for _ in range(_CONFLICT_ATTEMPTS):
             try:
                 await self.collection.update_one(query, update, upsert=True)
                 return SaveResult.STORED
             except DuplicateKeyError:
-                result = _conflict_result(await self.load(stream_id), stream_id, token, epoch, seen)
+                result = _conflict_result(await self.load(stream_id), stream_id, token, epoch, slot)
                 if result is not None:
                     return result
             except PyMongoError as exc:

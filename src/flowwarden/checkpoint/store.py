@@ -1,4 +1,4 @@
-"""The checkpoint store SPI: one sync and one async protocol with the same six methods.
+"""The checkpoint store SPI: one sync and one async protocol with the same seven methods.
 
 Every implementation keeps these rules (the contract suite in
 :mod:`flowwarden.checkpoint.contract` pins each one):
@@ -7,15 +7,17 @@ Every implementation keeps these rules (the contract suite in
   returns :attr:`SaveResult.IGNORED`; only :meth:`rewind` moves a checkpoint backwards;
 * fencing: a ``save`` or ``save_seen`` whose epoch is lower than the stored epoch raises
   :class:`~flowwarden.errors.FencedError` and writes nothing;
-* ``save_seen`` moves only the lastSeen pair, ``save`` only the lastProcessed pair and the
-  bookkeeping (instance, count, epoch, metadata, updatedAt);
+* ``save_seen`` moves only the lastSeen pair, ``save_batch_end`` only the batch end, ``save``
+  only the lastProcessed pair and the bookkeeping (instance, count, epoch, metadata, updatedAt);
 * atomic: each write is one conditional write, so racing writers (threads, tasks, processes)
   never leave two records or a regressed position behind;
 * reads never invent a position: a load that fails raises
-  :class:`~flowwarden.errors.CheckpointError`; ``None`` means "no checkpoint stored".
+  :class:`~flowwarden.errors.CheckpointError` (:class:`~flowwarden.errors.UnreadableCheckpointError`
+  when the stored record itself cannot be read); ``None`` means "no checkpoint stored".
 
-Transient failures should surface as :class:`~flowwarden.errors.CheckpointError` (or
-``OSError``): the committer retries those at its next trigger and treats anything else as a bug.
+Report a failed read or write as :class:`~flowwarden.errors.CheckpointError` raised ``from`` the
+underlying error: :func:`flowwarden.failures.classify` judges it by that cause (a network error is
+retried, refused credentials fail the stream at once).
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ class CheckpointStore(Protocol):
         """
         ...
 
+    def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        """Move the batch end forward to ``token``, creating the record if missing.
+
+        The runtime calls it before a batch method runs, with the token of the batch's last
+        event. Never touches either position. IGNORED when the stored batch end is the same or
+        newer; FencedError when the stored epoch is higher than ``epoch``.
+        """
+        ...
+
     def delete(self, stream_id: str) -> bool:
         """Remove the stream's checkpoint; True when there was one."""
         ...
@@ -69,7 +80,8 @@ class CheckpointStore(Protocol):
         ...
 
     def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
-        """Set the processed position to ``token`` and clear the seen pair: the only move backwards.
+        """Set the processed position to ``token``, clear the seen pair and the batch end: the only
+        move backwards.
 
         ``None`` clears both tokens, so the stream's ``start_position`` applies at its next start.
         The epoch, count and metadata are kept. A missing record is created when ``token`` is given.
@@ -87,6 +99,8 @@ class AsyncCheckpointStore(Protocol):
     async def save(self, checkpoint: Checkpoint) -> SaveResult: ...
 
     async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult: ...
+
+    async def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult: ...
 
     async def delete(self, stream_id: str) -> bool: ...
 
@@ -129,6 +143,10 @@ class AwaitableStore:
 
     async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         result: SaveResult = await self._call("save_seen", stream_id, token, epoch)
+        return result
+
+    async def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        result: SaveResult = await self._call("save_batch_end", stream_id, token, epoch)
         return result
 
     async def delete(self, stream_id: str) -> bool:

@@ -61,6 +61,7 @@ def apply_save(
         epoch=checkpoint.epoch,
         updated_at=now,
         metadata=checkpoint.metadata,
+        batch_end_token=None if current is None else current.batch_end_token,
     )
 
 
@@ -81,10 +82,28 @@ def apply_save_seen(
     )
 
 
+def apply_save_batch_end(
+    current: Checkpoint | None, stream_id: str, token: ResumeToken, epoch: int, now: datetime
+) -> tuple[SaveResult, Checkpoint]:
+    """The record after ``save_batch_end(stream_id, token, epoch)``, and whether it changed."""
+    token_data(token)
+    check_epoch(current, stream_id, epoch)
+    if current is None:
+        return SaveResult.STORED, Checkpoint(
+            stream_id=stream_id, batch_end_token=dict(token), epoch=epoch, updated_at=now
+        )
+    if not is_newer(token, current.batch_end_token):
+        return SaveResult.IGNORED, current
+    return SaveResult.STORED, replace(current, batch_end_token=dict(token), epoch=epoch, updated_at=now)
+
+
 def apply_rewind(
     current: Checkpoint | None, stream_id: str, token: ResumeToken | None, now: datetime
 ) -> Checkpoint | None:
-    """The record after ``rewind(stream_id, token)``; None when there is still no record."""
+    """The record after ``rewind(stream_id, token)``; None when there is still no record.
+
+    A rewind also forgets the batch end: the batch it ended is not the next one any more.
+    """
     if token is not None:
         token_data(token)
     if current is None:
@@ -97,6 +116,7 @@ def apply_rewind(
         last_processed_at=None,
         last_seen_token=None,
         last_seen_at=None,
+        batch_end_token=None,
         updated_at=now,
     )
 
@@ -104,6 +124,7 @@ def apply_rewind(
 __all__ = [
     "apply_rewind",
     "apply_save",
+    "apply_save_batch_end",
     "apply_save_seen",
     "check_epoch",
     "is_newer",
