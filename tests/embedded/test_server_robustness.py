@@ -3,6 +3,7 @@ lifecycle. These exercise helpers MongoDB has no command for, so they run only o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -10,8 +11,12 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Iterator
 
 import bson
+import psutil
 import pymongo
 import pytest
 from pymongo.errors import AutoReconnect, ServerSelectionTimeoutError
@@ -67,6 +72,72 @@ def test_malformed_message_closes_only_that_connection(rs: EmbeddedReplicaSet, p
         bad.sendall(payload)
         assert _closed(bad)
         assert bystander.admin.command("ping")["ok"] == 1.0
+
+
+class _Watch:
+    """What a bystander saw while a hostile client was served: its ping round trips, and how far
+    this process's memory (the server's included) rose above where it started."""
+
+    def __init__(self) -> None:
+        self.pings: list[float] = []
+        self.peak_growth = 0
+
+
+@contextlib.contextmanager
+def _watched(uri: str) -> Iterator[_Watch]:
+    """Ping the server from a second client and sample this process's memory until the block ends."""
+    watch = _Watch()
+    done = threading.Event()
+    process = psutil.Process()
+    start_rss = process.memory_info().rss
+
+    def sample_memory() -> None:
+        while not done.wait(0.005):
+            watch.peak_growth = max(watch.peak_growth, process.memory_info().rss - start_rss)
+
+    with pymongo.MongoClient(uri) as bystander:
+        bystander.admin.command("ping")
+
+        def ping() -> None:
+            while not done.is_set():
+                began = time.perf_counter()
+                bystander.admin.command("ping")
+                watch.pings.append(time.perf_counter() - began)
+
+        threads = [threading.Thread(target=sample_memory), threading.Thread(target=ping)]
+        for thread in threads:
+            thread.start()
+        try:
+            yield watch
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join()
+        # One more round trip after the hostile message was dealt with: the server still answers.
+        assert bystander.admin.command("ping")["ok"] == 1.0
+
+
+def test_large_checksummed_message_does_not_stall_other_clients(rs: EmbeddedReplicaSet) -> None:
+    # About 40 MB in three document-sequence documents under 16 MiB each, and a checksum that is
+    # wrong: the server must read and check every byte before it may close the connection.
+    pad = [bson.encode({"_id": i, "pad": "x" * 13_000_000}) for i in range(3)]
+    sequence = b"pad\x00" + b"".join(pad)
+    body = (
+        struct.pack("<I", 1)  # checksumPresent
+        + b"\x00"
+        + bson.encode({"ping": 1, "$db": "admin"})
+        + b"\x01"
+        + struct.pack("<i", 4 + len(sequence))
+        + sequence
+        + struct.pack("<I", 0)
+    )
+    message = struct.pack("<iiii", 16 + len(body), 9, 0, 2013) + body
+    assert len(message) > 39_000_000
+    with _raw(rs.uri) as hostile, _watched(rs.uri) as watch:
+        hostile.sendall(message)
+        assert _closed(hostile)
+    assert watch.pings, "the bystander never got a ping through"
+    assert max(watch.pings) < 1.0
 
 
 def test_client_gone_mid_request_and_mid_reply(rs: EmbeddedReplicaSet, db_name: str) -> None:

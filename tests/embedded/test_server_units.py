@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import struct
 import zlib
 
@@ -18,6 +19,21 @@ from flowwarden.testing.embedded.storage import IndexSpec, path_values
 def test_crc32c_check_value() -> None:
     # The CRC-32C check value of the ASCII digits 1..9 (RFC 3720, appendix B.4).
     assert wire.crc32c(b"123456789") == 0xE3069283
+
+
+def _bitwise_crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc32c_agrees_with_the_bitwise_definition() -> None:
+    for size in (0, 1, 7, 8, 9, 63, 64, 65, 4099):
+        data = os.urandom(size)
+        assert wire.crc32c(data) == _bitwise_crc32c(data)
 
 
 def _op_msg(body: bytes, flags: int = 0) -> bytes:
