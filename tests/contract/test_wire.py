@@ -19,6 +19,7 @@ from wire_helpers import (
     command,
     connect,
     crc32c,
+    op_compressed,
     op_msg,
     op_query,
     receive,
@@ -197,7 +198,39 @@ async def test_async_client_finds_the_primary(mongodb_uri: str) -> None:
         await c.close()
 
 
-def test_compressing_client_falls_back_to_no_compression(mongodb_uri: str, db_name: str) -> None:
+def test_zlib_compressing_client_round_trips(mongodb_uri: str, db_name: str) -> None:
     with pymongo.MongoClient(mongodb_uri, compressors="zlib", serverSelectionTimeoutMS=10_000) as c:
         c[db_name].c.insert_one({"_id": 1, "payload": "x" * 10_000})
         assert c[db_name].c.find_one()["payload"] == "x" * 10_000
+        # A hello on a connection that negotiated compression reports what was agreed.
+        assert c.admin.command("hello")["compression"] == ["zlib"]
+
+
+def test_hello_negotiates_the_offered_compressors_it_knows(mongodb_uri: str) -> None:
+    with connect(mongodb_uri) as sock:
+        assert "compression" not in command(sock, {"hello": 1, "$db": "admin"})
+        agreed = command(sock, {"hello": 1, "compression": ["no-such-compressor", "zlib"], "$db": "admin"})
+        assert agreed["compression"] == ["zlib"]
+        # A later hello without the field asks what was agreed; one with it negotiates afresh.
+        assert command(sock, {"hello": 1, "$db": "admin"})["compression"] == ["zlib"]
+        assert "compression" not in command(sock, {"hello": 1, "compression": [], "$db": "admin"})
+
+
+def test_negotiated_zlib_request_is_answered(mongodb_uri: str) -> None:
+    with connect(mongodb_uri) as sock:
+        command(sock, {"hello": 1, "compression": ["zlib"], "$db": "admin"})
+        rid, message = op_msg({"ping": 1, "$db": "admin"})
+        sock.sendall(op_compressed(message))
+        reply = receive(sock)
+    assert reply.response_to == rid and reply.doc["ok"] == 1.0
+
+
+# MongoDB 7.0 decompresses any compressor it was started with, negotiated or not; the embedded
+# server, like later MongoDB releases, takes only what the connection's hello negotiated.
+@pytest.mark.embedded_only
+def test_compressed_request_without_negotiation_closes_the_connection(mongodb_uri: str) -> None:
+    with connect(mongodb_uri) as sock:
+        command(sock, {"hello": 1, "$db": "admin"})
+        _, message = op_msg({"ping": 1, "$db": "admin"})
+        sock.sendall(op_compressed(message))
+        assert closed_by_peer(sock)

@@ -10,6 +10,7 @@ import itertools
 import socket
 import struct
 import uuid
+import zlib
 from typing import Any
 
 import bson
@@ -19,7 +20,9 @@ from pymongo.uri_parser import parse_uri
 
 OP_REPLY = 1
 OP_QUERY = 2004
+OP_COMPRESSED = 2012
 OP_MSG = 2013
+ZLIB = 2
 CHECKSUM_PRESENT = 1
 MORE_TO_COME = 2
 
@@ -85,6 +88,14 @@ def op_query(full_collection_name: str, query: dict[str, Any]) -> tuple[int, byt
     return rid, struct.pack("<iiii", 16 + len(body), rid, 0, OP_QUERY) + body
 
 
+def op_compressed(message: bytes) -> bytes:
+    """``message`` (a whole OP_MSG or OP_QUERY) wrapped in an OP_COMPRESSED with zlib."""
+    _, rid, response_to, op_code = struct.unpack_from("<iiii", message)
+    original = message[16:]
+    payload = struct.pack("<iiB", op_code, len(original), ZLIB) + zlib.compress(original)
+    return struct.pack("<iiii", 16 + len(payload), rid, response_to, OP_COMPRESSED) + payload
+
+
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     chunks = []
     while n:
@@ -110,6 +121,12 @@ def receive(sock: socket.socket) -> Reply:
     length, _, response_to, op_code = struct.unpack("<iiii", header)
     rest = _recv_exactly(sock, length - 16)
     raw = header + rest
+    if op_code == OP_COMPRESSED:
+        # mongod answers a compressed request in kind; ``raw`` stays what was on the wire.
+        op_code, size, compressor = struct.unpack_from("<iiB", rest, 0)
+        assert compressor == ZLIB, compressor
+        rest = zlib.decompress(rest[9:])
+        assert len(rest) == size
     if op_code == OP_REPLY:
         doc = bson.decode(rest[20:])
         return Reply(response_to, op_code, 0, doc, raw)

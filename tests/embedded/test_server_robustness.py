@@ -4,6 +4,7 @@ lifecycle. These exercise helpers MongoDB has no command for, so they run only o
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 
 import bson
@@ -44,6 +46,17 @@ def _op_msg(doc: dict, request_id: int = 7) -> bytes:
     return struct.pack("<iiii", 16 + len(body), request_id, 0, 2013) + body
 
 
+def _op_compressed(payload: bytes, declared: int, *, original_op: int = 2013, request_id: int = 8) -> bytes:
+    """An OP_COMPRESSED message whose zlib ``payload`` claims to inflate to ``declared`` bytes."""
+    body = struct.pack("<iiB", original_op, declared, 2) + payload
+    return struct.pack("<iiii", 16 + len(body), request_id, 0, 2012) + body
+
+
+def _zlib_ping() -> bytes:
+    inner = _op_msg({"ping": 1, "$db": "admin"})
+    return _op_compressed(zlib.compress(inner[16:]), len(inner) - 16)
+
+
 MALFORMED = {
     "garbage": b"\xde\xad\xbe\xef" * 8,
     "length too small": struct.pack("<iiii", 8, 1, 0, 2013),
@@ -62,6 +75,8 @@ MALFORMED = {
     "unknown compressor": struct.pack("<iiii", 16 + 9 + 3, 1, 0, 2012)
     + struct.pack("<iiB", 2013, 3, 99)
     + b"abc",
+    # zlib is only for connections whose hello negotiated it; this one sent no hello.
+    "compressor not negotiated": _zlib_ping(),
 }
 
 
@@ -72,6 +87,30 @@ def test_malformed_message_closes_only_that_connection(rs: EmbeddedReplicaSet, p
         bad.sendall(payload)
         assert _closed(bad)
         assert bystander.admin.command("ping")["ok"] == 1.0
+
+
+def _negotiate_zlib(sock: socket.socket) -> None:
+    sock.sendall(_op_msg({"hello": 1, "compression": ["zlib"], "$db": "admin"}))
+    header = sock.recv(16, socket.MSG_WAITALL)
+    body = sock.recv(struct.unpack("<i", header[:4])[0] - 16, socket.MSG_WAITALL)
+    assert bson.decode(body[5:])["compression"] == ["zlib"]
+
+
+@functools.cache
+def _zlib_bomb(mebibytes: int) -> bytes:
+    """A zlib stream of ``mebibytes`` MiB of zeros in about a thousandth of that, built without ever
+    holding the zeros: after a full flush the compressor starts afresh, so every further MiB
+    compresses to the same bytes and the stream is its first MiB, that block repeated, and an end
+    carrying the Adler-32 of the whole."""
+    chunk = bytes(1 << 20)
+    packer = zlib.compressobj(9)
+    first = packer.compress(chunk) + packer.flush(zlib.Z_FULL_FLUSH)
+    block = packer.compress(chunk) + packer.flush(zlib.Z_FULL_FLUSH)
+    end = packer.flush()
+    adler = 1
+    for _ in range(mebibytes):
+        adler = zlib.adler32(chunk, adler)
+    return first + block * (mebibytes - 1) + end[:-4] + struct.pack(">I", adler)
 
 
 class _Watch:
@@ -115,6 +154,51 @@ def _watched(uri: str) -> Iterator[_Watch]:
                 thread.join()
         # One more round trip after the hostile message was dealt with: the server still answers.
         assert bystander.admin.command("ping")["ok"] == 1.0
+
+
+def test_zlib_bomb_is_refused_without_inflating_it(rs: EmbeddedReplicaSet) -> None:
+    bomb = _zlib_bomb(1024)  # 1 MB on the wire, 1 GiB inflated
+    # It claims the largest size a message may have, and inflates to far more.
+    declared = 48_000_000 - 16
+    with _raw(rs.uri) as hostile:
+        _negotiate_zlib(hostile)
+        with _watched(rs.uri) as watch:
+            hostile.sendall(_op_compressed(bomb, declared))
+            assert _closed(hostile)
+    assert watch.pings, "the bystander never got a ping through"
+    # Inflating stops one byte past the declared size: tens of MB, not the whole GiB.
+    assert watch.peak_growth < 256 * 1024 * 1024
+    assert max(watch.pings) < 1.0
+
+
+@pytest.mark.parametrize(
+    ("payload", "declared"),
+    [
+        (zlib.compress(b"x" * 1000), 999),  # inflates to more than it declared
+        (zlib.compress(b"x" * 1000), 1001),  # inflates to less than it declared
+        (zlib.compress(b"x" * 1000) + b"junk", 1000),  # bytes after the end of the stream
+        (zlib.compress(b"x" * 1000), -1),
+        (zlib.compress(b"x" * 1000), 48_000_000),  # with its header, more than a message may be
+    ],
+    ids=["more than declared", "less than declared", "trailing bytes", "negative size", "too large"],
+)
+def test_compressed_payload_must_match_its_declared_size(
+    rs: EmbeddedReplicaSet, payload: bytes, declared: int
+) -> None:
+    with _raw(rs.uri) as sock:
+        _negotiate_zlib(sock)
+        sock.sendall(_op_compressed(payload, declared))
+        assert _closed(sock)
+
+
+def test_negotiated_zlib_request_is_answered(rs: EmbeddedReplicaSet) -> None:
+    with _raw(rs.uri) as sock:
+        _negotiate_zlib(sock)
+        sock.sendall(_zlib_ping())
+        header = sock.recv(16, socket.MSG_WAITALL)
+        body = sock.recv(struct.unpack("<i", header[:4])[0] - 16, socket.MSG_WAITALL)
+    assert struct.unpack("<i", header[12:])[0] == 2013
+    assert bson.decode(body[5:])["ok"] == 1.0
 
 
 def test_large_checksummed_message_does_not_stall_other_clients(rs: EmbeddedReplicaSet) -> None:

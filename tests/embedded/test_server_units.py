@@ -72,13 +72,70 @@ def test_field_in_body_and_sequence_is_malformed() -> None:
         wire.parse_message(9, wire.OP_MSG, _op_msg(body))
 
 
+def _compressed(payload: bytes, declared: int, compressor: int = 2) -> bytes:
+    body = struct.pack("<iiB", wire.OP_MSG, declared, compressor) + payload
+    return struct.pack("<iiii", 16 + len(body), 5, 0, wire.OP_COMPRESSED) + body
+
+
+_PING = struct.pack("<I", 0) + b"\x00" + bson.encode({"ping": 1, "$db": "admin"})
+
+
 def test_op_compressed_zlib_is_unwrapped() -> None:
-    inner = struct.pack("<I", 0) + b"\x00" + bson.encode({"ping": 1, "$db": "admin"})
-    payload = zlib.compress(inner)
-    body = struct.pack("<iiB", wire.OP_MSG, len(inner), 2) + payload
-    message = struct.pack("<iiii", 16 + len(body), 5, 0, wire.OP_COMPRESSED) + body
-    request = wire.parse_message(5, wire.OP_COMPRESSED, message)
+    message = _compressed(zlib.compress(_PING), len(_PING))
+    request = wire.parse_message(5, wire.OP_COMPRESSED, message, ("zlib",))
     assert request.command["ping"] == 1 and request.op_code == wire.OP_MSG
+
+
+def test_op_compressed_needs_a_negotiated_compressor() -> None:
+    message = _compressed(zlib.compress(_PING), len(_PING))
+    with pytest.raises(wire.MalformedMessage, match="not negotiated"):
+        wire.parse_message(5, wire.OP_COMPRESSED, message)
+    # noop, snappy and zstd are not compressors this server offers, negotiated or not.
+    for compressor in (0, 1, 3):
+        with pytest.raises(wire.MalformedMessage, match="not available"):
+            wire.parse_message(5, wire.OP_COMPRESSED, _compressed(_PING, len(_PING), compressor), ("zlib",))
+
+
+@pytest.mark.parametrize(
+    ("payload", "declared"),
+    [
+        (zlib.compress(_PING), len(_PING) - 1),
+        (zlib.compress(_PING), len(_PING) + 1),
+        (zlib.compress(_PING) + b"junk", len(_PING)),
+        (zlib.compress(_PING)[:-3], len(_PING)),
+        (zlib.compress(_PING), -1),
+        (zlib.compress(_PING), wire.MAX_MESSAGE_SIZE - wire.HEADER_SIZE + 1),
+    ],
+    ids=["more", "less", "trailing bytes", "truncated", "negative", "over the message limit"],
+)
+def test_op_compressed_payload_must_inflate_to_its_declared_size(payload: bytes, declared: int) -> None:
+    with pytest.raises(wire.MalformedMessage):
+        wire.parse_message(5, wire.OP_COMPRESSED, _compressed(payload, declared), ("zlib",))
+
+
+def test_op_compressed_inflates_no_more_than_it_declared() -> None:
+    # 64 MiB of zeros in about 64 KB; the server must stop a byte past the 100 it was promised.
+    bomb = zlib.compress(bytes(64 << 20), 9)
+    refused = []
+    original = zlib.decompressobj
+
+    class Recording:
+        def __init__(self) -> None:
+            self._inner = original()
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+        def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+            out = self._inner.decompress(data, max_length)
+            refused.append(len(out))
+            return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zlib, "decompressobj", Recording)
+        with pytest.raises(wire.MalformedMessage):
+            wire.parse_message(5, wire.OP_COMPRESSED, _compressed(bomb, 100), ("zlib",))
+    assert refused and max(refused) <= 101
 
 
 def test_parse_header_rejects_impossible_lengths() -> None:

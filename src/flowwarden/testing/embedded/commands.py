@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 from bson import Binary, Int64, Timestamp
 from bson.binary import UuidRepresentation
 
-from flowwarden.testing.embedded import crud, engine
+from flowwarden.testing.embedded import crud, engine, wire
 from flowwarden.testing.embedded.crud import Scope
 from flowwarden.testing.embedded.cursors import ListCursor, ServerCursor
 from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.limits import MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE
 from flowwarden.testing.embedded.oplog import OplogOp
 from flowwarden.testing.embedded.sessions import Session, Transaction, TxnState
 from flowwarden.testing.embedded.storage import Collection, Document, DuplicateKey, IndexSpec
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 MAX_WIRE_VERSION = 21
 SERVER_VERSION = "7.0.14"
 FEATURE_COMPATIBILITY_VERSION = "7.0"
-MAX_BSON_OBJECT_SIZE = 16 * 1024 * 1024
-MAX_MESSAGE_SIZE_BYTES = 48_000_000
 MAX_WRITE_BATCH_SIZE = 100_000
 LOGICAL_SESSION_TIMEOUT_MINUTES = 30
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
@@ -283,7 +282,7 @@ def hello_reply(host: ReplicaSetHost, conn: ConnectionInfo, *, legacy: bool, hel
                 "majorityWriteDate": written,
             },
             "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
-            "maxMessageSizeBytes": MAX_MESSAGE_SIZE_BYTES,
+            "maxMessageSizeBytes": MAX_MESSAGE_SIZE,
             "maxWriteBatchSize": MAX_WRITE_BATCH_SIZE,
             "localTime": _utcnow(),
             "logicalSessionTimeoutMinutes": LOGICAL_SESSION_TIMEOUT_MINUTES,
@@ -291,9 +290,11 @@ def hello_reply(host: ReplicaSetHost, conn: ConnectionInfo, *, legacy: bool, hel
             "minWireVersion": 0,
             "maxWireVersion": MAX_WIRE_VERSION,
             "readOnly": False,
-            "ok": 1.0,
         }
     )
+    if conn.compressors:
+        reply["compression"] = list(conn.compressors)
+    reply["ok"] = 1.0
     return reply
 
 
@@ -309,6 +310,8 @@ async def cmd_hello(ctx: Context) -> Document:
         application = metadata.get("application")
         if isinstance(application, dict) and isinstance(application.get("name"), str):
             ctx.conn.app_name = application["name"]
+    if "compression" in cmd:
+        ctx.conn.compressors = wire.negotiate_compressors(_compression_offer(ctx))
     version = cmd.get("topologyVersion")
     wait_ms = cmd.get("maxAwaitTimeMS")
     if isinstance(version, dict) and wait_ms is not None:
@@ -322,6 +325,29 @@ async def cmd_hello(ctx: Context) -> Document:
             if ctx.host.shutdown_event.is_set():
                 raise CommandError(91, "The server is in quiesce mode and will shut down")
     return hello_reply(ctx.host, ctx.conn, legacy=ctx.name != "hello", hello_ok=bool(cmd.get("helloOk")))
+
+
+def _compression_offer(ctx: Context) -> list[str]:
+    """hello's ``compression``: the compressor names the client can use, most preferred first.
+
+    With the field, hello negotiates afresh (an empty list turns compression off); without it,
+    hello only reports what was negotiated, as MongoDB does.
+    """
+    offered = ctx.cmd["compression"]
+    if not isinstance(offered, list):
+        raise CommandError(
+            14,
+            f"BSON field '{ctx.name}.compression' is the wrong type '{_type_name(offered)}', "
+            "expected type 'array'",
+        )
+    for position, name in enumerate(offered):
+        if not isinstance(name, str):
+            raise CommandError(
+                14,
+                f"BSON field '{ctx.name}.compression.{position}' is the wrong type "
+                f"'{_type_name(name)}', expected type 'string'",
+            )
+    return offered
 
 
 @command("ping", sessions=False)
@@ -626,7 +652,7 @@ async def cmd_list_collections(ctx: Context) -> Document:
             else {
                 "name": "oplog.rs",
                 "type": "collection",
-                "options": {"capped": True, "size": Int64(MAX_MESSAGE_SIZE_BYTES)},
+                "options": {"capped": True, "size": Int64(MAX_MESSAGE_SIZE)},
                 "info": {"readOnly": False},
             }
         )

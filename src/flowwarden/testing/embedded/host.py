@@ -50,6 +50,8 @@ class ConnectionInfo:
     peer: str
     app_name: str | None = None
     metadata: Document | None = None
+    # The OP_COMPRESSED compressors this connection's hello negotiated; no others are accepted.
+    compressors: tuple[str, ...] = ()
     opened: float = field(default_factory=time.monotonic)
 
 

@@ -345,7 +345,7 @@ class EmbeddedReplicaSet:
             header = await reader.readexactly(wire.HEADER_SIZE)
             length, request_id, _, op_code = wire.parse_header(header)
             message = header + await reader.readexactly(length - wire.HEADER_SIZE)
-            request = wire.parse_message(request_id, op_code, message)
+            request = wire.parse_message(request_id, op_code, message, conn.compressors)
             if (
                 request.op_code == wire.OP_QUERY
                 and next(iter(request.command), None) not in _OP_QUERY_COMMANDS

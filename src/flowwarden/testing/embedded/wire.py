@@ -4,18 +4,26 @@ This module owns bytes only: message headers, OP_MSG sections and checksums, the
 handshake and its OP_REPLY, and OP_COMPRESSED unwrapping. It never interprets a command. Any byte
 sequence it cannot parse raises :class:`MalformedMessage`, and the server closes only the
 connection that sent it.
+
+Hard rule: the work a message costs is bounded by its size on the wire and the limits, never by
+what it claims. A compressed payload is inflated to its declared size and one byte past it at
+most, and every byte is checked by compiled code, so a hostile message holds up the server's
+other clients for milliseconds.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import bson
 import google_crc32c
 from bson.errors import BSONError
+
+from flowwarden.testing.embedded.limits import MAX_MESSAGE_SIZE
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -33,11 +41,15 @@ _REQUIRED_FLAG_MASK = 0xFFFF
 
 HEADER = struct.Struct("<iiii")
 HEADER_SIZE = HEADER.size
-MAX_MESSAGE_SIZE = 48_000_000
+# The compressors ``hello`` can negotiate: zlib only, which is in the standard library and which
+# every driver speaks. ``_ZLIB_ID`` is its id in OP_COMPRESSED headers.
+SERVER_COMPRESSORS = ("zlib",)
+_ZLIB_ID = 2
 
 _INT32 = struct.Struct("<i")
 _UINT32 = struct.Struct("<I")
 _REPLY_PREFIX = struct.Struct("<iqii")
+_COMPRESSION_HEADER = struct.Struct("<iiB")
 
 
 class MalformedMessage(ValueError):
@@ -76,16 +88,28 @@ def parse_header(header: bytes) -> tuple[int, int, int, int]:
     return length, request_id, response_to, op_code
 
 
-def parse_message(request_id: int, op_code: int, message: bytes) -> Request:
-    """Decode one whole message (header included) into a :class:`Request`."""
+def parse_message(
+    request_id: int, op_code: int, message: bytes, compressors: Collection[str] = ()
+) -> Request:
+    """Decode one whole message (header included) into a :class:`Request`.
+
+    ``compressors`` are the names the connection's ``hello`` negotiated; an OP_COMPRESSED message
+    using any other is malformed.
+    """
     body = memoryview(message)[HEADER_SIZE:]
     if op_code == OP_MSG:
         return _parse_op_msg(request_id, message, body)
     if op_code == OP_QUERY:
         return _parse_op_query(request_id, body)
     if op_code == OP_COMPRESSED:
-        return _parse_op_compressed(request_id, body)
+        return _parse_op_compressed(request_id, body, compressors)
     raise MalformedMessage(f"unsupported opCode {op_code}")
+
+
+def negotiate_compressors(offered: list[str]) -> tuple[str, ...]:
+    """The compressors a connection may use: those the client offered that the server has, in the
+    client's order of preference (MongoDB's rule; the client compresses with the first)."""
+    return tuple(name for name in dict.fromkeys(offered) if name in SERVER_COMPRESSORS)
 
 
 def _decode(data: bytes | memoryview) -> dict[str, Any]:
@@ -198,23 +222,33 @@ def _parse_op_query(request_id: int, body: memoryview) -> Request:
     )
 
 
-def _parse_op_compressed(request_id: int, body: memoryview) -> Request:
-    if len(body) < 9:
+def _parse_op_compressed(request_id: int, body: memoryview, compressors: Collection[str]) -> Request:
+    # mongod's order of checks, and the same verdict for each: the connection is closed.
+    if len(body) < _COMPRESSION_HEADER.size:
         raise MalformedMessage("OP_COMPRESSED too short")
-    original_op, size, compressor = struct.unpack_from("<iiB", body, 0)
-    payload = bytes(body[9:])
-    if compressor == 0:
-        data = payload
-    elif compressor == 2:
-        try:
-            data = zlib.decompress(payload)
-        except zlib.error as exc:
-            raise MalformedMessage(f"bad zlib payload: {exc}") from None
-    else:
-        # The server's hello advertises no compressors, so a client may not use any.
-        raise MalformedMessage(f"unsupported compressor id {compressor}")
-    if len(data) != size or original_op == OP_COMPRESSED:
-        raise MalformedMessage("OP_COMPRESSED payload does not match its header")
+    original_op, size, compressor = _COMPRESSION_HEADER.unpack_from(body, 0)
+    if compressor != _ZLIB_ID:
+        raise MalformedMessage(
+            f"compressor id {compressor} is not available; this server compresses with zlib only"
+        )
+    if "zlib" not in compressors:
+        raise MalformedMessage(
+            "compressor zlib was not negotiated for this connection; offer it in hello's compression field"
+        )
+    if size < 0 or HEADER_SIZE + size > MAX_MESSAGE_SIZE:
+        raise MalformedMessage(
+            f"OP_COMPRESSED declares {size} bytes uncompressed; a message may be at most {MAX_MESSAGE_SIZE}"
+        )
+    if original_op == OP_COMPRESSED:
+        raise MalformedMessage("OP_COMPRESSED may not wrap another OP_COMPRESSED")
+    inflater = zlib.decompressobj()
+    try:
+        # One byte past the declared size is enough to know it was a lie: never inflate more.
+        data = inflater.decompress(body[_COMPRESSION_HEADER.size :], size + 1)
+    except zlib.error as exc:
+        raise MalformedMessage(f"bad zlib payload: {exc}") from None
+    if len(data) != size or not inflater.eof or inflater.unused_data:
+        raise MalformedMessage(f"OP_COMPRESSED payload does not inflate to the {size} bytes it declares")
     inner = HEADER.pack(HEADER_SIZE + size, request_id, 0, original_op) + data
     return parse_message(request_id, original_op, inner)
 
