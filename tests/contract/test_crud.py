@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 
+import bson
 import pymongo
 import pytest
 from bson import Int64, ObjectId
@@ -216,6 +217,96 @@ async def test_find_and_modify_async(async_client: pymongo.AsyncMongoClient, db_
             {"_id": "counter"}, {"$inc": {"seq": 1}}, return_document=ReturnDocument.AFTER
         )
         assert doc["seq"] == expected
+
+
+# MongoDB's limits: a stored document is at most 16 MiB of BSON; an object in a request may be
+# 16 KiB larger (room for the command around a largest document); a message is at most 48 MB.
+MAX_BSON = 16 * 1024 * 1024
+MAX_REQUEST_OBJECT = MAX_BSON + 16 * 1024
+
+
+def _sized(doc: dict, size: int) -> dict:
+    """``doc`` plus a ``pad`` string that makes its BSON exactly ``size`` bytes."""
+    return {**doc, "pad": "x" * (size - len(bson.encode({**doc, "pad": ""})))}
+
+
+def test_insert_refuses_a_document_over_16_mib(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_one(_sized({"_id": "fits"}, MAX_BSON))
+    over = _sized({"_id": "over"}, MAX_BSON + 1)
+    with pytest.raises(WriteError) as info:
+        coll.insert_one(over)
+    assert info.value.code == 2
+    assert info.value.details["errmsg"] == (
+        "object to insert too large. size in bytes: 16777217, max size: 16777216"
+    )
+    # An ordered batch stops at the document, as at any write error.
+    with pytest.raises(BulkWriteError) as batch:
+        coll.insert_many([{"_id": 1}, over, {"_id": 2}])
+    details = batch.value.details
+    assert details["nInserted"] == 1
+    assert [(e["index"], e["code"]) for e in details["writeErrors"]] == [(1, 2)]
+    assert sorted(str(d["_id"]) for d in coll.find({}, {"_id": 1})) == ["1", "fits"]
+
+
+def test_request_object_over_the_request_limit_fails_the_whole_command(
+    client: pymongo.MongoClient, db_name: str
+) -> None:
+    coll = client[db_name].c
+    # The driver sends an acknowledged batch whatever its documents' sizes and lets the server judge.
+    with pytest.raises(OperationFailure) as info:
+        coll.insert_many([{"_id": 1}, _sized({"_id": "huge"}, MAX_REQUEST_OBJECT + 1)])
+    assert info.value.code == 10334
+    assert str(info.value.details["errmsg"]).startswith(
+        "BSONObj size: 16793601 (0x1004001) is invalid. Size must be between 0 and 16793600(16MB)"
+    )
+    assert coll.count_documents({}) == 0
+
+
+def test_update_refuses_a_result_over_16_mib(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    original = {"_id": 1, "a": "small"}
+    coll.insert_one(original)
+    grow = {"$set": {"pad": "x" * MAX_BSON}}
+    with pytest.raises(WriteError) as update:
+        coll.update_one({"_id": 1}, grow)
+    with pytest.raises(WriteError) as replace:
+        coll.replace_one({"_id": 1}, {"pad": "x" * MAX_BSON})
+    for refused in (update, replace):
+        assert refused.value.code == 17419
+        assert "Resulting document after update is larger than 16777216" in refused.value.details["errmsg"]
+    assert coll.find_one({"_id": 1}) == original
+    # Exactly 16 MiB is allowed.
+    coll.update_one({"_id": 1}, {"$set": {"pad": _sized(original, MAX_BSON)["pad"]}})
+    assert len(bson.encode(coll.find_one({"_id": 1}))) == MAX_BSON
+
+
+def test_upsert_refuses_a_new_document_over_16_mib(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    with pytest.raises(WriteError) as update:
+        coll.update_one({"_id": "new"}, {"$set": {"pad": "x" * MAX_BSON}}, upsert=True)
+    with pytest.raises(WriteError) as replace:
+        coll.replace_one({"_id": "new"}, {"pad": "x" * MAX_BSON}, upsert=True)
+    for refused in (update, replace):
+        assert refused.value.code == 17420
+        assert "Document to upsert is larger than 16777216" in refused.value.details["errmsg"]
+    assert coll.count_documents({}) == 0
+
+
+def test_find_and_modify_refuses_a_result_over_16_mib(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": 1, "a": "small"})
+    big = "x" * MAX_BSON
+    with pytest.raises(OperationFailure) as update:
+        coll.find_one_and_update({"_id": 1}, {"$set": {"pad": big}})
+    with pytest.raises(OperationFailure) as replace:
+        coll.find_one_and_replace({"_id": 1}, {"pad": big})
+    with pytest.raises(OperationFailure) as upsert:
+        coll.find_one_and_update({"_id": 2}, {"$set": {"pad": big}}, upsert=True)
+    assert (update.value.code, replace.value.code, upsert.value.code) == (17419, 17419, 17420)
+    assert "Resulting document after update is larger than 16777216" in str(update.value.details["errmsg"])
+    assert "Document to upsert is larger than 16777216" in str(upsert.value.details["errmsg"])
+    assert list(coll.find()) == [{"_id": 1, "a": "small"}]
 
 
 def test_find_filter_sort_skip_limit_projection(client: pymongo.MongoClient, db_name: str) -> None:

@@ -13,6 +13,7 @@ from bson import Decimal128, Int64, ObjectId
 
 from flowwarden.testing.embedded import wire
 from flowwarden.testing.embedded.keys import format_document, value_key
+from flowwarden.testing.embedded.limits import MAX_REQUEST_OBJECT_SIZE
 from flowwarden.testing.embedded.storage import IndexSpec, path_values
 
 
@@ -136,6 +137,39 @@ def test_op_compressed_inflates_no_more_than_it_declared() -> None:
         with pytest.raises(wire.MalformedMessage):
             wire.parse_message(5, wire.OP_COMPRESSED, _compressed(bomb, 100), ("zlib",))
     assert refused and max(refused) <= 101
+
+
+def _body_of_size(size: int) -> dict:
+    base = len(bson.encode({"insert": "c", "$db": "d", "pad": ""}))
+    return {"insert": "c", "$db": "d", "pad": "x" * (size - base)}
+
+
+def test_object_over_the_request_limit_is_refused_with_bson_object_too_large() -> None:
+    limit = MAX_REQUEST_OBJECT_SIZE
+    at_limit = bson.encode(_body_of_size(limit))
+    assert wire.parse_message(9, wire.OP_MSG, _op_msg(b"\x00" + at_limit)).command["insert"] == "c"
+    over = bson.encode(_body_of_size(limit + 1))
+    unsigned = _op_msg(b"\x00" + over + b"\x00" * 4, wire.CHECKSUM_PRESENT)[:-4]
+    with pytest.raises(wire.ObjectTooLarge) as info:
+        wire.parse_message(9, wire.OP_MSG, unsigned + struct.pack("<I", wire.crc32c(unsigned)))
+    assert info.value.errmsg == (
+        "BSONObj size: 16793601 (0x1004001) is invalid. Size must be between 0 and 16793600(16MB) "
+        'First element: insert: "c"'
+    )
+    assert info.value.checksum is True and info.value.op_code == wire.OP_MSG
+    # A document of a document sequence is held to the same limit.
+    doc = {"_id": 1, "pad": "y" * (limit + 1 - len(bson.encode({"_id": 1, "pad": ""})))}
+    seq = b"documents\x00" + bson.encode(doc)
+    body = b"\x00" + bson.encode({"insert": "c", "$db": "d"})
+    body += b"\x01" + struct.pack("<i", 4 + len(seq)) + seq
+    with pytest.raises(wire.ObjectTooLarge) as info:
+        wire.parse_message(9, wire.OP_MSG, _op_msg(body))
+    assert info.value.errmsg.endswith("First element: _id: 1")
+    # A long string is cut after 150 characters, as mongod cuts it.
+    doc = {"pad": "z" * (limit + 1 - len(bson.encode({"pad": ""})))}
+    with pytest.raises(wire.ObjectTooLarge) as info:
+        wire.parse_message(9, wire.OP_MSG, _op_msg(b"\x00" + bson.encode(doc)))
+    assert info.value.errmsg.endswith('First element: pad: "' + "z" * 150 + '..."')
 
 
 def test_parse_header_rejects_impossible_lengths() -> None:

@@ -7,7 +7,8 @@ that fails half-way has logged exactly the documents it changed.
 
 Filter matching, update operators and aggregation stages come from the query engine; this module
 adds what MongoDB does around them: ``_id`` first and immutable, unique indexes, upserts, write
-errors with their indexes, ordered and unordered batches.
+errors with their indexes, ordered and unordered batches, and the 16 MiB document limit. A write
+that would store a document over the limit fails before that document is stored or logged.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import bson
 from bson import ObjectId
 
 from flowwarden.testing.embedded import engine
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.keys import value_key
+from flowwarden.testing.embedded.limits import MAX_BSON_OBJECT_SIZE
 from flowwarden.testing.embedded.oplog import OplogOp
 from flowwarden.testing.embedded.storage import Catalog, Collection, Document, DuplicateKey
 
@@ -248,6 +251,28 @@ def _validate_new_document(doc: Document) -> None:
         )
 
 
+def _bson_size(doc: Document) -> int:
+    return len(bson.encode(doc))
+
+
+def _check_inserted_size(doc: Document) -> None:
+    size = _bson_size(doc)
+    if size > MAX_BSON_OBJECT_SIZE:
+        raise CommandError(
+            2, f"object to insert too large. size in bytes: {size}, max size: {MAX_BSON_OBJECT_SIZE}"
+        )
+
+
+def _check_updated_size(doc: Document) -> None:
+    if _bson_size(doc) > MAX_BSON_OBJECT_SIZE:
+        raise CommandError(17419, f"Resulting document after update is larger than {MAX_BSON_OBJECT_SIZE}")
+
+
+def _check_upserted_size(doc: Document) -> None:
+    if _bson_size(doc) > MAX_BSON_OBJECT_SIZE:
+        raise CommandError(17420, f"Document to upsert is larger than {MAX_BSON_OBJECT_SIZE}")
+
+
 def ensure_collection(scope: Scope, db: str, name: str) -> Collection:
     """The collection, created (and logged as MongoDB logs an implicit create) when missing."""
     coll = scope.catalog.get(db, name)
@@ -293,6 +318,8 @@ def insert_documents(
         try:
             if not isinstance(raw, dict):
                 raise CommandError(14, "documents must be objects")
+            # The size as sent, before a generated _id: what MongoDB measures.
+            _check_inserted_size(raw)
             doc = id_first(raw)
             _id = doc["_id"]
             if type(_id) in (list, dict):
@@ -572,6 +599,7 @@ def update_one_statement(
         result.before, result.after = old, new
         if new == old and list(new) == list(old):
             continue
+        _check_updated_size(new)
         key = value_key(old["_id"])
         scope.claim(coll, key)
         coll.put(key, new)
@@ -600,6 +628,7 @@ def update_one_statement(
         doc = apply_update(tools, seed, query, update, inserting=True, array_filters=array_filters)
     doc = id_first(doc)
     _validate_new_document(doc)
+    _check_upserted_size(doc)
     key = value_key(doc["_id"])
     if key in coll.docs:
         raise DuplicateKey(coll.ns, coll.indexes["_id_"], {"_id": doc["_id"]})

@@ -31,6 +31,7 @@ CODE_NAMES: dict[int, str] = {
     263: "OperationNotSupportedInTransaction",
     280: "ChangeStreamFatalError",
     286: "ChangeStreamHistoryLost",
+    10334: "BSONObjectTooLarge",
     11000: "DuplicateKey",
     11600: "InterruptedAtShutdown",
     11602: "InterruptedDueToReplStateChange",

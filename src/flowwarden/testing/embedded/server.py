@@ -345,7 +345,21 @@ class EmbeddedReplicaSet:
             header = await reader.readexactly(wire.HEADER_SIZE)
             length, request_id, _, op_code = wire.parse_header(header)
             message = header + await reader.readexactly(length - wire.HEADER_SIZE)
-            request = wire.parse_message(request_id, op_code, message, conn.compressors)
+            try:
+                request = wire.parse_message(request_id, op_code, message, conn.compressors)
+            except wire.ObjectTooLarge as too_large:
+                # MongoDB answers this one and keeps the connection: the message itself was sound.
+                if not too_large.more_to_come:
+                    refusal = CommandError(10334, too_large.errmsg).to_reply()
+                    refusal.update(host.cluster_time_fields())
+                    await self._send(
+                        writer,
+                        too_large.op_code,
+                        request_id,
+                        bson.encode(refusal),
+                        checksum=too_large.checksum,
+                    )
+                continue
             if (
                 request.op_code == wire.OP_QUERY
                 and next(iter(request.command), None) not in _OP_QUERY_COMMANDS
@@ -368,11 +382,15 @@ class EmbeddedReplicaSet:
                     10334, f"reply could not be encoded as BSON: {exc}", code_name="BSONObjectTooLarge"
                 )
                 payload = bson.encode({**error.to_reply(), **host.cluster_time_fields()})
-            if request.op_code == wire.OP_QUERY:
-                out = wire.build_op_reply(next(self._request_ids), request.request_id, payload)
-            else:
-                out = wire.build_op_msg(
-                    next(self._request_ids), request.request_id, payload, checksum=request.checksum
-                )
-            writer.write(out)
-            await writer.drain()
+            await self._send(writer, request.op_code, request.request_id, payload, checksum=request.checksum)
+
+    async def _send(
+        self, writer: asyncio.StreamWriter, op_code: int, response_to: int, payload: bytes, *, checksum: bool
+    ) -> None:
+        """Answer a request in its own kind: OP_REPLY to OP_QUERY, OP_MSG (checksummed if it was) else."""
+        if op_code == wire.OP_QUERY:
+            out = wire.build_op_reply(next(self._request_ids), response_to, payload)
+        else:
+            out = wire.build_op_msg(next(self._request_ids), response_to, payload, checksum=checksum)
+        writer.write(out)
+        await writer.drain()

@@ -3,7 +3,8 @@
 This module owns bytes only: message headers, OP_MSG sections and checksums, the legacy OP_QUERY
 handshake and its OP_REPLY, and OP_COMPRESSED unwrapping. It never interprets a command. Any byte
 sequence it cannot parse raises :class:`MalformedMessage`, and the server closes only the
-connection that sent it.
+connection that sent it. A well-framed request holding an object over the request limit raises
+:class:`ObjectTooLarge` instead, which the server answers, as MongoDB does.
 
 Hard rule: the work a message costs is bounded by its size on the wire and the limits, never by
 what it claims. A compressed payload is inflated to its declared size and one byte past it at
@@ -23,7 +24,8 @@ import bson
 import google_crc32c
 from bson.errors import BSONError
 
-from flowwarden.testing.embedded.limits import MAX_MESSAGE_SIZE
+from flowwarden.testing.embedded.keys import format_value
+from flowwarden.testing.embedded.limits import MAX_MESSAGE_SIZE, MAX_REQUEST_OBJECT_SIZE
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -54,6 +56,34 @@ _COMPRESSION_HEADER = struct.Struct("<iiB")
 
 class MalformedMessage(ValueError):
     """The bytes received are not a message this server can read; the connection is closed."""
+
+
+class ObjectTooLarge(ValueError):
+    """A request holds a BSON object over :data:`MAX_REQUEST_OBJECT_SIZE`.
+
+    MongoDB reads the message but not the command, and answers it with BSONObjectTooLarge (10334);
+    the connection stays open. This carries what the server needs to answer in kind.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        first_element: str,
+        *,
+        op_code: int,
+        checksum: bool = False,
+        more_to_come: bool = False,
+    ) -> None:
+        self.size = size
+        self.op_code = op_code
+        self.checksum = checksum
+        self.more_to_come = more_to_come
+        # mongod's wording, down to the "(16MB)" it prints for the 16 MiB + 16 KiB limit.
+        self.errmsg = (
+            f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and "
+            f"{MAX_REQUEST_OBJECT_SIZE}({MAX_REQUEST_OBJECT_SIZE >> 20}MB) First element: {first_element}"
+        )
+        super().__init__(self.errmsg)
 
 
 @dataclass(slots=True)
@@ -150,6 +180,8 @@ def _parse_op_msg(request_id: int, message: bytes, body: memoryview) -> Request:
             (size,) = _INT32.unpack_from(body, pos)
             if size < 5 or pos + size > end:
                 raise MalformedMessage("body section size out of range")
+            if size > MAX_REQUEST_OBJECT_SIZE:
+                raise _too_large(body[pos : pos + size], OP_MSG, flags)
             command = _decode(body[pos : pos + size])
             pos += size
         elif kind == 1:
@@ -163,6 +195,9 @@ def _parse_op_msg(request_id: int, message: bytes, body: memoryview) -> Request:
             if nul < 0:
                 raise MalformedMessage("document sequence identifier is not terminated")
             identifier = bytes(section[:nul]).decode("utf-8", "replace")
+            # Only a section longer than the limit can hold a document longer than it.
+            if len(section) - nul - 1 > MAX_REQUEST_OBJECT_SIZE:
+                _check_sequence_sizes(section[nul + 1 :], flags)
             try:
                 docs: list[dict[str, Any]] = bson.decode_all(bytes(section[nul + 1 :]))
             except (BSONError, ValueError, TypeError, IndexError) as exc:
@@ -206,6 +241,8 @@ def _parse_op_query(request_id: int, body: memoryview) -> Request:
     (size,) = _INT32.unpack_from(raw, pos)
     if size < 5 or pos + size > len(raw):
         raise MalformedMessage("OP_QUERY query size out of range")
+    if size > MAX_REQUEST_OBJECT_SIZE:
+        raise _too_large(memoryview(raw)[pos : pos + size], OP_QUERY, 0)
     query = _decode(raw[pos : pos + size])
     # Drivers wrap legacy commands as {$query: {...}, $readPreference: ...}.
     if "$query" in query and isinstance(query["$query"], dict):
@@ -220,6 +257,62 @@ def _parse_op_query(request_id: int, body: memoryview) -> Request:
         db=db,
         full_collection_name=full_name,
     )
+
+
+def _too_large(obj: memoryview, op_code: int, flags: int) -> ObjectTooLarge:
+    return ObjectTooLarge(
+        len(obj),
+        _first_element(obj),
+        op_code=op_code,
+        checksum=bool(flags & CHECKSUM_PRESENT),
+        more_to_come=bool(flags & MORE_TO_COME),
+    )
+
+
+def _check_sequence_sizes(docs: memoryview, flags: int) -> None:
+    """Raise :class:`ObjectTooLarge` for the first document of a sequence over the limit."""
+    pos, end = 0, len(docs)
+    while pos + 4 <= end:
+        (size,) = _INT32.unpack_from(docs, pos)
+        if size < 5 or pos + size > end:
+            return  # not a document: decoding the sequence reports it
+        if size > MAX_REQUEST_OBJECT_SIZE:
+            raise _too_large(docs[pos : pos + size], OP_MSG, flags)
+        pos += size
+
+
+# Value lengths of the BSON types whose first element mongod's message can show in full.
+_FIXED_VALUE_SIZES = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}
+_SHOWN_STRING_CHARS = 150
+
+
+def _first_element(obj: memoryview) -> str:
+    """The ``name: value`` mongod prints after "First element:" for an object too large to read.
+
+    Only the first element is read, never the whole object; a long string is cut as mongod cuts
+    it, and a value of another kind is left out.
+    """
+    kind = obj[4]
+    if kind == 0:
+        return "EOO"
+    nul = bytes(obj[5 : 5 + 1024]).find(b"\x00")
+    if nul < 0:
+        return "..."
+    name = bytes(obj[5 : 5 + nul]).decode("utf-8", "replace")
+    start = 5 + nul + 1
+    if kind in _FIXED_VALUE_SIZES:
+        element = bytes(obj[4 : start + _FIXED_VALUE_SIZES[kind]])
+        try:
+            value = bson.decode(_INT32.pack(len(element) + 5) + element + b"\x00")[name]
+        except (BSONError, ValueError, TypeError, IndexError, KeyError):
+            return f"{name}: ?"
+        return f"{name}: {format_value(value)}"
+    if kind == 0x02 and start + 4 <= len(obj):
+        (length,) = _INT32.unpack_from(obj, start)
+        shown = bytes(obj[start + 4 : start + 4 + min(max(length - 1, 0), _SHOWN_STRING_CHARS)])
+        text = shown.decode("utf-8", "replace")
+        return f'{name}: "{text}..."' if length - 1 > _SHOWN_STRING_CHARS else f'{name}: "{text}"'
+    return f"{name}: ..."
 
 
 def _parse_op_compressed(request_id: int, body: memoryview, compressors: Collection[str]) -> Request:
