@@ -15,12 +15,12 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from flowwarden.checkpoint.store import AwaitableStore
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
+from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.lease import LOCKS_COLLECTION
 from flowwarden.runtime.status import StreamState, StreamStatus
@@ -29,18 +29,6 @@ from flowwarden.runtime.stream import StreamRunner
 log = logging.getLogger("flowwarden.connector")
 
 DEFAULT_CHECKPOINT_DATABASE = "flowwarden"
-
-
-def redact_uri(uri: str) -> str:
-    """The URI with its password replaced by ``***``, for logs and errors."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return "<unparseable MongoDB URI>"
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class Connector:
