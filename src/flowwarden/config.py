@@ -302,7 +302,7 @@ class ChangeStreamOptions(_Options):
         "lease_ttl_seconds": "a finite number > 0",
         "restart_initial_delay_seconds": "a finite number > 0",
         "restart_max_delay_seconds": "a finite number >= restart_initial_delay_seconds",
-        "max_restarts": "None (unlimited) or an int >= 0",
+        "max_restarts": "None (unlimited) or an int >= 0: re-opens in a row after errors not known to be transient",
         "show_expanded_events": "True or False",
     }
 
@@ -320,7 +320,7 @@ class ChangeStreamOptions(_Options):
     lease_ttl_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     restart_initial_delay_seconds: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     restart_max_delay_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
-    max_restarts: int | None = Field(default=None, ge=0)
+    max_restarts: int | None = Field(default=10, ge=0)
     show_expanded_events: bool = False
 
     @field_validator("collection")

@@ -469,7 +469,7 @@ def change_stream(
     lease_ttl_seconds: float = 30,
     restart_initial_delay_seconds: float = 1.0,
     restart_max_delay_seconds: float = 60.0,
-    max_restarts: int | None = None,
+    max_restarts: int | None = 10,
     show_expanded_events: bool = False,
 ) -> Callable[[type[T]], type[T]]: ...
 def change_stream(
@@ -488,7 +488,7 @@ def change_stream(
     lease_ttl_seconds: float = 30,
     restart_initial_delay_seconds: float = 1.0,
     restart_max_delay_seconds: float = 60.0,
-    max_restarts: int | None = None,
+    max_restarts: int | None = 10,
     show_expanded_events: bool = False,
 ) -> Any:
     """Make a class a change-stream handler.
@@ -498,9 +498,11 @@ def change_stream(
     keys the checkpoint, so renaming a class without ``name=`` starts a new checkpoint.
     ``operation_types`` filters server-side; ``invalidate`` always passes so the stream sees its
     own end. ``deployment="single_leader"`` runs one instance at a time through a lease of
-    ``lease_ttl_seconds``. After a non-resumable error the stream re-opens from its checkpoint,
-    waiting ``restart_initial_delay_seconds`` doubling to ``restart_max_delay_seconds``, at most
-    ``max_restarts`` times (None: forever).
+    ``lease_ttl_seconds``. After an error a re-open may fix, the stream re-opens from its
+    checkpoint, waiting ``restart_initial_delay_seconds`` doubling to
+    ``restart_max_delay_seconds``: for as long as it takes after transient errors (the deployment
+    out of reach), at most ``max_restarts`` times in a row after errors not known to be transient
+    (None: forever). Errors no re-open can fix fail the stream at once.
     """
     values: dict[str, Any] = {
         "collection": collection,

@@ -53,6 +53,10 @@ def test_a_leader_whose_lease_was_taken_is_fenced_and_stands_by(mongodb_uri, cli
         wait_until(lambda: a.status()["orders"].state == StreamState.RUNNING, what="a leads")
         orders.insert_one({"_id": 0})
         wait_until(lambda: seen, what="the first event")
+        wait_until(
+            lambda: (checkpoint_doc(client, db_name, "orders") or {}).get("eventsProcessed") == 1,
+            what="the first event's checkpoint",
+        )
         # Another instance took the stream over (as after a long pause of this one): a newer epoch
         # in the lease and in the checkpoint.
         lock = client[db_name]["_fw_locks"].find_one({"_id": "orders"})

@@ -152,7 +152,7 @@ def test_change_stream_defaults_match_the_design() -> None:
     assert parsed.on_invalidate is OnInvalidate.STOP
     assert parsed.lease_ttl_seconds == 30
     assert (parsed.restart_initial_delay_seconds, parsed.restart_max_delay_seconds) == (1.0, 60.0)
-    assert parsed.max_restarts is None
+    assert parsed.max_restarts == 10
     assert parsed.show_expanded_events is False
 
 

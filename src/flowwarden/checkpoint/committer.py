@@ -222,6 +222,49 @@ class CheckpointCommitter:
             return self._save_now()
         return None
 
+    async def commit_through(self, sequence: int, token: ResumeToken) -> None:
+        """Record that every event up to ``sequence`` finished, ``token`` being the last one's.
+
+        For a batch, committed as one: the frontier moves to the batch's end in one step, so no
+        count save ever stores a position inside the batch (a batch is re-formed from where it
+        starts). Only for streams with nothing else in flight: every sequence up to ``sequence``
+        must be finished. Waits for a save when the move reaches the save count, as
+        :meth:`commit` does.
+        """
+        if self._refusal is not None:
+            raise self._refusal.with_traceback(None)
+        if sequence <= self._frontier:
+            return
+        completed = self._completed
+        if completed:
+            for done in [s for s in completed if s <= sequence]:
+                del completed[done]
+        self._frontier = sequence
+        self._frontier_token = token
+        if sequence >= self._save_at:
+            await self._save_now()
+
+    async def save_batch_end(self, token: ResumeToken) -> None:
+        """Store where the batch about to be handed to its method ends, before the method runs.
+
+        Waits for the store (with the stream's epoch, one write at a time with the saves); a
+        failure is counted like a failed save and raised, so the batch is not handed over
+        without its end stored.
+        """
+        if self._refusal is not None:
+            raise self._refusal.with_traceback(None)
+        async with self._save_lock:
+            if self._failure is not None:
+                raise self._failure.with_traceback(None)
+            try:
+                await self._calls.save_batch_end(self.stream_id, token, self.epoch)
+            except Exception as exc:
+                self._record_failure(exc)
+                if self._failure is not None and self._failure is not exc:
+                    raise self._failure.with_traceback(None) from exc
+                raise
+            self._record_success()
+
     def observe_seen(self, token: ResumeToken) -> None:
         """Offer a post-batch resume token taken while no event was in flight; never blocks.
 

@@ -5,6 +5,11 @@ A batch is delivered when it holds ``max_events`` events or its oldest event has
 returned, so whatever the method wrote (a parquet file, a table) is durable before the checkpoint
 moves past the batch.
 
+Where a batch ends is stored before its method runs (``batchEndToken``). After a restart, the
+first batch is formed to end exactly there, whatever ``max_events`` and ``max_wait_seconds``
+say, so a batch the method may have half-written comes back with the same events and the same
+``ctx.batch_id``.
+
 Sync batch methods, and the Arrow conversion of DataFrame batches, run in a worker thread: they
 may take seconds, and the event loop must keep renewing leases and saving heartbeats meanwhile.
 """
@@ -18,7 +23,7 @@ from typing import Any
 
 from flowwarden.config import SchemaMode
 from flowwarden.decorators import StreamSpec
-from flowwarden.events import ChangeEvent
+from flowwarden.events import ChangeEvent, ResumeToken, token_data
 from flowwarden.runtime.context import StreamContext
 from flowwarden.runtime.invoke import Exhausted, Invoker
 
@@ -48,6 +53,7 @@ class BatchDelivery:
         self._spark_provider = spark_provider
         self._items: list[Item] = []
         self._first_at = 0.0
+        self._replay_end: str | None = None
         self.malformed = 0
         self.on_malformed: Callable[[list[Any]], Any] | None = None
 
@@ -59,14 +65,41 @@ class BatchDelivery:
     def empty(self) -> bool:
         return not self._items
 
-    def due(self) -> bool:
+    def replay_until(self, end: ResumeToken | None) -> None:
+        """Form the next batch to end exactly at ``end`` (a stored batch end), or not (None)."""
+        self._replay_end = None if end is None else token_data(end)
+
+    @property
+    def replaying(self) -> bool:
+        return self._replay_end is not None
+
+    def past_replay_end(self, change: MutableMapping[str, Any]) -> bool:
+        """Whether ``change`` lies after the end of the batch being formed again."""
+        end = self._replay_end
+        return end is not None and token_data(change["_id"]) > end
+
+    def stop_replay(self) -> None:
+        self._replay_end = None
+
+    def due(self, position: ResumeToken | None = None) -> bool:
+        """Whether the pending batch is to be delivered now; ``position`` is the stream's
+        post-batch token at an empty read (everything up to it has been read)."""
         items = self._items
         if not items:
             return False
+        end = self._replay_end
+        if end is not None:
+            # A batch formed again ends where the stored batch ended, not by count or time.
+            return token_data(items[-1][1]["_id"]) >= end or (
+                position is not None and token_data(position) >= end
+            )
         return len(items) >= self.max_events or time.monotonic() - self._first_at >= self.max_wait_seconds
 
     def take(self) -> list[Item]:
+        """The pending events, now a batch of their own; a batch formed again is then over."""
         items, self._items = self._items, []
+        if items:
+            self._replay_end = None
         return items
 
     async def deliver(

@@ -94,6 +94,12 @@ class ReadAhead:
             await self._ready.wait()
         return items.popleft()
 
+    def interrupt(self) -> None:
+        """Wake a read loop waiting for the next item (a stop): it gets an :class:`EmptyRead`
+        with no token, and finds its halt flag set before it reads on."""
+        self.items.append(EmptyRead(None, True))
+        self._ready.set()
+
     async def close(self) -> None:
         """Stop reading; what was read ahead and not taken is dropped (read again from the checkpoint)."""
         self._task.cancel()

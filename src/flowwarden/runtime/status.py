@@ -12,7 +12,10 @@ class StreamState(str, enum.Enum):
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
     STANDBY = "STANDBY"
+    STOPPING = "STOPPING"
+    """A stop was asked for: no new reads; handlers in flight finish, then the checkpoint is saved."""
     STOPPED = "STOPPED"
+    """Stopped on request, or by an invalidate (then ``Connector.stream_errors()`` names it)."""
     FAILED = "FAILED"
 
 

@@ -2,32 +2,35 @@
 
 The position rules this module keeps:
 
+- a stream with no stored position stores the one it opens at before it handles any event, so
+  a first run that stops early (a failing handler, a crash) loses nothing written after the open;
 - an event's token reaches the committer only after its handling finished (or it was skipped or
   dead-lettered on purpose); the committer saves the highest contiguous one, so the stored
   lastProcessedToken never passes an unfinished event;
 - a post-batch resume token reaches the committer as lastSeen only while nothing is in flight
   (every event read so far has completed), so resuming after it skips nothing unhandled;
+- a batch method's batch is planned before the method runs: where it ends is stored first, and
+  after a crash the same events form the same batch again;
 - a restart re-opens from the store's checkpoint, never from memory, so what is replayed is exactly
-  the unsaved window.
+  the unsaved window; errors that a re-open cannot fix (flowwarden.failures) fail the stream
+  instead, and the checkpoint is left as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import bson
-from bson import Timestamp
 from bson.codec_options import CodecOptions
 from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure, PyMongoError
 
-from flowwarden.checkpoint import Checkpoint, CheckpointCommitter, is_retryable_save_error
+from flowwarden.checkpoint import Checkpoint, CheckpointCommitter
 from flowwarden.checkpoint.store import AwaitableStore
 from flowwarden.config import (
     Deployment,
@@ -38,16 +41,27 @@ from flowwarden.config import (
 )
 from flowwarden.decorators import StreamSpec
 from flowwarden.errors import (
-    CheckpointSaveFailedError,
+    ConfigurationError,
     FencedError,
     FlowWardenError,
     HandlerError,
     HistoryLostError,
+    RestartsExhaustedError,
+    ResumePositionError,
     SchemaMismatchError,
     StreamError,
     StreamInvalidatedError,
 )
-from flowwarden.events import ChangeEvent, timestamp_datetime, token_datetime
+from flowwarden.events import ChangeEvent, timestamp_datetime, token_data, token_datetime
+from flowwarden.failures import Failure, classify
+from flowwarden.positions import (
+    ahead_of_server,
+    maybe_await,
+    open_change_stream,
+    opening_token,
+    oplog_edge,
+    server_cluster_time,
+)
 from flowwarden.runtime.batching import BatchDelivery
 from flowwarden.runtime.context import StreamContext
 from flowwarden.runtime.dead_letter import DeadLetterWriter
@@ -59,19 +73,23 @@ from flowwarden.runtime.status import StreamState, StreamStatus
 # Server error codes with a meaning of their own to the runner.
 HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
 INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
-# Errors a re-open cannot fix: the operator must act (permissions, a pipeline the server rejects).
-FATAL_CODES = frozenset(
+# Codes with which the server refuses a stored resume token at open.
+REFUSED_TOKEN_CODES = frozenset(
     {
-        13,  # Unauthorized
-        18,  # AuthenticationFailed
-        280,  # ChangeStreamFatalError (e.g. a stage removed _id)
-        40324,  # unrecognized pipeline stage
-        40573,  # $changeStream only on a replica set / sharded cluster
+        9,  # FailedToParse: _data is not hex
+        260,  # InvalidResumeToken
+        40649,  # a token too short or of an unknown format
     }
 )
+CHANGE_STREAM_FATAL = 280  # among others: "the resume token was not found"
 
 _HISTORY_AUDIT_KEEP = 20
 _DEFAULT_READ_AHEAD_BATCH = 1000  # without a batch_size: the read-ahead bound counts this per batch
+# With the deployment out of reach, a stop does not wait for server selection (30 s by default)
+# in the final save or the lease release: the stored checkpoint is behind, never ahead.
+_STOP_IO_TIMEOUT_SECONDS = 2.0
+
+T = TypeVar("T")
 
 
 class _HistoryLost(Exception):
@@ -90,22 +108,6 @@ class _Reopen(Exception):
 
 class _LostOwnership(Exception):
     """The single-leader lease (or the checkpoint's epoch) says another instance owns the stream."""
-
-
-def is_restartable(error: BaseException) -> bool:
-    """The one rule for which stream errors re-open the stream (with backoff) instead of failing it.
-
-    Server errors other than the fatal codes above, and everything the checkpoint committer
-    treats as transient (network and server-selection failures, checkpoint-store errors such as
-    a load that failed during an outage, I/O errors): PyMongo has already spent its one automatic
-    resume on them, and a re-open from the saved checkpoint loses nothing. A fenced stream
-    (FencedError) is never restarted: another instance owns it.
-    """
-    if isinstance(error, OperationFailure):
-        return error.code not in FATAL_CODES
-    if isinstance(error, CheckpointSaveFailedError):
-        return True
-    return is_retryable_save_error(error)
 
 
 class StreamRunner:
@@ -166,6 +168,17 @@ class StreamRunner:
         self._forced_start: dict[str, Any] | None = None
         self._opened_with: dict[str, Any] = {}
         self._history_audit: dict[str, Any] | None = None
+        self._opening = True
+        self._reader: ReadAhead | None = None
+        self._replay_end: dict[str, Any] | None = None
+        if self._batch is not None and not hasattr(store.store, "save_batch_end"):
+            raise ConfigurationError(
+                f"{type(store.store).__name__} has no save_batch_end(stream_id, token, epoch), which "
+                "streams with @on_batch or @on_dataframe need to form the same batches after a crash; "
+                "implement it (docs/checkpoints.md: the rules every store keeps)",
+                owner=f"stream {spec.name!r}",
+                option="store",
+            )
 
     # ------------------------------------------------------------------------------------------
     # wiring
@@ -205,6 +218,10 @@ class StreamRunner:
         """Ask the stream to stop: no new reads; in-flight handlers finish; checkpoints flush."""
         self._stopping.set()
         self._halt = True
+        if self.state not in (StreamState.STOPPED, StreamState.FAILED):
+            self.state = StreamState.STOPPING
+        if self._reader is not None:
+            self._reader.interrupt()
 
     def status(self) -> StreamStatus:
         # The committer's frontier is the live processed position; before one exists, the loaded one.
@@ -233,13 +250,22 @@ class StreamRunner:
     # the outer loop: leases, restarts, final state
 
     async def run(self) -> None:
-        """Run until stopped. Never raises for stream failures: they end in state FAILED."""
+        """Run until stopped. Never raises for stream failures: they end in state FAILED.
+
+        Transient errors (flowwarden.failures) re-open the stream with backoff for as long as
+        they last; unknown ones at most ``max_restarts`` times in a row (the count starts again
+        once a re-opened stream reads); fatal ones fail it at once.
+        """
         self._consecutive_failures = 0
+        self._unknown_in_a_row = 0
         try:
             while not self._stopping.is_set():
-                if self._lease is not None and not await self._wait_for_lease():
+                if self._lease is not None and not await self._until_stopped(self._wait_for_lease(), False):
                     break
                 renewer = asyncio.create_task(self._renew_lease()) if self._lease else None
+                watcher = (
+                    asyncio.create_task(self._watch_for_other_writers()) if self._lease is None else None
+                )
                 try:
                     await self._run_once()
                     if self._forced_start is not None:
@@ -259,26 +285,42 @@ class StreamRunner:
                 except BaseException as error:
                     if isinstance(error, asyncio.CancelledError):
                         raise
-                    if not is_restartable(error):
-                        raise
-                    self._consecutive_failures += 1
-                    if not await self._backoff(error, self._consecutive_failures):
-                        raise
+                    if self._stopping.is_set() and self._opening:
+                        break  # a stop cut the open short: nothing was in flight
+                    await self._after_failure(error)
                 finally:
-                    if renewer is not None:
-                        renewer.cancel()
-                        await asyncio.gather(renewer, return_exceptions=True)
+                    for task in (renewer, watcher):
+                        if task is not None:
+                            task.cancel()
+                            await asyncio.gather(task, return_exceptions=True)
         except Exception as error:
             self._fail(error)
         finally:
-            if self._lease is not None and self._lease.lease is not None:
-                try:
-                    await self._lease.release()
-                except PyMongoError as error:
-                    self.log.warning("stream %s: could not release its lease: %s", self.name, error)
+            await self._release_lease()
         if self.state != StreamState.FAILED:
             self.state = StreamState.STOPPED
-            self.reason = self.reason or "stopped"
+            if self.error is None:
+                self.reason = self.reason or "stopped"
+                self.log.info(
+                    "stream %s stopped gracefully; checkpoint saved at %s",
+                    self.name,
+                    self._describe_saved(),
+                )
+
+    async def _after_failure(self, error: BaseException) -> None:
+        """Raise ``error`` when the stream must fail; otherwise back off before the re-open."""
+        kind = classify(error)
+        if kind is Failure.FATAL:
+            raise error
+        if kind is Failure.UNKNOWN:
+            self._unknown_in_a_row += 1
+            limit = self.spec.stream.max_restarts
+            if limit is not None and self._unknown_in_a_row > limit:
+                raise RestartsExhaustedError(
+                    self.name, restarts=self._unknown_in_a_row - 1, last_error=error
+                ) from error
+        self._consecutive_failures += 1
+        await self._backoff(error, self._consecutive_failures, kind)
 
     def _fail(self, error: BaseException) -> None:
         self.state = StreamState.FAILED
@@ -287,19 +329,18 @@ class StreamRunner:
         self.reason = self.last_error
         self.log.error("stream %s failed: %s", self.name, self.last_error)
 
-    async def _backoff(self, error: BaseException, failures: int) -> bool:
-        """Wait before re-opening after a transient error; False when restarts are used up."""
+    async def _backoff(self, error: BaseException, failures: int, kind: Failure) -> None:
+        """Wait before re-opening after an error a re-open may fix."""
         opts = self.spec.stream
-        if opts.max_restarts is not None and failures > opts.max_restarts:
-            return False
         self.restarts += 1
         self.state = StreamState.RESTARTING
         self.last_error = f"{type(error).__name__}: {error}"
         delay = opts.restart_delay_for(failures)
         self.log.warning(
-            "stream %s: %s; re-opening from the last saved checkpoint in %.1fs (restart %d)",
+            "stream %s: %s (%s error); re-opening from the last saved checkpoint in %.1fs (restart %d)",
             self.name,
             self.last_error,
+            kind.value,
             delay,
             self.restarts,
         )
@@ -307,7 +348,46 @@ class StreamRunner:
             await asyncio.wait_for(self._stopping.wait(), delay)
         except asyncio.TimeoutError:
             pass
-        return True
+
+    async def _until_stopped(self, work: Awaitable[T], stopped: T) -> T:
+        """``work``'s result, or ``stopped`` as soon as a stop is asked for (``work`` is cancelled).
+
+        For waits with nothing in flight (loading the checkpoint, opening, taking a lease): with
+        the deployment out of reach they would hold a stop for the driver's server selection
+        timeout.
+        """
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return stopped
+
+    async def _release_lease(self) -> None:
+        if self._lease is None or self._lease.lease is None:
+            return
+        try:
+            await asyncio.wait_for(self._lease.release(), _STOP_IO_TIMEOUT_SECONDS)
+        except (PyMongoError, asyncio.TimeoutError) as error:
+            self.log.warning(
+                "stream %s: could not release its lease (%s); it expires after lease_ttl_seconds",
+                self.name,
+                error or "timed out",
+            )
+
+    def _describe_saved(self) -> str:
+        committer = self._committer
+        if committer is None:
+            return "no position (never opened)"
+        token = committer.last_saved_token
+        if token is None:
+            return "its opening position"
+        return f"{_describe(token)}, {committer.saved_sequence} event(s) this run"
 
     async def _wait_for_lease(self) -> bool:
         """Stand by until this instance holds the stream's lease; False if stopped meanwhile."""
@@ -346,11 +426,91 @@ class StreamRunner:
                 self._halt = True
                 return
 
+    async def _watch_for_other_writers(self) -> None:
+        """Warn when another instance writes this stream's checkpoint (deployments without a lease).
+
+        Every processed save writes this instance's id into the record; once this run has saved,
+        any other id found there was written since by someone else, who handles the same events
+        and overwrites this instance's positions.
+        """
+        interval = max(self.spec.checkpoint.save_interval_seconds or 5.0, 1.0)
+        warned: set[str] = set()
+        while True:
+            await asyncio.sleep(interval)
+            committer = self._committer
+            if committer is None or committer.saved_sequence == 0:
+                continue
+            try:
+                stored = await self._store.load(self.name)
+            except Exception:  # the committer reports a store in trouble
+                continue
+            other = stored.instance_id if stored is not None else None
+            if other is None or other == self._instance_id or other in warned:
+                continue
+            warned.add(other)
+            self.log.warning(
+                "stream %s: instance %r also writes this stream's checkpoint (this instance is %r): both "
+                "handle every event and overwrite each other's positions. Run one instance per stream, "
+                "or set @change_stream(deployment='single_leader') so that one instance at a time holds it",
+                self.name,
+                other,
+                self._instance_id,
+            )
+
     # ------------------------------------------------------------------------------------------
     # one open stream
 
     async def _run_once(self) -> None:
         self._halt = self._stopping.is_set() or self._lost_lease
+        self._opening = True
+        try:
+            opened = await self._until_stopped(self._open_from_checkpoint(), None)
+        except OperationFailure as error:
+            if error.code == HISTORY_LOST:
+                raise _HistoryLost(error) from error
+            raise
+        except FencedError as error:
+            if self._lease is not None:
+                self._lease.lease = None
+                raise _LostOwnership() from error
+            raise
+        if opened is None:
+            return  # a stop came while opening; nothing was read
+        stream, committer, position = opened
+        self._opening = False
+        self.state = StreamState.STOPPING if self._stopping.is_set() else StreamState.RUNNING
+        self._first_run = False
+        try:
+            try:
+                await self._consume(stream, committer, position)
+            finally:
+                await _close_stream(stream)
+        except OperationFailure as error:
+            await self._drain_and_close(committer)
+            if error.code == HISTORY_LOST:
+                raise _HistoryLost(error) from error
+            if _token_not_found(error):
+                raise ResumePositionError(
+                    self.name, token=position, reason=f"the server did not find it: {error}"
+                ) from error
+            raise
+        except FencedError as error:
+            await self._drain_and_close(committer)
+            if self._lease is not None:
+                self._lease.lease = None
+                raise _LostOwnership() from error
+            raise
+        except BaseException:
+            await self._drain_and_close(committer)
+            raise
+        else:
+            await self._drain_and_close(committer)
+
+    async def _open_from_checkpoint(self) -> tuple[Any, CheckpointCommitter, dict[str, Any]]:
+        """Load the checkpoint, make sure the opening position is stored, open the change stream.
+
+        Returns the stream, the committer for this run and the token it opened after.
+        """
         checkpoint = await self._store.load(self.name)
         epoch = (
             self._lease.lease.epoch
@@ -367,47 +527,37 @@ class StreamRunner:
             initial=checkpoint,
         )
         self._committer = committer
-        self._loaded_metadata = dict(checkpoint.metadata) if checkpoint else {}
-        if self._history_audit is not None:
-            committer.set_metadata("historyLost", self._history_audit)
-        self.events_processed = checkpoint.events_processed if checkpoint else 0
-        if checkpoint is not None:
-            self._last_processed_time = checkpoint.last_processed_at
-            self._last_seen_time = checkpoint.last_seen_at
         try:
-            start, save_initial = await self._start_options(checkpoint)
+            self._loaded_metadata = dict(checkpoint.metadata) if checkpoint else {}
+            if self._history_audit is not None:
+                committer.set_metadata("historyLost", self._history_audit)
+            self.events_processed = checkpoint.events_processed if checkpoint else 0
+            if checkpoint is not None:
+                self._last_processed_time = checkpoint.last_processed_at
+                self._last_seen_time = checkpoint.last_seen_at
+            start, new = await self._opening_position(checkpoint)
             self._opened_with = start
             stream = await self._open(start, codec_options=self._read_options())
-            self.state = StreamState.RUNNING
-            self._first_run = False
-            self._consecutive_failures = 0  # a good open: the next error backs off from the start
-            try:
-                await self._consume(stream, committer, save_initial)
-            finally:
-                await _close_stream(stream)
-        except OperationFailure as error:
-            if error.code == HISTORY_LOST:
-                await self._drain_and_close(committer)
-                raise _HistoryLost(error) from error
-            await self._drain_and_close(committer)
-            raise
-        except FencedError as error:
-            await self._drain_and_close(committer)
-            if self._lease is not None:
-                self._lease.lease = None
-                raise _LostOwnership() from error
-            raise
+            if new:
+                # Stored once the server holds the cursor (so the start point cannot leave the
+                # oplog meanwhile), and before anything is handled.
+                await self._store_opening_position(committer, start["resume_after"])
         except BaseException:
             await self._drain_and_close(committer)
             raise
-        else:
-            await self._drain_and_close(committer)
+        return stream, committer, next(iter(start.values()))
 
     async def _drain_and_close(self, committer: CheckpointCommitter) -> None:
-        """Let in-flight handlers finish, then save the contiguous frontier and close the committer."""
+        """Let in-flight handlers finish, then save the contiguous frontier and close the committer.
+
+        After a stop was asked for, the final save gets a short deadline: with the deployment out
+        of reach it would otherwise wait for server selection, and the stored position is behind,
+        never ahead, when it is abandoned.
+        """
         await self._wait_in_flight()
+        timeout = _STOP_IO_TIMEOUT_SECONDS if self._stopping.is_set() else 10.0
         try:
-            await committer.close(timeout=10.0)
+            await committer.close(timeout=timeout)
         except FencedError:
             raise
         except FlowWardenError as error:
@@ -416,43 +566,70 @@ class StreamRunner:
     # ------------------------------------------------------------------------------------------
     # start position
 
-    async def _start_options(self, checkpoint: Checkpoint | None) -> tuple[dict[str, Any], bool]:
-        """Watch options for this open, and whether the opening position must be saved at once."""
-        if self._forced_start is not None:
-            start, self._forced_start = self._forced_start, None
-            return start, True
+    async def _opening_position(self, checkpoint: Checkpoint | None) -> tuple[dict[str, Any], bool]:
+        """The watch option that opens this run (``resume_after`` or ``start_after`` a token), and
+        whether that position is new and must be stored before the first event is handled.
+
+        A stored position is checked against the server first. Without one (or after lost
+        history), the position the start options name is asked of the server.
+        """
+        self._replay_end = None
+        forced, self._forced_start = self._forced_start, None
+        if forced is not None:
+            if "start_after" in forced:
+                return forced, False  # just after an invalidate event, which the committer holds
+            return {"resume_after": await self._opening_token(forced)}, True
         options = self.spec.checkpoint
         position = options.start_position
         ignore_checkpoint = position == StartPosition.LATEST and self._first_run
-        token = None if checkpoint is None or ignore_checkpoint else checkpoint.resume_token
-        if token is not None:
-            return {"resume_after": token}, False
-        if position == StartPosition.EARLIEST and not ignore_checkpoint:
-            oldest = await self._oplog_edge(1)
+        stored = None if checkpoint is None or ignore_checkpoint else checkpoint.resume_token
+        if stored is not None:
+            await self._check_stored_position(stored)
+            assert checkpoint is not None
+            self._replay_end = checkpoint.pending_batch_end
+            return {"resume_after": stored}, False
+        start: dict[str, Any] = {}
+        if position == StartPosition.EARLIEST:
+            oldest = await oplog_edge(self._client, 1)
             if oldest is None:
                 raise StreamError(
                     f"stream {self.name!r}: start_position=EARLIEST needs to read local.oplog.rs, "
                     "which this user cannot; grant read on 'local' or choose another start_position",
                     stream=self.name,
                 )
-            return {"start_at_operation_time": oldest}, True
-        if position == StartPosition.AT_TIME:
-            return {"start_at_operation_time": options.start_at_operation_time}, True
-        return {}, True
+            start = {"start_at_operation_time": oldest}
+        elif position == StartPosition.AT_TIME:
+            start = {"start_at_operation_time": options.start_at_operation_time}
+        return {"resume_after": await self._opening_token(start)}, True
 
-    async def _oplog_edge(self, direction: int) -> Timestamp | None:
-        """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read."""
+    async def _store_opening_position(self, committer: CheckpointCommitter, token: dict[str, Any]) -> None:
+        """Make a new opening position durable: as lastSeen, or after lost history as
+        lastProcessed together with the audit entry."""
+        if self._history_audit is not None:
+            await self._persist_history_audit(committer, token)
+            return
+        committer.observe_seen(token)
+        await committer.flush()
+        self._last_seen_time = token_datetime(token)
+        self.log.info(
+            "stream %s: no stored position; opened at %s (start_position %s), stored before the first event",
+            self.name,
+            _describe(token),
+            self.spec.checkpoint.start_position.value,
+        )
+
+    async def _opening_token(self, start: Mapping[str, Any]) -> dict[str, Any]:
+        return await opening_token(self._watch_target(), start, **self._watch_options())
+
+    async def _check_stored_position(self, token: Mapping[str, Any]) -> None:
+        """Refuse a stored position the server cannot resume from as it stands (see positions)."""
+        server_time = await server_cluster_time(self._client)
         try:
-            doc = await self._client["local"]["oplog.rs"].find_one(
-                {}, projection={"ts": 1}, sort=[("$natural", direction)]
-            )
-        except OperationFailure as error:
-            self.log.warning("stream %s: cannot read the oplog: %s", self.name, error)
-            return None
-        if doc is None or not isinstance(doc.get("ts"), Timestamp):
-            return None
-        ts: Timestamp = doc["ts"]
-        return ts
+            reason = ahead_of_server(token, server_time)
+        except FlowWardenError as error:  # a custom store returned a token of the wrong form
+            reason = str(error)
+        if reason is not None:
+            raise ResumePositionError(self.name, token=dict(token), reason=reason)
 
     def _watch_target(self, codec_options: CodecOptions[Any] | None = None) -> Any:
         opts = self.spec.stream
@@ -487,19 +664,31 @@ class StreamRunner:
             return None
         return CodecOptions(document_class=RawBSONDocument)
 
+    def _watch_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = self.spec.stream.watch_options()
+        options["pipeline"] = list(self.spec.pipeline)
+        options["max_await_time_ms"] = self._await_ms()
+        options["comment"] = f"flowwarden:{self.name}"
+        return options
+
     async def _open(self, start: Mapping[str, Any], codec_options: CodecOptions[Any] | None = None) -> Any:
-        kwargs: dict[str, Any] = {**self.spec.stream.watch_options(), **start}
-        kwargs["pipeline"] = list(self.spec.pipeline)
-        kwargs["max_await_time_ms"] = self._await_ms()
-        kwargs["comment"] = f"flowwarden:{self.name}"
+        kwargs: dict[str, Any] = {**self._watch_options(), **start}
         target = self._watch_target(codec_options)
         try:
-            return await _maybe_await(target.watch(**kwargs))
+            try:
+                return await open_change_stream(target, **kwargs)
+            except OperationFailure as error:
+                if error.code == INVALID_RESUME_TOKEN and "resume_after" in kwargs:
+                    # The token is an invalidate notification's: only startAfter may start after it.
+                    kwargs["start_after"] = kwargs.pop("resume_after")
+                    return await open_change_stream(target, **kwargs)
+                raise
         except OperationFailure as error:
-            if error.code == INVALID_RESUME_TOKEN and "resume_after" in kwargs:
-                # The token is an invalidate notification's: only startAfter may start after it.
-                kwargs["start_after"] = kwargs.pop("resume_after")
-                return await _maybe_await(target.watch(**kwargs))
+            token = kwargs.get("resume_after", kwargs.get("start_after"))
+            if token is not None and (error.code in REFUSED_TOKEN_CODES or _token_not_found(error)):
+                raise ResumePositionError(
+                    self.name, token=dict(token), reason=f"the server refused it: {error}"
+                ) from error
             raise
 
     def _await_ms(self) -> int:
@@ -518,8 +707,8 @@ class StreamRunner:
         lost_from = None
         if checkpoint is not None:
             lost_from = checkpoint.last_processed_at or checkpoint.last_seen_at
-        oldest = await self._oplog_edge(1)
-        newest = await self._oplog_edge(-1)
+        oldest = await oplog_edge(self._client, 1)
+        newest = await oplog_edge(self._client, -1)
         if strategy == OnHistoryLost.FAIL:
             raise HistoryLostError(
                 self.name,
@@ -558,9 +747,9 @@ class StreamRunner:
     async def _persist_history_audit(self, committer: CheckpointCommitter, token: Mapping[str, Any]) -> None:
         """Write the history-lost audit entry at the new opening position.
 
-        Metadata travels only with a stored processed position, and an idle stream may not store
-        one for a long time; so the opening post-batch token (nothing before it is unfinished: the
-        gap was given up on purpose) is saved as the processed position together with the audit.
+        Metadata travels only with a stored processed position, so the opening token (nothing
+        before it is unfinished: the gap was given up on purpose) is saved as the processed
+        position together with the audit, before anything is read.
         """
         if self._history_audit is None:
             return
@@ -581,7 +770,9 @@ class StreamRunner:
     # ------------------------------------------------------------------------------------------
     # reading and dispatching
 
-    async def _consume(self, stream: Any, committer: CheckpointCommitter, save_initial: bool) -> None:
+    async def _consume(
+        self, stream: Any, committer: CheckpointCommitter, position: Mapping[str, Any]
+    ) -> None:
         self._sequence = 0
         self._in_flight: set[asyncio.Task[None]] = set()
         self._key_tails: dict[bytes, asyncio.Task[None]] = {}
@@ -590,12 +781,14 @@ class StreamRunner:
         self._halt = self._stopping.is_set() or self._lost_lease
         if self._batch is not None:
             self._batch.take()  # left by an earlier run: those events come again from the checkpoint
-        position: Mapping[str, Any] | None = _opening_position(stream)
+            self._batch.replay_until(self._replay_end)
         committer.failed.add_done_callback(lambda _: self._set_halt())
         reader = ReadAhead(stream, self._read_ahead_limit())
+        self._reader = reader
         try:
-            await self._read_loop(reader, committer, position, save_initial)
+            await self._read_loop(reader, committer, position)
         finally:
+            self._reader = None
             await reader.close()
 
     def _read_ahead_limit(self) -> int:
@@ -607,14 +800,14 @@ class StreamRunner:
         self,
         reader: ReadAhead,
         committer: CheckpointCommitter,
-        position: Mapping[str, Any] | None,
-        save_initial: bool,
+        position: Mapping[str, Any],
     ) -> None:
         batch = self._batch
         invokers = self._event_invokers
         fallback = self._fallback_invoker
         ctx = self._ctx
         items = reader.items
+        read_once = False
         while True:
             if self._halt:
                 # One flag for the hot path; the reason is sorted out here.
@@ -628,23 +821,22 @@ class StreamRunner:
                     await self._poison(committer, position, error)
                     raise _Reopen() from error  # from the checkpoint, now past the poison event
                 raise error
+            if not read_once:
+                # The re-opened stream reads: errors that ended earlier opens were not for good.
+                read_once = True
+                self._unknown_in_a_row = 0
+                self._consecutive_failures = 0
             if kind is EmptyRead:
-                if batch is not None and batch.due():
+                token = change.token
+                if batch is not None and not self._halt and batch.due(token):
                     await self._deliver_batch(committer)
                 if not change.alive:
                     # The server closed the stream after an invalidate event.
                     return
-                token = change.token
                 if token is not None and self._idle():
                     position = token
                     committer.observe_seen(token)
                     self._last_seen_time = token_datetime(token)
-                    if save_initial:
-                        # A first run's (or a re-positioned run's) opening position is made durable
-                        # now, not at the next heartbeat: a crash before any event must not lose it.
-                        await committer.flush()
-                        await self._persist_history_audit(committer, token)
-                        save_initial = False
                 continue
             position = token = change["_id"]
             operation = change.get("operationType")
@@ -676,6 +868,18 @@ class StreamRunner:
         self._sequence += 1
         batch = self._batch
         if batch is not None:
+            if batch.replaying and batch.past_replay_end(change):
+                # The stored batch's last event did not come back (the pipeline changed since):
+                # the batch formed again ends before this event.
+                self.log.warning(
+                    "stream %s: the batch stored as ending at %s was formed again without its last "
+                    "event, which the stream no longer returns",
+                    self.name,
+                    _describe(self._replay_end),
+                )
+                if not batch.empty():
+                    await self._deliver_batch(committer)
+                batch.stop_replay()
             batch.add(self._sequence, change)
             if batch.due():
                 await self._deliver_batch(committer)
@@ -717,6 +921,8 @@ class StreamRunner:
             return
         error = StreamInvalidatedError(self.name, operation="drop or rename", token=change.get("_id"))
         self.reason = str(error)
+        self.error = error  # not a graceful stop: Connector.stream_errors() reports it
+        self.last_error = f"{type(error).__name__}: {error}"
         self.state = StreamState.STOPPED
         self.log.warning("%s", error)
         raise _Stop()
@@ -804,10 +1010,20 @@ class StreamRunner:
     # batch dispatch ----------------------------------------------------------------------------
 
     async def _deliver_batch(self, committer: CheckpointCommitter) -> None:
+        """Plan the pending batch durably, hand it to the method, then commit it as one.
+
+        Before the method runs, the position before the batch (the previous batch's end) is
+        saved and the batch's last token stored as its end: after a crash the batch is formed
+        again from exactly the same events, so ``ctx.batch_id`` names the same events and
+        writes keyed by it replace what the interrupted run wrote.
+        """
         assert self._batch is not None
         items = self._batch.take()
         if not items:
             return
+        last_sequence, last = items[-1][0], items[-1][1]["_id"]
+        await committer.flush()
+        await committer.save_batch_end(last)
         try:
             dropped = await self._batch.deliver(items, self._give_up_undecodable_in_batch)
             if dropped:
@@ -816,8 +1032,7 @@ class StreamRunner:
             await self._give_up([change for _, change in items], exhausted.error, exhausted.attempts)
         except Interrupted:
             return
-        for sequence, change in items:
-            await committer.commit(sequence, change["_id"])
+        await committer.commit_through(last_sequence, last)
         self.events_processed += len(items)
         if self._ctx._take_save_request():
             await committer.flush()
@@ -963,29 +1178,25 @@ def _readable(data: bytes) -> dict[str, Any]:
         return {"_id": dict(token), "undecodableBson": bson.Binary(data)}
 
 
-def _opening_position(stream: Any) -> Mapping[str, Any] | None:
-    """Where a freshly opened stream stands before its first event: its resume token, or the
-    post-batch token of the open's first (empty) batch.
-
-    PyMongo keeps the latter on the cursor without a public accessor; reading it is the only way
-    to know a "start now" stream's position before any event, which the undecodable-event path
-    needs to re-read the batch it could not decode. Motor wraps the same object as ``delegate``.
-    """
-    token: Mapping[str, Any] | None = getattr(stream, "resume_token", None)
-    if token is not None:
-        return token
-    delegate = getattr(stream, "delegate", stream)
-    cursor = getattr(delegate, "_cursor", None)
-    pbrt: Mapping[str, Any] | None = getattr(cursor, "_post_batch_resume_token", None)
-    return pbrt
+def _token_not_found(error: OperationFailure) -> bool:
+    """The server's answer to a resume token that is not in the stream's history (code 280)."""
+    return error.code == CHANGE_STREAM_FATAL and "resume token" in str(error).lower()
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
+def _describe(token: Mapping[str, Any] | None) -> str:
+    """A token for a log line: its cluster time and the start of its ``_data``."""
+    if token is None:
+        return "none"
+    try:
+        at = token_datetime(token)
+        data = token_data(token)
+    except FlowWardenError:
+        return repr(dict(token))
+    return f"{at.isoformat() if at else '?'} ({data[:26]}...)"
 
 
 async def _close_stream(stream: Any) -> None:
     try:
-        await _maybe_await(stream.close())
+        await maybe_await(stream.close())
     except PyMongoError:
         pass

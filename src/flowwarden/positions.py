@@ -1,0 +1,122 @@
+"""Positions in a deployment's history: where a stream opens, and whether a stored one can be right.
+
+A position is a resume token. A stream that has none stored (a first run, a start at a point in
+time, a new start after lost history) gets one from the server before it handles anything: a
+change stream opened at the start point with ``batchSize: 0`` returns no event, and its
+post-batch resume token is that start point itself (a high-water-mark token, resumable like an
+event's). Storing that token first is what makes the very first events of a stream as safe as
+any other: whatever happens after the open, the next run resumes there.
+
+A stored position is checked against the server's cluster time on open: a token dated ahead of
+it (from another deployment, or written by hand) would make the server wait for that time and
+deliver nothing, silently. Nothing here writes a checkpoint; the callers do.
+
+The helpers accept PyMongo's sync and asyncio clients (and motor's) alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from bson import Timestamp
+from pymongo.errors import OperationFailure
+
+from flowwarden.events import ResumeToken, check_resume_token, timestamp_datetime
+
+FUTURE_TOLERANCE_SECONDS = 30
+"""How far ahead of the server's cluster time a stored position may be before it is refused. A
+position this process wrote is never ahead at all; the margin only covers a cluster time read
+from a member that had not yet heard the newest one."""
+
+
+async def maybe_await(value: Any) -> Any:
+    """``value``, awaited when it is awaitable (asyncio and motor clients return coroutines)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def open_change_stream(target: Any, **watch_options: Any) -> Any:
+    """``target.watch(**watch_options)``, with the server's answer to the open already in.
+
+    PyMongo's clients run the aggregate inside ``watch()``; motor's defer it to the first read,
+    which would move a refused position or pipeline from the open to some later read. Entering
+    the stream's context runs it now.
+    """
+    stream = await maybe_await(target.watch(**watch_options))
+    enter = getattr(stream, "__aenter__", None)
+    if enter is not None:
+        await enter()
+    return stream
+
+
+async def opening_token(target: Any, start: Mapping[str, Any], **watch_options: Any) -> dict[str, Any]:
+    """The resume token of ``start`` on ``target`` (a client, database or collection).
+
+    ``start`` holds ``watch()``'s start options: none (now), or ``start_at_operation_time``.
+    The change stream opened here returns no event (``batch_size=0``), so its post-batch resume
+    token is the start point; the server errors of an open (a pipeline it refuses, history
+    already lost) are raised here, before anything was stored.
+    """
+    stream = await open_change_stream(target, **watch_options, **start, batch_size=0)
+    try:
+        token: Mapping[str, Any] | None = stream.resume_token
+    finally:
+        await maybe_await(stream.close())
+    if token is None:
+        raise OperationFailure(
+            "the server returned no postBatchResumeToken for a change stream's first batch; "
+            "MongoDB 4.0.7+ replica sets and sharded clusters send one"
+        )
+    return dict(token)
+
+
+async def server_cluster_time(client: Any) -> Timestamp | None:
+    """The deployment's cluster time as a ``ping`` reports it; None when the reply has none."""
+    reply = await maybe_await(client.admin.command("ping"))
+    cluster = reply.get("$clusterTime")
+    value = cluster.get("clusterTime") if isinstance(cluster, Mapping) else None
+    if not isinstance(value, Timestamp):
+        value = reply.get("operationTime")
+    return value if isinstance(value, Timestamp) else None
+
+
+def ahead_of_server(token: ResumeToken, server_time: Timestamp | None) -> str | None:
+    """Why ``token`` cannot be a position of this deployment, or None when it can be.
+
+    Checks its form (:func:`flowwarden.events.check_resume_token`) and that its cluster time is
+    not more than :data:`FUTURE_TOLERANCE_SECONDS` ahead of ``server_time``.
+    """
+    at = check_resume_token(token)
+    if server_time is None or at.time <= server_time.time + FUTURE_TOLERANCE_SECONDS:
+        return None
+    return (
+        f"its cluster time {timestamp_datetime(at).isoformat()} is ahead of the server's "
+        f"({timestamp_datetime(server_time).isoformat()}); it was written by another deployment or "
+        "by hand, and the server would wait until then before delivering anything"
+    )
+
+
+async def oplog_edge(client: Any, direction: int) -> Timestamp | None:
+    """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read."""
+    try:
+        doc = await maybe_await(
+            client["local"]["oplog.rs"].find_one({}, projection={"ts": 1}, sort=[("$natural", direction)])
+        )
+    except OperationFailure:
+        return None
+    if doc is None or not isinstance(doc.get("ts"), Timestamp):
+        return None
+    ts: Timestamp = doc["ts"]
+    return ts
+
+
+__all__ = [
+    "FUTURE_TOLERANCE_SECONDS",
+    "ahead_of_server",
+    "maybe_await",
+    "open_change_stream",
+    "opening_token",
+    "oplog_edge",
+    "server_cluster_time",
+]
