@@ -12,6 +12,7 @@ from typing import Any
 
 import pymongo
 import pytest
+from bson.datetime_ms import DatetimeMS
 
 from flowwarden.checkpoint import (
     AsyncMongoCheckpointStore,
@@ -24,9 +25,10 @@ from flowwarden.checkpoint.contract import (
     STREAM,
     AsyncCheckpointStoreContract,
     CheckpointStoreContract,
+    UnreadableRecordContract,
     sample_token,
 )
-from flowwarden.errors import CheckpointError, FencedError
+from flowwarden.errors import CheckpointError, FencedError, UnreadableCheckpointError
 
 
 class TestMongoCheckpointStore(CheckpointStoreContract):
@@ -127,6 +129,33 @@ class TestMongoCheckpointStore(CheckpointStoreContract):
                 store.load(STREAM)
             with pytest.raises(CheckpointError, match="list failed"):
                 store.list()
+
+
+class TestMongoStoreWithDamagedRecords(UnreadableRecordContract):
+    @pytest.fixture(autouse=True)
+    def _backing(self, client: pymongo.MongoClient[Any], db_name: str) -> Iterator[None]:
+        self.database = client[db_name]
+        yield
+        client.drop_database(db_name)
+
+    def make_store(self) -> MongoCheckpointStore:
+        return MongoCheckpointStore(self.database)
+
+    def write_raw(self, document: dict[str, Any]) -> None:
+        self.database["_fw_checkpoints"].replace_one({"_id": document["_id"]}, document, upsert=True)
+
+    def read_raw(self, stream_id: str) -> Any:
+        return self.database["_fw_checkpoints"].find_one({"_id": stream_id})
+
+    def test_a_date_out_of_range_is_refused(self) -> None:
+        # A BSON date the driver cannot turn into a datetime (year 292278994).
+        self.database["_fw_checkpoints"].insert_one(
+            {"_id": STREAM, "lastProcessedToken": sample_token(1), "updatedAt": DatetimeMS(2**62)}
+        )
+        with pytest.raises(UnreadableCheckpointError, match="cannot be decoded"):
+            self.make_store().load(STREAM)
+        with pytest.raises(UnreadableCheckpointError):
+            self.make_store().list()
 
 
 class TestAsyncMongoCheckpointStore(AsyncCheckpointStoreContract):

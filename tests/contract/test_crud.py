@@ -27,6 +27,15 @@ def test_insert_assigns_id_first_and_round_trips_types(client: pymongo.MongoClie
     assert list(coll.find_one({"_id": "late"})) == ["_id", "z"]
 
 
+def test_dates_outside_pythons_range_are_stored_as_sent(client: pymongo.MongoClient, db_name: str) -> None:
+    # BSON dates are any int64 of milliseconds; year 292278994 is one MongoDB stores.
+    far = bson.DatetimeMS(2**62)
+    coll = client[db_name]["dates"]
+    coll.insert_one({"_id": 1, "at": far})
+    auto = bson.CodecOptions(datetime_conversion=bson.DatetimeConversion.DATETIME_AUTO)
+    assert coll.with_options(codec_options=auto).find_one({"_id": 1}) == {"_id": 1, "at": far}
+
+
 def test_insert_reply_shape_and_ordered_batches(client: pymongo.MongoClient, db_name: str) -> None:
     db = client[db_name]
     reply = db.command("insert", "c", documents=[{"_id": 1}, {"_id": 2}])

@@ -22,6 +22,7 @@ from typing import Any
 
 import bson
 import google_crc32c
+from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.errors import BSONError
 
 from flowwarden.testing.embedded.keys import format_value
@@ -102,6 +103,11 @@ class Request:
     sequences: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
+# Every BSON date is a valid int64 to MongoDB; the ones Python's datetime cannot hold (before
+# year 1 or after 9999) are kept as DatetimeMS instead of failing the whole request.
+_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+
+
 def crc32c(data: bytes) -> int:
     """CRC-32C (Castagnoli), the checksum OP_MSG uses when ``checksumPresent`` is set.
 
@@ -144,7 +150,7 @@ def negotiate_compressors(offered: list[str]) -> tuple[str, ...]:
 
 def _decode(data: bytes | memoryview) -> dict[str, Any]:
     try:
-        doc: dict[str, Any] = bson.decode(bytes(data))
+        doc: dict[str, Any] = bson.decode(bytes(data), codec_options=_DECODE)
     except (BSONError, ValueError, TypeError, IndexError) as exc:
         raise MalformedMessage(f"invalid BSON: {exc}") from None
     return doc
@@ -199,7 +205,7 @@ def _parse_op_msg(request_id: int, message: bytes, body: memoryview) -> Request:
             if len(section) - nul - 1 > MAX_REQUEST_OBJECT_SIZE:
                 _check_sequence_sizes(section[nul + 1 :], flags)
             try:
-                docs: list[dict[str, Any]] = bson.decode_all(bytes(section[nul + 1 :]))
+                docs: list[dict[str, Any]] = bson.decode_all(bytes(section[nul + 1 :]), codec_options=_DECODE)
             except (BSONError, ValueError, TypeError, IndexError) as exc:
                 raise MalformedMessage(f"invalid BSON in document sequence: {exc}") from None
             sequences.setdefault(identifier, []).extend(docs)
