@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pymongo
@@ -49,3 +53,26 @@ async def wait_until_async(
             return value
         await asyncio.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_connector(uri: str, db: str, log: Path, **env: str) -> subprocess.Popen[str]:
+    """``flowwarden run cli_handlers:Orders`` in a process of its own (see cli_handlers.py)."""
+    environment = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        FW_TEST_DB=db,
+        FW_TEST_LOG=str(log),
+        **env,
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "flowwarden.cli", "run", "cli_handlers:Orders", "--uri", uri],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+
+
+def handled(log: Path) -> list[str]:
+    """The lines cli_handlers.py wrote: one ``_id`` per handled event ("blocked" for a hung one)."""
+    return log.read_text().split() if log.exists() else []

@@ -7,13 +7,18 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .conftest import checkpoint_doc, wait_until
+from flowwarden.events import token_cluster_time
+
+from .conftest import checkpoint_doc, run_connector, wait_until
+from .conftest import handled as handled_lines
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -67,6 +72,50 @@ def test_sigkill_at_random_moments_then_restart_loses_nothing(mongodb_uri, clien
     assert crashes >= 4
     # each crash redelivers at most the unsaved window: save_every_n events
     assert redelivered <= crashes * save_every_n, (redelivered, crashes)
+
+
+@pytest.mark.slow
+def test_sigkill_in_a_first_run_loses_nothing_written_after_the_open(mongodb_uri, client, db_name, tmp_path):
+    """`flowwarden run` is killed in its first run, before any save but the opening one, while a
+    writer inserts about 100 documents a second; the restart delivers every one written after
+    the open."""
+    log = tmp_path / "handled.log"
+    orders = client[db_name]["orders"]
+    written: list[tuple[int, Any]] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        with client.start_session() as session:
+            key = 0
+            while not stop.is_set():
+                orders.insert_one({"_id": key}, session=session)
+                written.append((key, session.operation_time))
+                key += 1
+                time.sleep(0.01)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        child = run_connector(mongodb_uri, db_name, log)  # saves every 1000 events or 60 s
+        opened = wait_until(lambda: checkpoint_doc(client, db_name, "orders"), timeout=30, what="the open")
+        time.sleep(random.Random(20261123).uniform(0.3, 1.2))
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        assert checkpoint_doc(client, db_name, "orders")["lastProcessedToken"] is None  # nothing saved since
+        restart = run_connector(mongodb_uri, db_name, log)
+    finally:
+        stop.set()
+        writer.join()
+    start = token_cluster_time(opened["lastSeenToken"])
+    owed = {str(key) for key, at in written if at >= start}
+    try:
+        wait_until(
+            lambda: owed <= set(handled_lines(log)), timeout=60, what="every event written after the open"
+        )
+    finally:
+        restart.send_signal(signal.SIGTERM)
+        restart.wait(timeout=30)
+    assert len(owed) > 50
 
 
 def test_sigterm_stops_gracefully_and_flushes(mongodb_uri, client, db_name, tmp_path):

@@ -3,8 +3,8 @@ checkpoints committed, failures retried, dead-lettered, restarted or fenced."""
 
 from __future__ import annotations
 
-from flowwarden.runtime.connector import Connector, redact_uri
+from flowwarden.runtime.connector import Connector, ForcedStop, redact_uri
 from flowwarden.runtime.context import StreamContext
 from flowwarden.runtime.status import StreamState, StreamStatus
 
-__all__ = ["Connector", "StreamContext", "StreamState", "StreamStatus", "redact_uri"]
+__all__ = ["Connector", "ForcedStop", "StreamContext", "StreamState", "StreamStatus", "redact_uri"]

@@ -2,7 +2,9 @@
 
 One stream failing does not stop the others. A stop (SIGINT/SIGTERM under :meth:`Connector.run`,
 or :meth:`Connector.stop`) stops reading, lets in-flight handlers finish, flushes checkpoints and
-releases leases before returning.
+releases leases before returning. Under :meth:`Connector.run`, a second SIGINT/SIGTERM stops at
+once (:class:`ForcedStop`): handlers still running are abandoned and their events stay
+unprocessed, so the stored checkpoints remain before them and a restart handles them again.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flowwarden.checkpoint.store import AwaitableStore
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
+from flowwarden.positions import maybe_await
 from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.lease import LOCKS_COLLECTION
@@ -29,6 +32,21 @@ from flowwarden.runtime.stream import StreamRunner
 log = logging.getLogger("flowwarden.connector")
 
 DEFAULT_CHECKPOINT_DATABASE = "flowwarden"
+_CLOSE_TIMEOUT_SECONDS = 2.0
+
+
+class ForcedStop(SystemExit):
+    """A second SIGINT/SIGTERM arrived while :meth:`Connector.run` was stopping: it stops at once.
+
+    A ``SystemExit`` (code 130), so it leaves handler code and the event loop alike. Handlers
+    still running are abandoned and nothing more is saved: each stream's stored checkpoint
+    stays before the events they were handling. A handler stuck in a worker thread keeps that
+    thread alive; the ``flowwarden`` command exits the process without waiting for it.
+    """
+
+    def __init__(self, signal_name: str) -> None:
+        self.signal_name = signal_name
+        super().__init__(130)
 
 
 class Connector:
@@ -87,24 +105,45 @@ class Connector:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._thread_error: BaseException | None = None
+        self._stop_requested = False
 
     # ------------------------------------------------------------------------------------------
     # running
 
     def run(self) -> None:
-        """Run until every stream ended or SIGINT/SIGTERM asks for a graceful stop."""
-        asyncio.run(self.run_async(handle_signals=True))
+        """Run until every stream ended or SIGINT/SIGTERM asks for a graceful stop.
 
-    async def run_async(self, *, handle_signals: bool = False) -> None:
+        A second SIGINT/SIGTERM during the stop raises :class:`ForcedStop` at once. Signals are
+        handled only when called from the main thread.
+        """
+        loop = asyncio.new_event_loop()
+        restore = self._handle_signals()
+        forced = False
+        try:
+            loop.run_until_complete(self.run_async())
+        except ForcedStop as stop:
+            forced = True
+            log.error(
+                "flowwarden connector %s: %s again, stopped at once; handlers still running were "
+                "abandoned and their events are handled again after a restart",
+                self.instance_id,
+                stop.signal_name,
+            )
+            raise
+        finally:
+            restore()
+            try:
+                if not forced:
+                    _finish_loop(loop)
+            finally:
+                loop.close()  # does not wait for worker threads: a hung handler may still hold one
+
+    async def run_async(self) -> None:
         """Run on the current event loop until every stream ended or :meth:`stop` is called."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
-        if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    self._loop.add_signal_handler(sig, self._request_stop)
-                except (NotImplementedError, RuntimeError):
-                    pass
+        if self._stop_requested:
+            self._stop_event.set()
         client = self._given_client or _make_client(self._uri)
         try:
             self._runners = [self._runner(spec, client) for spec in self.specs]
@@ -130,13 +169,17 @@ class Connector:
         finally:
             self._started.set()
             if self._given_client is None:
-                await _maybe_await(client.close())
-            if handle_signals and self._loop is not None:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    try:
-                        self._loop.remove_signal_handler(sig)
-                    except (NotImplementedError, RuntimeError):
-                        pass
+                await _close_client(client)
+        errors = self.stream_errors()
+        if not errors:
+            log.info("flowwarden connector %s stopped gracefully", self.instance_id)
+        else:
+            log.warning(
+                "flowwarden connector %s stopped; %d stream(s) ended with an error: %s",
+                self.instance_id,
+                len(errors),
+                ", ".join(sorted(errors)),
+            )
 
     def start(self, timeout: float = 30.0) -> None:
         """Run in a background thread; returns once every stream has opened its change stream.
@@ -178,19 +221,47 @@ class Connector:
                 raise self._thread_error
 
     def _request_stop(self) -> None:
+        """Ask for a graceful stop; safe from any thread and from a signal handler."""
+        self._stop_requested = True
+        for runner in self._runners:
+            runner.mark_stopping()
         loop, event = self._loop, self._stop_event
-        if loop is None or event is None:
+        if loop is None or event is None or loop.is_closed():
             return
-        if loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            event.set()
-        else:
-            loop.call_soon_threadsafe(event.set)
+        # call_soon_threadsafe even on the loop's own thread: a signal handler may run in the
+        # middle of the loop's own bookkeeping, where only this call is safe.
+        loop.call_soon_threadsafe(event.set)
+
+    def _handle_signals(self) -> Callable[[], None]:
+        """Install SIGINT/SIGTERM handlers (main thread only); returns what restores the old ones.
+
+        Python-level handlers rather than the loop's: they run even while a sync handler holds
+        the event loop, which is exactly when a second signal must still get through.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        received: list[str] = []
+
+        def on_signal(signum: int, frame: Any) -> None:
+            name = signal.Signals(signum).name
+            received.append(name)
+            if len(received) > 1:
+                raise ForcedStop(name)
+            log.warning(
+                "flowwarden connector %s: %s received; stopping gracefully (handlers in flight finish, "
+                "checkpoints are saved). Send it again to stop at once.",
+                self.instance_id,
+                name,
+            )
+            self._request_stop()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
 
     def status(self) -> dict[str, StreamStatus]:
         """Per-stream state; callable from any thread."""
@@ -204,7 +275,8 @@ class Connector:
         return {runner.name: runner.status() for runner in self._runners}
 
     def stream_errors(self) -> dict[str, BaseException]:
-        """The error that ended each FAILED stream."""
+        """The error that ended each stream that did not stop gracefully: FAILED, or stopped by
+        an invalidate (its namespace was dropped or renamed)."""
         return {r.name: r.error for r in self._runners if r.error is not None}
 
     # ------------------------------------------------------------------------------------------
@@ -265,7 +337,24 @@ def _check_async_client(client: Any) -> None:
         )
 
 
-async def _maybe_await(value: Any) -> Any:
-    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
-        return await value
-    return value
+async def _close_client(client: Any) -> None:
+    """Close the connector's own client; with the deployment out of reach this does not wait
+    for server selection to end its sessions."""
+    try:
+        await asyncio.wait_for(maybe_await(client.close()), _CLOSE_TIMEOUT_SECONDS)
+    except asyncio.TimeoutError:
+        log.warning(
+            "the MongoDB client did not close within %.0fs; left to the process exit", _CLOSE_TIMEOUT_SECONDS
+        )
+
+
+def _finish_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """What ``asyncio.run`` does after its coroutine: cancel what is left, close generators and
+    the default executor."""
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())

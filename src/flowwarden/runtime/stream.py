@@ -215,13 +215,21 @@ class StreamRunner:
     # status and control
 
     def request_stop(self) -> None:
-        """Ask the stream to stop: no new reads; in-flight handlers finish; checkpoints flush."""
+        """Ask the stream to stop: no new reads; in-flight handlers finish; checkpoints flush.
+
+        Call it on the stream's event loop; :meth:`mark_stopping` is the part any thread may do.
+        """
         self._stopping.set()
         self._halt = True
-        if self.state not in (StreamState.STOPPED, StreamState.FAILED):
-            self.state = StreamState.STOPPING
+        self.mark_stopping()
         if self._reader is not None:
             self._reader.interrupt()
+
+    def mark_stopping(self) -> None:
+        """Show STOPPING at once, from any thread: a handler holding the event loop must not
+        leave the status saying RUNNING while a stop waits for it."""
+        if self.state not in (StreamState.STOPPED, StreamState.FAILED):
+            self.state = StreamState.STOPPING
 
     def status(self) -> StreamStatus:
         # The committer's frontier is the live processed position; before one exists, the loaded one.
@@ -283,8 +291,8 @@ class StreamRunner:
                     await self._on_history_lost(lost.error)
                     continue
                 except BaseException as error:
-                    if isinstance(error, asyncio.CancelledError):
-                        raise
+                    if isinstance(error, (asyncio.CancelledError, SystemExit, KeyboardInterrupt)):
+                        raise  # cancelled, or the process stops at once: no restart, no save
                     if self._stopping.is_set() and self._opening:
                         break  # a stop cut the open short: nothing was in flight
                     await self._after_failure(error)
@@ -500,6 +508,8 @@ class StreamRunner:
                 self._lease.lease = None
                 raise _LostOwnership() from error
             raise
+        except (SystemExit, KeyboardInterrupt):
+            raise  # the process stops at once (a second signal): nothing more is saved
         except BaseException:
             await self._drain_and_close(committer)
             raise
@@ -542,6 +552,8 @@ class StreamRunner:
                 # Stored once the server holds the cursor (so the start point cannot leave the
                 # oplog meanwhile), and before anything is handled.
                 await self._store_opening_position(committer, start["resume_after"])
+        except (SystemExit, KeyboardInterrupt):
+            raise
         except BaseException:
             await self._drain_and_close(committer)
             raise
@@ -1196,7 +1208,9 @@ def _describe(token: Mapping[str, Any] | None) -> str:
 
 
 async def _close_stream(stream: Any) -> None:
+    """Close a change stream; with the deployment out of reach, give up after a short wait (the
+    server drops an abandoned cursor after its idle timeout)."""
     try:
-        await maybe_await(stream.close())
-    except PyMongoError:
+        await asyncio.wait_for(maybe_await(stream.close()), _STOP_IO_TIMEOUT_SECONDS)
+    except (PyMongoError, asyncio.TimeoutError):
         pass

@@ -1,0 +1,36 @@
+"""A handler class for ``flowwarden run cli_handlers:Orders`` in the process tests.
+
+Configured by environment variables (the command line names only the class):
+
+- ``FW_TEST_DB``: the database whose ``orders`` collection is watched;
+- ``FW_TEST_LOG``: a file that gets one line per handled event, ``<_id>``, flushed at once, so
+  it holds every handling that finished even when the process is killed with SIGKILL;
+- ``FW_TEST_BLOCK_ON``: an ``_id`` whose handler never returns (a hung handler);
+- ``FW_TEST_SAVE_EVERY_N`` (default 1000) and ``FW_TEST_SAVE_INTERVAL`` (default 60 seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from flowwarden import ChangeEvent, change_stream, checkpoint, on_change
+
+_log = open(os.environ["FW_TEST_LOG"], "a", buffering=1)
+_block_on = os.environ.get("FW_TEST_BLOCK_ON")
+_never = threading.Event()
+
+
+@change_stream("orders", os.environ["FW_TEST_DB"], name="orders", max_await_time_ms=50)
+@checkpoint(
+    save_every_n=int(os.environ.get("FW_TEST_SAVE_EVERY_N", "1000")),
+    save_interval_seconds=float(os.environ.get("FW_TEST_SAVE_INTERVAL", "60")),
+)
+class Orders:
+    @on_change
+    def handle(self, event: ChangeEvent) -> None:
+        key = event.document_key["_id"]
+        if _block_on is not None and str(key) == _block_on:
+            _log.write("blocked\n")
+            _never.wait()
+        _log.write(f"{key}\n")
