@@ -302,7 +302,7 @@ class ChangeStreamOptions(_Options):
         "lease_ttl_seconds": "a finite number > 0",
         "restart_initial_delay_seconds": "a finite number > 0",
         "restart_max_delay_seconds": "a finite number >= restart_initial_delay_seconds",
-        "max_restarts": "None (unlimited) or an int >= 0: re-opens in a row after errors not known to be transient",
+        "max_restarts": "None (unlimited) or an int >= 0 (re-opens in a row after unknown errors)",
         "show_expanded_events": "True or False",
     }
 

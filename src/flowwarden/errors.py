@@ -128,14 +128,17 @@ class ResumePositionError(StreamError):
     and the ``flowwarden checkpoints rewind`` command that sets a good one.
     """
 
-    def __init__(self, stream: str, *, token: Any, reason: str) -> None:
+    def __init__(self, stream: str, *, token: Any, reason: str, hint: str | None = None) -> None:
         self.token = token
         self.reason = reason
+        if hint is None:
+            hint = (
+                f"Set a position with `flowwarden checkpoints rewind {stream} --to-token ...|--to-time "
+                "...|--to-start`, or delete the checkpoint to start from the stream's start_position."
+            )
         super().__init__(
             f"stream {stream!r} cannot resume from its stored position {token!r}: {reason}. "
-            f"The checkpoint was left untouched. Set a position with `flowwarden checkpoints rewind "
-            f"{stream} --to-token ...|--to-time ...|--to-start`, or delete the checkpoint to start from "
-            "the stream's start_position.",
+            f"The checkpoint was left untouched. {hint}",
             stream=stream,
         )
 

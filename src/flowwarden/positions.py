@@ -25,10 +25,28 @@ from pymongo.errors import OperationFailure
 
 from flowwarden.events import ResumeToken, check_resume_token, timestamp_datetime
 
+# Codes with which the server refuses a resume token it was given.
+REFUSED_TOKEN_CODES = frozenset(
+    {
+        9,  # FailedToParse: _data is not hex
+        260,  # InvalidResumeToken
+        40649,  # a token too short or of an unknown format
+    }
+)
+CHANGE_STREAM_FATAL = 280  # among others: "the resume token was not found"
+
 FUTURE_TOLERANCE_SECONDS = 30
 """How far ahead of the server's cluster time a stored position may be before it is refused. A
 position this process wrote is never ahead at all; the margin only covers a cluster time read
 from a member that had not yet heard the newest one."""
+
+
+def refused_position(error: OperationFailure) -> bool:
+    """Whether the server refused a resume token it was given, or did not find it in the stream's
+    history (after a startAfter retry for invalidate tokens, where that applies)."""
+    if error.code in REFUSED_TOKEN_CODES:
+        return True
+    return error.code == CHANGE_STREAM_FATAL and "resume token" in str(error).lower()
 
 
 async def maybe_await(value: Any) -> Any:
@@ -113,10 +131,12 @@ async def oplog_edge(client: Any, direction: int) -> Timestamp | None:
 
 __all__ = [
     "FUTURE_TOLERANCE_SECONDS",
+    "REFUSED_TOKEN_CODES",
     "ahead_of_server",
     "maybe_await",
     "open_change_stream",
     "opening_token",
     "oplog_edge",
+    "refused_position",
     "server_cluster_time",
 ]

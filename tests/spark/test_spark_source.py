@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from flowwarden.config import OnHistoryLost, SchemaMode
-from flowwarden.errors import ConfigurationError, HistoryLostError
+from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError
 from flowwarden.events import compare_tokens
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
 from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions, _counting_needs_documents
@@ -269,6 +269,65 @@ def test_history_lost() -> None:
         assert numbers(read_rows(oldest, start, end)) == replay  # the same range replays the same
         for r in (fail, skip, oldest):
             r.stop()
+
+
+def _fail_getmore(client: pymongo.MongoClient[dict[str, Any]], times: int, code: int) -> None:
+    client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": times},
+        data={"failCommands": ["getMore"], "errorCode": code, "appName": "flowwarden-spark"},
+    )
+
+
+def test_transient_errors_are_waited_out_and_a_replay_returns_nothing_twice(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name)
+    try:
+        initial = reader.initialOffset()
+        collection.insert_many([{"n": n} for n in range(30)])
+        # HostUnreachable without the label PyMongo resumes on: the driver gives up, the source not.
+        _fail_getmore(client, 3, 6)
+        end = reader.latestOffset(initial, ReadMaxRows(30))
+        _fail_getmore(client, 3, 6)
+        assert numbers(read_rows(reader, initial, end)) == list(range(30))
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+        reader.stop()
+
+
+def test_errors_that_are_not_transient_fail_at_once(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    reader = reader_for(mongodb_uri, db_name)
+    try:
+        initial = reader.initialOffset()
+        client[db_name]["orders"].insert_one({"n": 1})
+        _fail_getmore(client, 1, 2)  # BadValue: not known to be transient
+        started = time.monotonic()
+        with pytest.raises(pymongo.errors.OperationFailure, match="Failing command"):
+            reader.latestOffset(initial, ReadMaxRows(10))
+        assert time.monotonic() - started < 5
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+        reader.stop()
+
+
+def test_a_position_the_server_cannot_find_is_refused_with_a_hint(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    with client[db_name]["other"].watch() as other:
+        client[db_name]["other"].insert_one({"_id": 1})
+        foreign = {"_data": other.next()["_id"]["_data"]}
+    client[db_name]["orders"].insert_one({"n": 1})
+    reader = reader_for(mongodb_uri, db_name)
+    try:
+        with pytest.raises(ResumePositionError, match="new checkpointLocation"):
+            reader.latestOffset(foreign, ReadMaxRows(10))
+    finally:
+        reader.stop()
 
 
 # ----------------------------------------------------------------------------------------------

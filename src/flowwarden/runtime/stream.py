@@ -60,6 +60,7 @@ from flowwarden.positions import (
     open_change_stream,
     opening_token,
     oplog_edge,
+    refused_position,
     server_cluster_time,
 )
 from flowwarden.runtime.batching import BatchDelivery
@@ -73,15 +74,6 @@ from flowwarden.runtime.status import StreamState, StreamStatus
 # Server error codes with a meaning of their own to the runner.
 HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
 INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
-# Codes with which the server refuses a stored resume token at open.
-REFUSED_TOKEN_CODES = frozenset(
-    {
-        9,  # FailedToParse: _data is not hex
-        260,  # InvalidResumeToken
-        40649,  # a token too short or of an unknown format
-    }
-)
-CHANGE_STREAM_FATAL = 280  # among others: "the resume token was not found"
 
 _HISTORY_AUDIT_KEEP = 20
 _DEFAULT_READ_AHEAD_BATCH = 1000  # without a batch_size: the read-ahead bound counts this per batch
@@ -497,7 +489,7 @@ class StreamRunner:
             await self._drain_and_close(committer)
             if error.code == HISTORY_LOST:
                 raise _HistoryLost(error) from error
-            if _token_not_found(error):
+            if refused_position(error):
                 raise ResumePositionError(
                     self.name, token=position, reason=f"the server did not find it: {error}"
                 ) from error
@@ -697,7 +689,7 @@ class StreamRunner:
                 raise
         except OperationFailure as error:
             token = kwargs.get("resume_after", kwargs.get("start_after"))
-            if token is not None and (error.code in REFUSED_TOKEN_CODES or _token_not_found(error)):
+            if token is not None and refused_position(error):
                 raise ResumePositionError(
                     self.name, token=dict(token), reason=f"the server refused it: {error}"
                 ) from error
@@ -1188,11 +1180,6 @@ def _readable(data: bytes) -> dict[str, Any]:
     except Exception:  # damaged beyond text: keep the bytes, they are all there is
         token = RawBSONDocument(data)["_id"]
         return {"_id": dict(token), "undecodableBson": bson.Binary(data)}
-
-
-def _token_not_found(error: OperationFailure) -> bool:
-    """The server's answer to a resume token that is not in the stream's history (code 280)."""
-    return error.code == CHANGE_STREAM_FATAL and "resume token" in str(error).lower()
 
 
 def _describe(token: Mapping[str, Any] | None) -> str:

@@ -24,7 +24,13 @@ checkpoint is ``{"_data": "<token hex>"}``; two other shapes exist:
   start or skipped entirely.
 
 The reader holds no cursor between calls: every call opens its own change stream and closes
-it, so nothing but the offsets carries state, and ``read`` runs in any executor. ``read`` takes
+it, so nothing but the offsets carries state, and ``read`` runs in any executor.
+
+Errors are judged by :func:`flowwarden.failures.classify`, as the connector judges them:
+transient ones (an election, a network blip) are retried for up to
+:data:`TRANSIENT_RETRY_SECONDS` (a replay resumes after the last event it returned, so nothing
+is returned twice); a position the server refuses or cannot find raises
+:class:`~flowwarden.errors.ResumePositionError` at once; anything else fails the query. ``read`` takes
 the events as raw BSON (``RawBSONDocument``), so the compiled converter of
 :mod:`flowwarden.spark.native` turns them into Arrow buffers without decoding them in Python.
 """
@@ -34,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pymongo
@@ -57,8 +63,10 @@ from flowwarden.config import (
     SchemaMode,
     validate_options,
 )
-from flowwarden.errors import ConfigurationError, HistoryLostError, StreamError
+from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError, StreamError
 from flowwarden.events import compare_tokens, timestamp_datetime, token_datetime
+from flowwarden.failures import Failure, classify
+from flowwarden.positions import refused_position
 from flowwarden.spark.arrow import events_to_arrow
 from flowwarden.spark.extjson import JsonMode
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS
@@ -72,6 +80,8 @@ ARROW_BATCH_ROWS = 10_000
 # How long a read waits for the events of its range to show up again before giving up: they
 # were seen when the range was planned, so only a lost oplog or an unreachable server delays them.
 READ_STALL_SECONDS = 120.0
+# How long a call keeps retrying transient errors before the query fails with the last one.
+TRANSIENT_RETRY_SECONDS = 60.0
 
 Offset = dict[str, Any]
 
@@ -384,6 +394,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # driver side
 
     def initialOffset(self) -> Offset:
+        return self._retrying(self._initial_offset, None)
+
+    def _initial_offset(self) -> Offset:
         position = self.options.start_position
         if position == "timestamp":
             assert self.options.start_at is not None
@@ -427,12 +440,16 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         the offset stays ``start`` and Spark runs no micro-batch.
         """
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        try:
-            return self._scan(start, self._resume_options(start), max_rows)
-        except OperationFailure as error:
-            if error.code != HISTORY_LOST:
-                raise
-            return self._after_history_lost(start, max_rows, error)
+
+        def plan() -> Offset:
+            try:
+                return self._scan(start, self._resume_options(start), max_rows)
+            except OperationFailure as error:
+                if error.code != HISTORY_LOST:
+                    raise
+                return self._after_history_lost(start, max_rows, error)
+
+        return self._retrying(plan, start)
 
     def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> Offset:
         target = self._target
@@ -533,6 +550,20 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             yield from self._batches(events, expected)
 
     def _replay(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[RawBSONDocument]:
+        """The events after ``resume`` up to and including ``end``; after a transient error the
+        stream is opened again after the last event returned, so none comes twice."""
+        retry = _TransientRetry(self.options.namespace)
+        while True:
+            try:
+                for event in self._replay_once(resume, end):
+                    yield event
+                    resume = {"start_after": {"_data": event["_id"]["_data"]}}
+                    retry.reset()
+                return
+            except Exception as error:
+                retry.after(error, resume)
+
+    def _replay_once(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[RawBSONDocument]:
         deadline = time.monotonic() + READ_STALL_SECONDS
         with self._watch(resume, counting=False, raw=True) as stream:
             while True:
@@ -556,6 +587,15 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 if order == 0:
                     return
                 deadline = time.monotonic() + READ_STALL_SECONDS
+
+    def _retrying(self, call: Callable[[], Offset], start: Offset | None) -> Offset:
+        """``call()``, tried again while it fails with transient errors (see the module docstring)."""
+        retry = _TransientRetry(self.options.namespace)
+        while True:
+            try:
+                return call()
+            except Exception as error:
+                retry.after(error, start)
 
     def _batches(self, events: list[RawBSONDocument], expected: Any) -> Iterator[Any]:
         batch = events_to_arrow(
@@ -628,6 +668,35 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return None
         ts: Timestamp = doc["ts"]
         return ts
+
+
+class _TransientRetry:
+    """The source's retry rule: transient errors (flowwarden.failures) are waited out with
+    backoff for up to TRANSIENT_RETRY_SECONDS; a refused position becomes ResumePositionError;
+    anything else is raised as it is."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.reset()
+
+    def reset(self) -> None:
+        self.deadline = time.monotonic() + TRANSIENT_RETRY_SECONDS
+        self.attempt = 0
+
+    def after(self, error: Exception, position: Any) -> None:
+        """Return after a pause when ``error`` is worth another try; raise otherwise."""
+        if isinstance(error, OperationFailure) and refused_position(error):
+            raise ResumePositionError(
+                f"{_OWNER} {self.namespace}",
+                token=position,
+                reason=f"the server refused it: {error}",
+                hint="Offsets live in the query's checkpointLocation: to read from a new position, "
+                "start the query with a new checkpointLocation and the start_position you want.",
+            ) from error
+        if classify(error) is not Failure.TRANSIENT or time.monotonic() >= self.deadline:
+            raise error
+        self.attempt += 1
+        time.sleep(min(0.25 * 2 ** (self.attempt - 1), 5.0))
 
 
 def _counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
