@@ -13,6 +13,9 @@ reading wrong, and an ``@`` inside an option value looks just like the end of su
 the URI is read once for every place the user information could end, and a character is shown only
 if no reading puts it in a secret. A URI no reading can make sense of becomes a placeholder. Hiding
 too much is allowed here; showing a secret is not.
+
+:func:`quotes_secret` answers, from the same readings, whether a message (PyMongo's complaint about
+a URI it cannot parse quotes pieces of it) may hold one of the URI's secrets.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from urllib.parse import unquote_plus
 
 from pymongo.common import URI_OPTIONS_VALIDATOR_MAP
 
-__all__ = ["HIDDEN", "UNPARSEABLE", "redact_uri"]
+__all__ = ["HIDDEN", "UNPARSEABLE", "quotes_secret", "redact_uri"]
 
 HIDDEN = "***"
 """What stands in place of each hidden stretch of a URI."""
@@ -68,6 +71,9 @@ _OPTION_SEPARATOR = re.compile(r"[&;]")
 _PROPERTY_SEPARATOR = re.compile(r",|%2[cC]")
 _PROPERTY_COLON = re.compile(r":|%3[aA]")
 
+# Where PyMongo may cut a URI, quoting only the piece between two of them in a message.
+_URI_DELIMITERS = re.compile(r"[/?#@:,&;=]")
+
 # Each '@' is one more reading of the URI; past this many the work grows quadratically, and a URI
 # with so many is not one anybody needs to read in a log.
 _MAX_AT_SIGNS = 64
@@ -88,24 +94,50 @@ def redact_uri(uri: str) -> str:
         return UNPARSEABLE
 
 
+def quotes_secret(text: str, uri: str) -> bool:
+    """Whether ``text`` (an error message about ``uri``, say) may quote a secret of ``uri``.
+
+    True when ``uri`` cannot be read, or when any three characters in a row of a hidden part of
+    ``uri`` appear in ``text``. PyMongo cuts a URI at its delimiters, so each stretch of a secret
+    between delimiters is looked for too, however short (all of it if shorter than three).
+    Never raises.
+    """
+    try:
+        hidden = _hidden(uri)
+        if hidden is None:
+            return True
+        for run in re.finditer(rb"\x01+", hidden):
+            for fragment in _URI_DELIMITERS.split(uri[run.start() : run.end()]):
+                width = min(3, len(fragment))
+                if width and any(fragment[i : i + width] in text for i in range(len(fragment) - width + 1)):
+                    return True
+        return False
+    except Exception:
+        return True  # as in redact_uri: when in doubt, the text may hold a secret
+
+
 def _redact(uri: str) -> str:
+    hidden = _hidden(uri)
+    return UNPARSEABLE if hidden is None else _render(uri, hidden)
+
+
+def _hidden(uri: str) -> bytearray | None:
+    """One byte per character of ``uri``, 1 where a secret may be; None if the URI cannot be read."""
     if not isinstance(uri, str):
-        return UNPARSEABLE
+        return None
     start = next((len(s) for s in _SCHEMES if uri[: len(s)].lower() == s), None)
     if start is None:
-        return UNPARSEABLE
+        return None
     at_signs = [i for i in range(start, len(uri)) if uri[i] == "@"]
     if len(at_signs) > _MAX_AT_SIGNS:
-        return UNPARSEABLE
+        return None
     hidden = bytearray(len(uri))
     readable = False
     # PyMongo's reading is among these: without user information, or with it ending at the last
     # '@' before the host list. The others are what a password with '/', '?' or '@' would mean.
     for userinfo_end in [None, *at_signs]:
         readable |= _read(uri, start, userinfo_end, hidden)
-    if not readable:
-        return UNPARSEABLE
-    return _render(uri, hidden)
+    return hidden if readable else None
 
 
 def _read(uri: str, start: int, userinfo_end: int | None, hidden: bytearray) -> bool:

@@ -7,7 +7,7 @@ from urllib.parse import quote_plus
 
 import pytest
 
-from flowwarden.redaction import HIDDEN, UNPARSEABLE, redact_uri
+from flowwarden.redaction import HIDDEN, UNPARSEABLE, quotes_secret, redact_uri
 from flowwarden.runtime import connector
 
 SECRET = "Hunter2xyz"
@@ -162,3 +162,21 @@ def test_no_mix_of_delimiters_in_a_password_or_option_lets_it_through(delimiters
 
 def test_the_connector_logs_through_this_redaction():
     assert connector.redact_uri is redact_uri
+
+
+@pytest.mark.parametrize(
+    ("message", "uri", "quotes"),
+    [
+        # PyMongo's own complaints: the database name it quotes holds the end of the password.
+        ('Bad database name "45@db1/"', "mongodb://app:123/45@db1/", True),
+        ("Port must be an integer between 0 and 65535: 'Hun'", "mongodb://app:Hun/ter2xyz@db1/", True),
+        ("Username and password must be escaped", "mongodb://app:Hun@ter2xyz@db1/", False),
+        ("Port contains non-digit characters", "mongodb://app:p/w@db1/", False),
+        ("value 'Hunter2xyz' is invalid", "mongodb://db1/?tlsCertificateKeyFilePassword=Hunter2xyz", True),
+        ("any message at all", "mongodb://db1/?replicaSet=rs0", False),
+        ("any message at all", "not a URI", True),
+        ("any message at all", None, True),
+    ],
+)
+def test_quotes_secret_finds_any_piece_of_a_secret_in_a_message(message, uri, quotes):
+    assert quotes_secret(message, uri) is quotes
