@@ -1,13 +1,67 @@
-"""The flowwarden command: checkpoints list/rewind/delete, and the demo's Spark-less path."""
+"""The flowwarden command: checkpoints list/rewind/delete, the demo's Spark-less path, and how every
+failure ends: one ``flowwarden:`` line on stderr, no traceback, the documented exit code."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+from pymongo.errors import OperationFailure
+
+from flowwarden import cli
 from flowwarden.checkpoint import Checkpoint, MongoCheckpointStore
 from flowwarden.checkpoint.contract import sample_token
-from flowwarden.cli import main
+from flowwarden.cli import ExitCode, main
 from flowwarden.demo import run_demo
+from flowwarden.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_error_line(stderr: str) -> str:
+    """The one line a failure prints; no traceback, nothing else."""
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("flowwarden:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def flowwarden(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m flowwarden.cli ARGS`` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "flowwarden.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port nothing listens on: connecting to it is refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
 
 
 def test_checkpoints_list_rewind_delete(capsys, mongodb_uri, client, db_name):
@@ -30,12 +84,207 @@ def test_checkpoints_list_rewind_delete(capsys, mongodb_uri, client, db_name):
 
 def test_rewind_refuses_a_value_that_is_not_a_token(capsys, mongodb_uri, db_name):
     args = ["checkpoints", "rewind", "orders", "--uri", mongodb_uri, "--database", db_name]
-    try:
-        main([*args, "--to-token", '{"ts": 1}'])
-    except SystemExit as exit_:
-        assert "resume token" in str(exit_)
-    else:
-        raise AssertionError("a non-token was accepted")
+    assert main([*args, "--to-token", '{"ts": 1}']) == ExitCode.USAGE
+    assert "resume token" in one_error_line(capsys.readouterr().err)
+
+
+def test_rewind_with_invalid_json_says_so(capsys, mongodb_uri, client, db_name):
+    store = MongoCheckpointStore(client[db_name])
+    store.save(Checkpoint(stream_id="orders", last_processed_token=sample_token(1_800_000_000, 5)))
+    args = ["checkpoints", "rewind", "orders", "--uri", mongodb_uri, "--database", db_name]
+
+    assert main([*args, "--to-token", "{bad"]) == ExitCode.USAGE
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("flowwarden: --to-token is not valid JSON") and '{"_data"' in line
+    assert store.load("orders").last_processed_token == sample_token(1_800_000_000, 5)
+
+
+@pytest.mark.parametrize("action", [["list"], ["rewind", "orders"], ["delete", "orders"]])
+def test_an_unreachable_deployment_exits_3_without_the_password(capsys, closed_port, action):
+    uri = f"mongodb://app:hunter2@127.0.0.1:{closed_port}/?serverSelectionTimeoutMS=200"
+
+    assert main(["checkpoints", *action, "--uri", uri, "--database", "shop"]) == ExitCode.MONGODB_UNAVAILABLE
+
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("flowwarden: cannot reach MongoDB at mongodb://app:***@127.0.0.1")
+    assert "hunter2" not in line and "Topology Description" not in line
+
+
+def test_refused_credentials_exit_3(capsys, monkeypatch, mongodb_uri):
+    def refuse(self, stream_id):
+        denied = OperationFailure("Authentication failed.", code=18)
+        raise CheckpointError("checkpoint delete failed", stream_id=stream_id) from denied
+
+    monkeypatch.setattr(MongoCheckpointStore, "delete", refuse)
+    args = ["checkpoints", "delete", "orders", "--uri", mongodb_uri, "--database", "shop"]
+
+    assert main(args) == ExitCode.MONGODB_UNAVAILABLE
+    assert "refused the credentials" in one_error_line(capsys.readouterr().err)
+
+
+def test_one_shot_commands_wait_10_seconds_for_mongodb_unless_the_uri_says(closed_port):
+    plain = cli._mongo_client(f"mongodb://127.0.0.1:{closed_port}/", connect=False)
+    own = cli._mongo_client(f"mongodb://127.0.0.1:{closed_port}/?serverSelectionTimeoutMS=200", connect=False)
+    with plain, own:
+        assert plain.options.server_selection_timeout == 10
+        assert own.options.server_selection_timeout == 0.2
+
+
+@pytest.mark.parametrize("command", ["run", "checkpoints"])
+def test_a_uri_pymongo_refuses_is_a_usage_error_that_keeps_the_password(capsys, command):
+    # PyMongo reads "app:123" as a host and port and quotes "hunter2@db1" as a database name.
+    uri = "mongodb://app:123/hunter2@db1/"
+    args = ["run", "nowhere:Handler"] if command == "run" else ["checkpoints", "list", "--database", "x"]
+
+    assert main([*args, "--uri", uri]) == ExitCode.USAGE
+
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("flowwarden: PyMongo refused --uri mongodb://app:***@db1/")
+    assert "hunter2" not in line and "123" not in line
+
+
+# -- run: handlers that cannot be imported, streams that fail --------------------------------------
+
+
+HANDLER = """
+from flowwarden import ChangeEvent, change_stream, on_change
+
+
+@change_stream("orders", {database!r}, name="orders")
+class Orders:
+    @on_change
+    def handle(self, event: ChangeEvent) -> None:
+        pass
+"""
+
+BROKEN_MODULES = {
+    "syntax": ("def handle(:\n", ["SyntaxError in ", ".py, line 1"]),
+    "raises": ("raise RuntimeError('ORDERS_TOPIC is not set')\n", ["RuntimeError: ORDERS_TOPIC is not set"]),
+    "dependency": (
+        "import flowwarden_no_such_dependency\n",
+        ["ModuleNotFoundError", "flowwarden_no_such_dependency"],
+    ),
+}
+
+
+@pytest.fixture
+def handler_dir(tmp_path, monkeypatch) -> Path:
+    """A folder for handler modules, importable in this process."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def write_module(folder: Path, source: str) -> str:
+    name = f"fw_handlers_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(source)
+    importlib.invalidate_caches()  # the folder's listing may be cached from an earlier module
+    return name
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_MODULES))
+def test_a_handler_module_that_cannot_be_imported_is_a_usage_error(capsys, handler_dir, kind):
+    source, expected = BROKEN_MODULES[kind]
+    module = write_module(handler_dir, source)
+
+    assert main(["run", f"{module}:Orders", "--uri", "mongodb://127.0.0.1:1/"]) == ExitCode.USAGE
+
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"flowwarden: cannot import handler module {module!r}")
+    for text in expected:
+        assert text in line
+    if kind == "syntax":
+        assert str(handler_dir / f"{module}.py") in line
+
+
+@pytest.mark.parametrize(
+    ("handler", "expected"),
+    [
+        ("fw_no_such_module:Orders", "No module named 'fw_no_such_module'"),
+        ("json:Orders", "module 'json' has no attribute 'Orders'"),
+        ("json", "must look like 'package.module:ClassName'"),
+    ],
+)
+def test_a_handler_that_is_not_there_is_a_usage_error(capsys, handler, expected):
+    assert main(["run", handler, "--uri", "mongodb://127.0.0.1:1/"]) == ExitCode.USAGE
+    assert expected in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("kind", ["syntax", "raises"])
+def test_a_broken_handler_module_prints_no_traceback_in_a_real_process(tmp_path, kind):
+    source, expected = BROKEN_MODULES[kind]
+    module = write_module(tmp_path, source)
+
+    done = flowwarden("run", f"{module}:Orders", "--uri", "mongodb://127.0.0.1:1/", cwd=tmp_path)
+
+    assert done.returncode == ExitCode.USAGE
+    line = one_error_line(done.stderr)
+    assert all(text in line for text in expected)
+
+
+def test_a_failed_stream_exits_1_with_its_error(capsys, handler_dir, mongodb_uri, client, db_name):
+    module = write_module(handler_dir, HANDLER.format(database=db_name))
+    client[db_name]["_fw_checkpoints"].insert_one({"_id": "orders", "epoch": "seven"})
+
+    assert main(["run", f"{module}:Orders", "--uri", mongodb_uri]) == ExitCode.FAILED
+
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("flowwarden: stream 'orders' failed: UnreadableCheckpointError:")
+
+
+# -- embedded-mongo, usage --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_a_port_out_of_range_is_a_usage_error(capsys, port):
+    assert main(["embedded-mongo", "--port", port]) == ExitCode.USAGE
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("flowwarden: argument --port:") and "1 to 65535" in line
+
+
+def test_a_port_in_use_is_a_usage_error(capsys, busy_port):
+    assert main(["embedded-mongo", "--port", str(busy_port)]) == ExitCode.USAGE
+    line = one_error_line(capsys.readouterr().err)
+    assert f"port {busy_port} on 127.0.0.1 is already in use" in line and "--port" in line
+
+
+def test_a_port_in_use_prints_no_traceback_in_a_real_process(tmp_path, busy_port):
+    done = flowwarden("embedded-mongo", "--port", str(busy_port), cwd=tmp_path)
+    assert done.returncode == ExitCode.USAGE
+    assert "already in use" in one_error_line(done.stderr)
+
+
+def test_bad_usage_is_one_line_and_exit_2(capsys):
+    assert main(["checkpoints", "list"]) == ExitCode.USAGE
+    line = one_error_line(capsys.readouterr().err)
+    assert "--uri" in line and "flowwarden checkpoints --help" in line
+
+
+def test_an_interrupt_exits_130(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_demo", interrupted)
+    assert main(["demo", "--no-spark"]) == ExitCode.INTERRUPTED
+    assert one_error_line(capsys.readouterr().err) == "flowwarden: interrupted"
+
+
+# -- the exit codes are documented where a user looks --------------------------------------------
+
+
+def command_line_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"^## Command line\n(.*?)(?=^## )", readme, flags=re.S | re.M)
+    assert match, "README.md lost its 'Command line' section"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("code", list(ExitCode), ids=lambda c: c.name)
+def test_each_exit_code_is_documented_in_the_help_the_module_and_the_readme(capsys, code):
+    assert main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert re.search(rf"^\s+{int(code)}\s+{re.escape(cli.EXIT_CODE_MEANINGS[code])}", help_text, flags=re.M)
+    assert re.search(rf"^- {int(code)}: ", cli.__doc__ or "", flags=re.M)
+    assert re.search(rf"^\|? ?`?{int(code)}`? ", command_line_section(), flags=re.M)
 
 
 def test_demo_without_spark_delivers_every_change_once(tmp_path):

@@ -1,40 +1,170 @@
 """The ``flowwarden`` command: run handler classes, inspect and rewind checkpoints, start the
-embedded replica set, run the demo."""
+embedded replica set, run the demo.
+
+This module owns what a shell sees. Every failure it knows of ends as one line on stderr that
+starts with ``flowwarden:``, says what was wrong and what to do, and one of these exit codes
+(:class:`ExitCode`):
+
+- 0: clean stop.
+- 1: a stream failed or ended with an error (``run``; one line per stream).
+- 2: usage or configuration error: bad arguments, a handler that cannot be imported, an invalid
+  token, JSON or URI, a port that cannot be used, a FlowWardenError at start-up, or MongoDB
+  refusing a command for a reason other than the credentials.
+- 3: the MongoDB deployment could not be reached or refused the credentials, when the command
+  needed it (``checkpoints list``, ``rewind``, ``delete``).
+- 130: interrupted (Ctrl-C).
+
+It never prints a traceback for those, and never prints a URI's password: URIs go through
+:func:`flowwarden.redaction.redact_uri` first.
+"""
 
 from __future__ import annotations
 
 import argparse
+import enum
+import errno
 import importlib
 import json
 import logging
+import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from bson import json_util
+from bson.errors import BSONError
 
 from flowwarden.errors import FlowWardenError
+from flowwarden.redaction import quotes_secret, redact_uri
+
+if TYPE_CHECKING:
+    import pymongo
+
+
+class ExitCode(enum.IntEnum):
+    """The ``flowwarden`` command's exit status; :data:`EXIT_CODE_MEANINGS` says what each means."""
+
+    CLEAN_STOP = 0
+    FAILED = 1
+    USAGE = 2
+    MONGODB_UNAVAILABLE = 3
+    INTERRUPTED = 130
+
+
+EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.CLEAN_STOP: "clean stop",
+    ExitCode.FAILED: "a stream failed or ended with an error (run)",
+    ExitCode.USAGE: "usage or configuration error: bad arguments, a handler that cannot be imported, "
+    "an invalid token, JSON or URI, a port that cannot be used, a start-up error, a command MongoDB "
+    "refused for a reason other than the credentials",
+    ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached or refused the credentials "
+    "(checkpoints list/rewind/delete)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+# The checkpoint commands do one thing and exit: better to say at once that MongoDB is out of reach
+# than to wait PyMongo's default 30 s. A serverSelectionTimeoutMS in the URI still wins.
+ONE_SHOT_SERVER_SELECTION_TIMEOUT_MS = 10_000
+_URI_SETS_SERVER_SELECTION_TIMEOUT = re.compile(r"[?&;]serverSelectionTimeoutMS=", re.IGNORECASE)
+
+# OperationFailure codes meaning the credentials were refused: Unauthorized, AuthenticationFailed.
+_CREDENTIALS_REFUSED = frozenset({13, 18})
+
+
+class _CommandError(Exception):
+    """Ends the command: ``message`` goes to stderr as one line, ``code`` is the exit status."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _say(message: str) -> None:
+    """One ``flowwarden:`` line on stderr, whatever line breaks the message carried."""
+    print(f"flowwarden: {' '.join(message.split())}", file=sys.stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``flowwarden:`` line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"flowwarden: {message} (see `{self.prog} --help`)\n")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give a number from 1 to 65535")
+    return port
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+# -- run ----------------------------------------------------------------------------------------
 
 
 def _load_handler(path: str) -> type:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"flowwarden: handler {path!r} must look like 'package.module:ClassName'")
+        raise _CommandError(ExitCode.USAGE, f"handler {path!r} must look like 'package.module:ClassName'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise SystemExit(f"flowwarden: cannot import {module_name!r}: {error}") from None
+    except SyntaxError as error:
+        raise _CommandError(
+            ExitCode.USAGE,
+            f"cannot import handler module {module_name!r}: {type(error).__name__} in "
+            f"{error.filename}, line {error.lineno}: {error.msg}. Fix the module and run again",
+        ) from None
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name + ".").startswith(error.name + "."):
+            raise _CommandError(
+                ExitCode.USAGE,
+                f"cannot import handler module {module_name!r}: {type(error).__name__}: {error}. Check "
+                "the name, and run flowwarden from the folder that holds the package (or add that "
+                "folder to PYTHONPATH)",
+            ) from None
+        raise _import_failed(module_name, error) from None
+    except Exception as error:
+        # Whatever the module's own code raised: the handler cannot run, and the module's error
+        # (not ours) is what the operator must fix.
+        raise _import_failed(module_name, error) from None
     try:
         handler: type = getattr(module, attr)
     except AttributeError:
-        raise SystemExit(f"flowwarden: module {module_name!r} has no attribute {attr!r}") from None
+        raise _CommandError(
+            ExitCode.USAGE, f"module {module_name!r} has no attribute {attr!r}; name a class it defines"
+        ) from None
     return handler
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from flowwarden.runtime import Connector, StreamState
+def _import_failed(module_name: str, error: Exception) -> _CommandError:
+    return _CommandError(
+        ExitCode.USAGE,
+        f"cannot import handler module {module_name!r}: importing it raised {type(error).__name__}: "
+        f"{error}. Fix the module; `python -c 'import {module_name}'` shows the traceback",
+    )
 
-    sys.path.insert(0, ".")
+
+def _cmd_run(args: argparse.Namespace) -> ExitCode:
+    from flowwarden.runtime import Connector
+
+    # The connector builds its client once it runs; a URI PyMongo cannot parse is refused here,
+    # before anything starts, with a message that cannot quote the password.
+    _mongo_client(args.uri, connect=False).close()
+    if "." not in sys.path:
+        sys.path.insert(0, ".")
     handlers = [_load_handler(h) for h in args.handlers]
     connector = Connector(
         args.uri,
@@ -43,63 +173,142 @@ def _cmd_run(args: argparse.Namespace) -> int:
         checkpoint_database=args.checkpoint_database,
     )
     connector.run()
-    failed = {n: s for n, s in connector.status().items() if s.state == StreamState.FAILED}
-    for name, status in failed.items():
-        print(f"stream {name} FAILED: {status.last_error}", file=sys.stderr)
-    return 1 if failed else 0
+    errors = connector.stream_errors()
+    for name, error in errors.items():
+        _say(f"stream {name!r} failed: {type(error).__name__}: {error}")
+    return ExitCode.FAILED if errors else ExitCode.CLEAN_STOP
 
 
-def _store(args: argparse.Namespace) -> Any:
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+def _mongo_client(uri: str, *, connect: bool = True) -> pymongo.MongoClient[dict[str, Any]]:
+    """A client for the one-shot commands; a URI PyMongo refuses ends the command (exit 2)."""
     import pymongo
+    from pymongo.errors import ConfigurationError
 
+    options: dict[str, Any] = {"tz_aware": True, "connect": connect}
+    if not _URI_SETS_SERVER_SELECTION_TIMEOUT.search(uri):
+        options["serverSelectionTimeoutMS"] = ONE_SHOT_SERVER_SELECTION_TIMEOUT_MS
+    try:
+        return pymongo.MongoClient(uri, **options)
+    except (ConfigurationError, ValueError, TypeError) as error:
+        raise _uri_refused(uri, error) from None
+
+
+def _uri_refused(uri: str, error: Exception) -> _CommandError:
+    # PyMongo quotes pieces of a URI it cannot parse, and a misplaced '@' or ':' can put a piece of
+    # the password in them: such a message is withheld.
+    message = str(error)
+    if quotes_secret(message, uri):
+        message = "its message is withheld because it may quote the password"
+    return _CommandError(
+        ExitCode.USAGE,
+        f"PyMongo refused --uri {redact_uri(uri)}: {type(error).__name__}: {message}. Fix the URI; "
+        "a user name or password must be escaped with urllib.parse.quote_plus",
+    )
+
+
+def _cmd_checkpoints(args: argparse.Namespace) -> ExitCode:
     from flowwarden.checkpoint import MongoCheckpointStore
 
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(args.uri, tz_aware=True)
-    return MongoCheckpointStore(client[args.database], collection=args.collection)
-
-
-def _cmd_checkpoints(args: argparse.Namespace) -> int:
-    store = _store(args)
-    if args.action == "list":
-        for cp in store.list():
-            print(
-                json.dumps(
-                    {
-                        "stream": cp.stream_id,
-                        "lastProcessedTimestamp": cp.last_processed_at.isoformat()
-                        if cp.last_processed_at
-                        else None,
-                        "lastSeenTimestamp": cp.last_seen_at.isoformat() if cp.last_seen_at else None,
-                        "eventsProcessed": cp.events_processed,
-                        "epoch": cp.epoch,
-                        "instanceId": cp.instance_id,
-                    }
-                )
-            )
-        return 0
-    if not args.stream:
-        raise SystemExit(f"flowwarden checkpoints {args.action}: name the stream")
-    if args.action == "delete":
-        found = store.delete(args.stream)
-        print("deleted" if found else f"no checkpoint for stream {args.stream!r}")
-        return 0
+    if args.action != "list" and not args.stream:
+        raise _CommandError(ExitCode.USAGE, f"checkpoints {args.action}: name the stream")
     token = None
-    if args.to_token:
-        token = json_util.loads(args.to_token)
-        if not isinstance(token, dict) or "_data" not in token:
-            raise SystemExit('flowwarden: --to-token takes a resume token such as \'{"_data": "8263..."}\'')
-    store.rewind(args.stream, token)
+    if args.action == "rewind" and args.to_token:
+        token = _parse_token(args.to_token)
+    with _mongo_client(args.uri) as client:
+        store = MongoCheckpointStore(client[args.database], collection=args.collection)
+        if args.action == "list":
+            return _list_checkpoints(store)
+        if args.action == "delete":
+            found = store.delete(args.stream)
+            print("deleted" if found else f"no checkpoint for stream {args.stream!r}")
+            return ExitCode.CLEAN_STOP
+        store.rewind(args.stream, token)
     print(f"stream {args.stream!r} rewound to {token if token else 'its start_position (no token)'}")
-    return 0
+    return ExitCode.CLEAN_STOP
 
 
-def _cmd_embedded(args: argparse.Namespace) -> int:
+def _parse_token(text: str) -> Any:
+    try:
+        token = json_util.loads(text)
+    except (ValueError, TypeError, BSONError) as error:
+        raise _CommandError(
+            ExitCode.USAGE,
+            f"--to-token is not valid JSON ({type(error).__name__}: {error}); give a resume token such "
+            'as \'{"_data": "8263..."}\', in single quotes so the shell passes it unchanged',
+        ) from None
+    if not isinstance(token, dict) or "_data" not in token:
+        raise _CommandError(
+            ExitCode.USAGE, '--to-token takes a resume token such as \'{"_data": "8263..."}\''
+        )
+    return token
+
+
+def _list_checkpoints(store: Any) -> ExitCode:
+    for checkpoint in store.list():
+        print(json.dumps(_listing(checkpoint)))
+    return ExitCode.CLEAN_STOP
+
+
+def _listing(checkpoint: Any) -> dict[str, Any]:
+    return {
+        "stream": checkpoint.stream_id,
+        "lastProcessedTimestamp": checkpoint.last_processed_at.isoformat()
+        if checkpoint.last_processed_at
+        else None,
+        "lastSeenTimestamp": checkpoint.last_seen_at.isoformat() if checkpoint.last_seen_at else None,
+        "eventsProcessed": checkpoint.events_processed,
+        "epoch": checkpoint.epoch,
+        "instanceId": checkpoint.instance_id,
+    }
+
+
+def _mongodb_unavailable(error: BaseException, uri: str) -> _CommandError | None:
+    """The exit-3 report if ``error`` (or what caused it) means MongoDB was out of reach or refused
+    the credentials; None for any other error."""
+    from pymongo.errors import ConnectionFailure, OperationFailure
+
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConnectionFailure):
+            # A server selection timeout appends the whole topology description; the first part
+            # (each host and why it could not be reached) is what the operator can act on.
+            detail = str(cause).split(", Topology Description:")[0]
+            return _CommandError(
+                ExitCode.MONGODB_UNAVAILABLE,
+                f"cannot reach MongoDB at {redact_uri(uri)}: {type(cause).__name__}: {detail}. Check "
+                "that the deployment is running and reachable from here, and that --uri names it",
+            )
+        if isinstance(cause, OperationFailure) and cause.code in _CREDENTIALS_REFUSED:
+            return _CommandError(
+                ExitCode.MONGODB_UNAVAILABLE,
+                f"MongoDB at {redact_uri(uri)} refused the credentials: {type(cause).__name__}: "
+                f"{cause}. Check the user name, password and authSource in --uri, and that the user "
+                "may read and write the checkpoint collection",
+            )
+        cause = cause.__cause__
+    return None
+
+
+# -- embedded-mongo, demo -----------------------------------------------------------------------
+
+
+def _cmd_embedded(args: argparse.Namespace) -> ExitCode:
     from flowwarden.testing import EmbeddedReplicaSet
 
-    rs = EmbeddedReplicaSet(port=args.port, oplog_max_events=args.oplog_max_events).start()
+    try:
+        rs = EmbeddedReplicaSet(port=args.port, oplog_max_events=args.oplog_max_events).start()
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            problem = f"port {args.port} on 127.0.0.1 is already in use; stop the process that holds it"
+        else:
+            problem = f"cannot listen on 127.0.0.1:{args.port} ({error.strerror or error})"
+        raise _CommandError(ExitCode.USAGE, f"{problem} or choose another --port") from None
     print(f"EmbeddedReplicaSet (a test double, not a production database) at {rs.uri}", file=sys.stderr)
     rs.serve_forever()
-    return 0
+    return ExitCode.CLEAN_STOP
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -108,8 +317,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(events=args.events, output=args.output, use_spark=not args.no_spark)
 
 
+# -- the command --------------------------------------------------------------------------------
+
+
+def _exit_codes_epilog() -> str:
+    lines = ["exit codes:"]
+    lines += [f"  {int(code):<4} {meaning}" for code, meaning in EXIT_CODE_MEANINGS.items()]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flowwarden", description=__doc__)
+    parser = _Parser(
+        prog="flowwarden",
+        description=(__doc__ or "").split("\n\n")[0].replace("``", ""),
+        epilog=_exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -130,30 +353,59 @@ def build_parser() -> argparse.ArgumentParser:
     cps.set_defaults(func=_cmd_checkpoints)
 
     emb = sub.add_parser("embedded-mongo", help="run the embedded test replica set in the foreground")
-    emb.add_argument("--port", type=int, default=27017)
-    emb.add_argument("--oplog-max-events", type=int, default=None)
+    emb.add_argument("--port", type=_port, default=27017, help="TCP port, 1 to 65535 (default 27017)")
+    emb.add_argument("--oplog-max-events", type=_positive_int, default=None)
     emb.set_defaults(func=_cmd_embedded)
 
     demo = sub.add_parser("demo", help="orders -> change stream -> Spark, on the embedded replica set")
-    demo.add_argument("--events", type=int, default=2000)
+    demo.add_argument("--events", type=_positive_int, default=2000)
     demo.add_argument("--output", default="out/demo", help="folder for the parquet output")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark part")
     demo.set_defaults(func=_cmd_demo)
+    for subparser in (run, cps, emb, demo):
+        subparser.epilog = parser.epilog
+        subparser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error argparse has already reported
+        return exit_.code if isinstance(exit_.code, int) else ExitCode.USAGE
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("flowwarden").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        code: int = args.func(args)
-    except FlowWardenError as error:
-        print(f"flowwarden: {error}", file=sys.stderr)
-        return 2
+        return int(args.func(args))
+    except _CommandError as error:
+        _say(error.message)
+        return error.code
     except KeyboardInterrupt:
-        return 130
-    return code
+        _say("interrupted")
+        return ExitCode.INTERRUPTED
+    except Exception as error:
+        return _report(error, getattr(args, "uri", None))
+
+
+def _report(error: Exception, uri: str | None) -> ExitCode:
+    """Report an error a command did not handle itself, or raise it again if it is not one we know."""
+    from pymongo.errors import ConfigurationError, PyMongoError
+
+    unavailable = _mongodb_unavailable(error, uri) if uri is not None else None
+    if unavailable is not None:
+        _say(unavailable.message)
+        return unavailable.code
+    if isinstance(error, ConfigurationError) and uri is not None:
+        refused = _uri_refused(uri, error)
+        _say(refused.message)
+        return refused.code
+    if isinstance(error, FlowWardenError):
+        _say(str(error))
+        return ExitCode.USAGE
+    if isinstance(error, PyMongoError) and uri is not None:
+        _say(f"MongoDB at {redact_uri(uri)} refused the command: {type(error).__name__}: {error}")
+        return ExitCode.USAGE
+    raise error
 
 
 if __name__ == "__main__":
