@@ -13,7 +13,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import bson
+import pymongo
 import pytest
+from bson.codec_options import DatetimeConversion
 from pymongo.errors import OperationFailure
 
 from flowwarden import cli
@@ -97,6 +100,31 @@ def test_rewind_with_invalid_json_says_so(capsys, mongodb_uri, client, db_name):
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("flowwarden: --to-token is not valid JSON") and '{"_data"' in line
     assert store.load("orders").last_processed_token == sample_token(1_800_000_000, 5)
+
+
+def test_list_shows_every_readable_checkpoint_and_marks_the_unreadable(capsys, mongodb_uri, client, db_name):
+    store = MongoCheckpointStore(client[db_name])
+    for name in ("a-orders", "z-orders"):
+        store.save(Checkpoint(stream_id=name, last_processed_token=sample_token(1_800_000_000, 5)))
+    store.collection.insert_one({"_id": "m-wrong-type", "epoch": "seven"})
+    # A date no Python datetime can hold: the driver cannot decode the document at all.
+    odd_dates = pymongo.MongoClient(mongodb_uri, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+    with odd_dates:
+        odd_dates[db_name]["_fw_checkpoints"].insert_one(
+            {"_id": "n-undecodable", "updatedAt": bson.DatetimeMS(2**62)}
+        )
+
+    code = main(["checkpoints", "list", "--uri", mongodb_uri, "--database", db_name])
+
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["stream"] for line in lines] == ["a-orders", "m-wrong-type", "n-undecodable", "z-orders"]
+    assert "unreadable" not in lines[0] and lines[0]["eventsProcessed"] == 0
+    assert "epoch must be an integer" in lines[1]["unreadable"]
+    assert "cannot be decoded" in lines[2]["unreadable"]
+    assert "unreadable" not in lines[3]
+    assert code == ExitCode.FAILED
+    assert "2 checkpoint document(s)" in one_error_line(err)
 
 
 @pytest.mark.parametrize("action", [["list"], ["rewind", "orders"], ["delete", "orders"]])

@@ -6,7 +6,8 @@ starts with ``flowwarden:``, says what was wrong and what to do, and one of thes
 (:class:`ExitCode`):
 
 - 0: clean stop.
-- 1: a stream failed or ended with an error (``run``; one line per stream).
+- 1: a stream failed or ended with an error (``run``; one line per stream), or a checkpoint document
+  is unreadable (``checkpoints list``, which still lists every readable one).
 - 2: usage or configuration error: bad arguments, a handler that cannot be imported, an invalid
   token, JSON or URI, a port that cannot be used, a FlowWardenError at start-up, or MongoDB
   refusing a command for a reason other than the credentials.
@@ -53,7 +54,8 @@ class ExitCode(enum.IntEnum):
 
 EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.CLEAN_STOP: "clean stop",
-    ExitCode.FAILED: "a stream failed or ended with an error (run)",
+    ExitCode.FAILED: "a stream failed or ended with an error (run), or a checkpoint document is "
+    "unreadable (checkpoints list)",
     ExitCode.USAGE: "usage or configuration error: bad arguments, a handler that cannot be imported, "
     "an invalid token, JSON or URI, a port that cannot be used, a start-up error, a command MongoDB "
     "refused for a reason other than the credentials",
@@ -247,8 +249,50 @@ def _parse_token(text: str) -> Any:
 
 
 def _list_checkpoints(store: Any) -> ExitCode:
-    for checkpoint in store.list():
-        print(json.dumps(_listing(checkpoint)))
+    """Print one JSON line per checkpoint document, readable or not, in stream order.
+
+    An unreadable document does not hide the others: it gets a line with its ``_id`` and the
+    reason, and the exit status says that some were unreadable.
+    """
+    import bson
+    from bson.codec_options import CodecOptions, DatetimeConversion
+    from bson.errors import InvalidBSON
+    from bson.raw_bson import RawBSONDocument
+
+    from flowwarden.checkpoint import Checkpoint
+    from flowwarden.errors import CheckpointError
+
+    collection = store.collection
+    strict = collection.codec_options
+    # Only to name an undecodable document: read its _id however odd the rest of it is.
+    lenient = strict.with_options(
+        datetime_conversion=DatetimeConversion.DATETIME_AUTO, unicode_decode_error_handler="replace"
+    )
+    raw = collection.with_options(codec_options=CodecOptions(document_class=RawBSONDocument))
+    unreadable = 0
+    for document in raw.find({}, sort=[("_id", 1)]):
+        try:
+            checkpoint = Checkpoint.from_document(bson.decode(document.raw, strict))
+        except InvalidBSON as error:
+            reason = f"cannot be decoded: {error}"
+        except CheckpointError as error:
+            reason = str(error)
+        else:
+            print(json.dumps(_listing(checkpoint)))
+            continue
+        unreadable += 1
+        try:
+            stream_id = bson.decode(document.raw, lenient).get("_id")
+        except InvalidBSON:
+            stream_id = None
+        print(json_util.dumps({"stream": stream_id, "unreadable": reason}))
+    if unreadable:
+        _say(
+            f"{unreadable} checkpoint document(s) in {collection.full_name} cannot be read (the "
+            '"unreadable" lines above); fix each, or delete it with `flowwarden checkpoints delete STREAM` '
+            "and let that stream start from its start_position"
+        )
+        return ExitCode.FAILED
     return ExitCode.CLEAN_STOP
 
 
