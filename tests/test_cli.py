@@ -127,7 +127,7 @@ def test_list_shows_every_readable_checkpoint_and_marks_the_unreadable(capsys, m
     assert "2 checkpoint document(s)" in one_error_line(err)
 
 
-@pytest.mark.parametrize("action", [["list"], ["rewind", "orders"], ["delete", "orders"]])
+@pytest.mark.parametrize("action", [["list"], ["rewind", "orders", "--to-start"], ["delete", "orders"]])
 def test_an_unreachable_deployment_exits_3_without_the_password(capsys, closed_port, action):
     uri = f"mongodb://app:hunter2@127.0.0.1:{closed_port}/?serverSelectionTimeoutMS=200"
 

@@ -13,7 +13,8 @@ starts with ``flowwarden:``, says what was wrong and what to do, and one of thes
   refusing a command for a reason other than the credentials.
 - 3: the MongoDB deployment could not be reached or refused the credentials, when the command
   needed it (``checkpoints list``, ``rewind``, ``delete``).
-- 130: interrupted (Ctrl-C).
+- 130: interrupted (Ctrl-C), or stopped at once by a second SIGINT/SIGTERM during ``run``'s
+  graceful stop.
 
 It never prints a traceback for those, and never prints a URI's password: URIs go through
 :func:`flowwarden.redaction.redact_uri` first.
@@ -27,6 +28,7 @@ import errno
 import importlib
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -61,7 +63,7 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     "refused for a reason other than the credentials",
     ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached or refused the credentials "
     "(checkpoints list/rewind/delete)",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C), or run stopped at once by a second SIGINT/SIGTERM",
 }
 
 # The checkpoint commands do one thing and exit: better to say at once that MongoDB is out of reach
@@ -160,7 +162,7 @@ def _import_failed(module_name: str, error: Exception) -> _CommandError:
 
 
 def _cmd_run(args: argparse.Namespace) -> ExitCode:
-    from flowwarden.runtime import Connector
+    from flowwarden.runtime import Connector, ForcedStop
 
     # The connector builds its client once it runs; a URI PyMongo cannot parse is refused here,
     # before anything starts, with a message that cannot quote the password.
@@ -174,7 +176,19 @@ def _cmd_run(args: argparse.Namespace) -> ExitCode:
         instance_id=args.instance_id,
         checkpoint_database=args.checkpoint_database,
     )
-    connector.run()
+    try:
+        connector.run()
+    except ForcedStop as stop:
+        _say(
+            f"stopped at once by a second {stop.signal_name}; the events of the handlers it abandoned "
+            "stay unprocessed and are handled again after a restart"
+        )
+        # Not SystemExit: a handler stuck in a worker thread would keep the interpreter from
+        # exiting, which is what the second signal asked for.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ExitCode.INTERRUPTED)
     errors = connector.stream_errors()
     for name, error in errors.items():
         _say(f"stream {name!r} failed: {type(error).__name__}: {error}")
@@ -216,9 +230,18 @@ def _cmd_checkpoints(args: argparse.Namespace) -> ExitCode:
 
     if args.action != "list" and not args.stream:
         raise _CommandError(ExitCode.USAGE, f"checkpoints {args.action}: name the stream")
-    token = None
-    if args.action == "rewind" and args.to_token:
-        token = _parse_token(args.to_token)
+    targets = [option for option in ("to_token", "to_time", "to_start") if getattr(args, option)]
+    if args.action == "rewind" and len(targets) != 1:
+        raise _CommandError(
+            ExitCode.USAGE,
+            'checkpoints rewind needs exactly one target: --to-token \'{"_data": "82..."}\' (resume '
+            "after that event), --to-time 2026-11-20T08:00:00Z (resume at that cluster time) or "
+            "--to-start (forget the position: the stream's start_position applies at its next start)",
+        )
+    if args.action != "rewind" and (targets or args.create):
+        raise _CommandError(ExitCode.USAGE, "--to-token, --to-time, --to-start and --create are for rewind")
+    token = _parse_token(args.to_token) if args.to_token else None
+    at = _parse_time(args.to_time) if args.to_time else None
     with _mongo_client(args.uri) as client:
         store = MongoCheckpointStore(client[args.database], collection=args.collection)
         if args.action == "list":
@@ -227,12 +250,113 @@ def _cmd_checkpoints(args: argparse.Namespace) -> ExitCode:
             found = store.delete(args.stream)
             print("deleted" if found else f"no checkpoint for stream {args.stream!r}")
             return ExitCode.CLEAN_STOP
-        store.rewind(args.stream, token)
-    print(f"stream {args.stream!r} rewound to {token if token else 'its start_position (no token)'}")
+        return _rewind(client, store, args, token, at)
+
+
+def _rewind(client: Any, store: Any, args: argparse.Namespace, token: Any, at: Any) -> ExitCode:
+    """Move one stream's stored position: check the target against the server, refuse a stream
+    that has no checkpoint unless --create, print the old and the new position."""
+    from flowwarden.errors import UnreadableCheckpointError
+    from flowwarden.positions import ahead_of_server, cluster_time_of
+
+    stream = args.stream
+    try:
+        before = store.load(stream)
+        old = _position(before) if before is not None else None
+    except UnreadableCheckpointError as error:
+        before, old = True, f"unreadable ({error})"
+    if before is None and not args.create:
+        known = sorted(str(doc["_id"]) for doc in store.collection.find({}, projection={"_id": 1}))
+        raise _CommandError(
+            ExitCode.USAGE,
+            f"no checkpoint for stream {stream!r} in {store.collection.full_name} (streams with one: "
+            f"{', '.join(known) or 'none'}). Check the name and --database, or give --create to store "
+            "a position for a stream that has none yet",
+        )
+    server_time = cluster_time_of(client.admin.command("ping"))
+    if at is not None:
+        token = _token_at(client[args.database], at, server_time)
+    if token is not None:
+        reason = ahead_of_server(token, server_time)
+        if reason is not None:
+            raise _CommandError(ExitCode.USAGE, f"--to-token {json_util.dumps(token)} is refused: {reason}")
+    store.rewind(stream, token)
+    print(f"stream {stream!r}")
+    print(f"  before: {old or 'no checkpoint'}")
+    if token is None:
+        print("  now:    no position; the stream's start_position applies at its next start")
+    else:
+        print(f"  now:    {_position(store.load(stream))}")
+    print("  Stop every instance running this stream before it starts again: a running one keeps saving.")
     return ExitCode.CLEAN_STOP
 
 
+def _position(checkpoint: Any) -> str:
+    """Where a checkpoint resumes, for people: the time and the token."""
+    from flowwarden.events import token_datetime
+
+    token = checkpoint.resume_token
+    if token is None:
+        return "no position (the stream's start_position applies)"
+    which = "lastSeen" if token == checkpoint.last_seen_token else "lastProcessed"
+    at = token_datetime(token)
+    return f"resumes after {at.isoformat() if at else '?'} ({which} token {token['_data']})"
+
+
+def _parse_time(text: str) -> Any:
+    """An ISO-8601 date-time with its time zone, as the cluster time of its second."""
+    import datetime as dt
+
+    from bson import Timestamp
+
+    try:
+        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise _CommandError(
+            ExitCode.USAGE,
+            f"--to-time {text!r} is not an ISO-8601 date-time with a time zone; give one such as "
+            "2026-11-20T08:00:00Z or 2026-11-20T09:00:00+01:00",
+        )
+    return Timestamp(int(moment.timestamp() // 1), 0)
+
+
+def _token_at(database: Any, at: Any, server_time: Any) -> Any:
+    """The resume token of cluster time ``at``: the post-batch token of a change stream opened
+    there with batchSize 0 (a position, not an event; resuming after it delivers what happened
+    from ``at`` on)."""
+    from pymongo.errors import OperationFailure
+
+    from flowwarden.events import timestamp_datetime
+    from flowwarden.positions import FUTURE_TOLERANCE_SECONDS
+
+    when = timestamp_datetime(at).isoformat()
+    if server_time is not None and at.time > server_time.time + FUTURE_TOLERANCE_SECONDS:
+        raise _CommandError(
+            ExitCode.USAGE,
+            f"--to-time {when} is after the server's cluster time "
+            f"({timestamp_datetime(server_time).isoformat()}); give a time that has passed",
+        )
+    try:
+        with database.watch(start_at_operation_time=at, batch_size=0) as stream:
+            token = stream.resume_token
+    except OperationFailure as error:
+        if error.code == 286:  # ChangeStreamHistoryLost
+            raise _CommandError(
+                ExitCode.USAGE,
+                f"--to-time {when} is older than the oplog's oldest entry; what happened then can no "
+                "longer be read. Give a later time, or --to-start",
+            ) from None
+        raise
+    if token is None:
+        raise _CommandError(ExitCode.USAGE, "the server returned no position for --to-time")
+    return dict(token)
+
+
 def _parse_token(text: str) -> Any:
+    from flowwarden.events import InvalidTokenError, check_resume_token
+
     try:
         token = json_util.loads(text)
     except (ValueError, TypeError, BSONError) as error:
@@ -241,10 +365,18 @@ def _parse_token(text: str) -> Any:
             f"--to-token is not valid JSON ({type(error).__name__}: {error}); give a resume token such "
             'as \'{"_data": "8263..."}\', in single quotes so the shell passes it unchanged',
         ) from None
-    if not isinstance(token, dict) or "_data" not in token:
+    if not isinstance(token, dict) or set(token) != {"_data"}:
         raise _CommandError(
             ExitCode.USAGE, '--to-token takes a resume token such as \'{"_data": "8263..."}\''
         )
+    try:
+        check_resume_token(token)
+    except InvalidTokenError as error:
+        raise _CommandError(
+            ExitCode.USAGE,
+            f"--to-token is not a resume token the server could resume from: {error}. Copy the _id "
+            "of a change event, or a lastProcessedToken from `flowwarden checkpoints list`",
+        ) from None
     return token
 
 
@@ -393,7 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     cps.add_argument("--uri", required=True)
     cps.add_argument("--database", required=True, help="database holding the checkpoint collection")
     cps.add_argument("--collection", default="_fw_checkpoints")
-    cps.add_argument("--to-token", default=None, help="rewind: resume token JSON; omit to clear")
+    cps.add_argument("--to-token", default=None, help="rewind: resume after this token (JSON)")
+    cps.add_argument("--to-time", default=None, help="rewind: resume at this ISO-8601 time, with its zone")
+    cps.add_argument(
+        "--to-start", action="store_true", help="rewind: forget the position (start_position applies)"
+    )
+    cps.add_argument("--create", action="store_true", help="rewind: a stream with no checkpoint yet")
     cps.set_defaults(func=_cmd_checkpoints)
 
     emb = sub.add_parser("embedded-mongo", help="run the embedded test replica set in the foreground")

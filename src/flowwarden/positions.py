@@ -91,7 +91,11 @@ async def opening_token(target: Any, start: Mapping[str, Any], **watch_options: 
 
 async def server_cluster_time(client: Any) -> Timestamp | None:
     """The deployment's cluster time as a ``ping`` reports it; None when the reply has none."""
-    reply = await maybe_await(client.admin.command("ping"))
+    return cluster_time_of(await maybe_await(client.admin.command("ping")))
+
+
+def cluster_time_of(reply: Mapping[str, Any]) -> Timestamp | None:
+    """The cluster time a command's reply carries (``$clusterTime``, else ``operationTime``)."""
     cluster = reply.get("$clusterTime")
     value = cluster.get("clusterTime") if isinstance(cluster, Mapping) else None
     if not isinstance(value, Timestamp):
@@ -133,6 +137,7 @@ __all__ = [
     "FUTURE_TOLERANCE_SECONDS",
     "REFUSED_TOKEN_CODES",
     "ahead_of_server",
+    "cluster_time_of",
     "maybe_await",
     "open_change_stream",
     "opening_token",
