@@ -6,7 +6,8 @@ Configured by environment variables (the command line names only the class):
 - ``FW_TEST_LOG``: a file that gets one line per handled event, ``<_id>``, flushed at once, so
   it holds every handling that finished even when the process is killed with SIGKILL;
 - ``FW_TEST_BLOCK_ON``: an ``_id`` whose handler never returns (a hung handler);
-- ``FW_TEST_SAVE_EVERY_N`` (default 1000) and ``FW_TEST_SAVE_INTERVAL`` (default 60 seconds).
+- ``FW_TEST_SAVE_EVERY_N`` (default 1000) and ``FW_TEST_SAVE_INTERVAL`` (default 60 seconds);
+- ``FW_TEST_CONCURRENCY`` (default 1): above 1, the handler runs in worker threads.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ _block_on = os.environ.get("FW_TEST_BLOCK_ON")
 _never = threading.Event()
 
 
-@change_stream("orders", os.environ["FW_TEST_DB"], name="orders", max_await_time_ms=50)
+@change_stream(
+    "orders",
+    os.environ["FW_TEST_DB"],
+    name="orders",
+    max_await_time_ms=50,
+    max_concurrency=int(os.environ.get("FW_TEST_CONCURRENCY", "1")),
+)
 @checkpoint(
     save_every_n=int(os.environ.get("FW_TEST_SAVE_EVERY_N", "1000")),
     save_interval_seconds=float(os.environ.get("FW_TEST_SAVE_INTERVAL", "60")),

@@ -50,9 +50,19 @@ def _opened(client: pymongo.MongoClient[Any], db: str) -> bool:
     return checkpoint_doc(client, db, "orders") is not None
 
 
-def test_a_second_signal_stops_at_once_without_passing_the_hung_event(mongodb_uri, client, db_name, tmp_path):
+@pytest.mark.parametrize("concurrency", ["1", "2"], ids=["on the event loop", "in a worker thread"])
+def test_a_second_signal_stops_at_once_without_passing_the_hung_event(
+    mongodb_uri, client, db_name, tmp_path, concurrency
+):
     log = tmp_path / "handled.log"
-    child = run_connector(mongodb_uri, db_name, log, FW_TEST_BLOCK_ON="3", FW_TEST_SAVE_EVERY_N="1")
+    child = run_connector(
+        mongodb_uri,
+        db_name,
+        log,
+        FW_TEST_BLOCK_ON="3",
+        FW_TEST_SAVE_EVERY_N="1",
+        FW_TEST_CONCURRENCY=concurrency,
+    )
     try:
         wait_until(lambda: _opened(client, db_name), what="the stream to open")
         client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
@@ -67,11 +77,12 @@ def test_a_second_signal_stops_at_once_without_passing_the_hung_event(mongodb_ur
             child.kill()
     assert code == 130
     assert "stopped at once" in child.stderr.read()
-    assert handled(log) == ["0", "1", "2", "blocked"]
-    # Event 3 was never finished: a restart handles it, and everything after it, again.
+    first_run = handled(log)
+    assert "blocked" in first_run and "3" not in first_run
+    # Event 3 was never finished: a restart handles it (and whatever came after it) again.
     restart = run_connector(mongodb_uri, db_name, log, FW_TEST_SAVE_EVERY_N="1")
     try:
-        wait_until(lambda: handled(log)[4:] == ["3", "4", "5"], what="events 3-5 after the restart")
+        wait_until(lambda: {"3", "4", "5"} <= set(handled(log)[len(first_run) :]), what="events 3-5 again")
     finally:
         restart.send_signal(signal.SIGTERM)
         assert restart.wait(timeout=30) == 0
