@@ -41,6 +41,21 @@ position this process wrote is never ahead at all; the margin only covers a clus
 from a member that had not yet heard the newest one."""
 
 
+def reachable(client: Any) -> bool:
+    """Whether the client knows a server it could write to right now (its monitors' view; no I/O).
+
+    A stop uses it to skip waits that would only end in the driver's server selection timeout.
+    Clients without a topology description count as reachable.
+    """
+    description = getattr(client, "topology_description", None)
+    if description is None:
+        return True
+    try:
+        return bool(description.has_writable_server())
+    except Exception:  # an unfamiliar client: assume it can be reached, waits stay bounded anyway
+        return True
+
+
 def refused_position(error: OperationFailure) -> bool:
     """Whether the server refused a resume token it was given, or did not find it in the stream's
     history (after a startAfter retry for invalidate tokens, where that applies)."""
@@ -142,6 +157,7 @@ __all__ = [
     "open_change_stream",
     "opening_token",
     "oplog_edge",
+    "reachable",
     "refused_position",
     "server_cluster_time",
 ]

@@ -15,6 +15,7 @@ from flowwarden import ChangeEvent, Connector, StreamState, change_stream, check
 from flowwarden.testing import EmbeddedReplicaSet
 
 from .conftest import checkpoint_doc, handled, run_connector, wait_until
+from .handlers import recording_handler
 
 
 def test_the_status_says_stopping_while_a_stop_waits_for_a_handler(mongodb_uri, client, db_name):
@@ -40,6 +41,34 @@ def test_the_status_says_stopping_while_a_stop_waits_for_a_handler(mongodb_uri, 
     stopper.join(30)
     assert connector.status()["orders"].state == StreamState.STOPPED
     assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 1
+
+
+def test_a_stop_does_not_wait_for_a_checkpoint_save_that_hangs(mongodb_uri, client, db_name):
+    handler, seen = recording_handler(db_name, save_every_n=1, save_interval_seconds=60)
+    connector = Connector(mongodb_uri, [handler])
+    connector.start()
+    try:
+        # Every checkpoint write from now on hangs for 20 s before it is answered.
+        client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode="alwaysOn",
+            data={
+                "failCommands": ["update"],
+                "blockConnection": True,
+                "blockTimeMS": 20_000,
+                "appName": "flowwarden",
+            },
+        )
+        client[db_name].orders.insert_one({"_id": 1})
+        wait_until(lambda: seen == [("insert", 1)], what="the event, whose count save now hangs")
+        started = time.monotonic()
+        connector.stop(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+    assert connector.status()["orders"].state == StreamState.STOPPED
+    assert took < 8, f"the stop waited {took:.1f}s for a hung save"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -170,7 +170,10 @@ class CheckpointCommitter:
         a failure without committing. Never resolves on a clean run."""
 
         self._save_lock = asyncio.Lock()
-        self._count_save: asyncio.Task[None] | None = None
+        # The save a caller is waiting for (a count save, flush, save_batch_end), run as a task of
+        # its own so that close() and interrupt() can give up on a store that does not answer.
+        self._awaited: asyncio.Task[None] | None = None
+        self._interrupted = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         if not self._every_commit:
@@ -253,17 +256,21 @@ class CheckpointCommitter:
         """
         if self._refusal is not None:
             raise self._refusal.with_traceback(None)
-        async with self._save_lock:
-            if self._failure is not None:
-                raise self._failure.with_traceback(None)
-            try:
-                await self._calls.save_batch_end(self.stream_id, token, self.epoch)
-            except Exception as exc:
-                self._record_failure(exc)
-                if self._failure is not None and self._failure is not exc:
-                    raise self._failure.with_traceback(None) from exc
-                raise
-            self._record_success()
+
+        async def save() -> None:
+            async with self._save_lock:
+                if self._failure is not None:
+                    raise self._failure.with_traceback(None)
+                try:
+                    await self._calls.save_batch_end(self.stream_id, token, self.epoch)
+                except Exception as exc:
+                    self._record_failure(exc)
+                    if self._failure is not None and self._failure is not exc:
+                        raise self._failure.with_traceback(None) from exc
+                    raise
+                self._record_success()
+
+        await self._await_save(save(), interrupted_returns=False)
 
     def observe_seen(self, token: ResumeToken) -> None:
         """Offer a post-batch resume token taken while no event was in flight; never blocks.
@@ -293,8 +300,21 @@ class CheckpointCommitter:
         """
         if self._refusal is not None:
             raise self._refusal.with_traceback(None)
-        async with self._save_lock:
-            await self._save_pending_raising()
+
+        async def save() -> None:
+            async with self._save_lock:
+                await self._save_pending_raising()
+
+        await self._await_save(save(), interrupted_returns=False)
+
+    def interrupt(self) -> None:
+        """Stop waiting for the store (a stream is stopping): the save a caller waits for is
+        abandoned, and so are later ones. A commit waiting for a count save returns (the position
+        stays unsaved; :meth:`close` tries once more); :meth:`flush` and :meth:`save_batch_end`
+        raise CommitterClosedError, since their callers must not go on as if they had saved."""
+        self._interrupted = True
+        if self._awaited is not None:
+            self._awaited.cancel()
 
     async def close(self, timeout: float | None = 10.0) -> bool:
         """Stop the timer, save the frontier, refuse later commits; returns within ``timeout``.
@@ -424,21 +444,39 @@ class CheckpointCommitter:
                     pass  # counted and reported by _save_pending; retried at the next trigger
 
     async def _save_now(self) -> None:
-        """A count save, before commit returns; raise only once the committer failed.
+        """A count save, before commit returns; raise only once the committer failed."""
+        await self._await_save(self._locked_save(), interrupted_returns=True)
 
-        It runs as its own task so that close() can give up on a hung store: the waiting commit
-        then raises CommitterClosedError instead of hanging with it.
-        """
-        save = self._loop.create_task(self._locked_save())
-        self._count_save = save
+    async def _await_save(self, work: Coroutine[Any, Any, None], *, interrupted_returns: bool) -> None:
+        """Wait for ``work``, a save, run as a task of its own so that a hung store can be given
+        up on: after close() the caller gets CommitterClosedError; after interrupt() it gets the
+        same, or returns when ``interrupted_returns`` (a count save: the event is handled either
+        way, only its position stays unsaved)."""
+        if self._interrupted:
+            work.close()
+            if interrupted_returns:
+                return
+            raise self._interruption()
+        save = self._loop.create_task(work)
+        self._awaited = save
         try:
             await save
         except asyncio.CancelledError:
             if save.cancelled() and self._closed and self._refusal is not None:
                 raise self._refusal.with_traceback(None) from None
+            if save.cancelled() and self._interrupted:
+                if interrupted_returns:
+                    return
+                raise self._interruption() from None
             raise
         finally:
-            self._count_save = None
+            self._awaited = None
+
+    def _interruption(self) -> CommitterClosedError:
+        return CommitterClosedError(
+            f"stream {self.stream_id!r}: the checkpoint save was abandoned because the stream is stopping",
+            stream_id=self.stream_id,
+        )
 
     async def _locked_save(self) -> None:
         async with self._save_lock:
@@ -576,8 +614,8 @@ class CheckpointCommitter:
         shutdown.cancel()
         if self._task is not None:
             self._task.cancel()
-        if self._count_save is not None:
-            self._count_save.cancel()
+        if self._awaited is not None:
+            self._awaited.cancel()
         # Nobody awaits these any more; retrieve their outcome so asyncio does not warn.
         shutdown.add_done_callback(_consume_outcome)
 

@@ -22,7 +22,7 @@ from flowwarden.checkpoint.store import AwaitableStore
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
-from flowwarden.positions import maybe_await
+from flowwarden.positions import maybe_await, reachable
 from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.lease import LOCKS_COLLECTION
@@ -340,12 +340,11 @@ def _check_async_client(client: Any) -> None:
 async def _close_client(client: Any) -> None:
     """Close the connector's own client; with the deployment out of reach this does not wait
     for server selection to end its sessions."""
+    timeout = _CLOSE_TIMEOUT_SECONDS if reachable(client) else 0.2
     try:
-        await asyncio.wait_for(maybe_await(client.close()), _CLOSE_TIMEOUT_SECONDS)
+        await asyncio.wait_for(maybe_await(client.close()), timeout)
     except asyncio.TimeoutError:
-        log.warning(
-            "the MongoDB client did not close within %.0fs; left to the process exit", _CLOSE_TIMEOUT_SECONDS
-        )
+        log.info("the MongoDB client did not close within %.1fs (the deployment is out of reach)", timeout)
 
 
 def _finish_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -60,6 +60,7 @@ from flowwarden.positions import (
     open_change_stream,
     opening_token,
     oplog_edge,
+    reachable,
     refused_position,
     server_cluster_time,
 )
@@ -160,7 +161,6 @@ class StreamRunner:
         self._forced_start: dict[str, Any] | None = None
         self._opened_with: dict[str, Any] = {}
         self._history_audit: dict[str, Any] | None = None
-        self._opening = True
         self._reader: ReadAhead | None = None
         self._replay_end: dict[str, Any] | None = None
         if self._batch is not None and not hasattr(store.store, "save_batch_end"):
@@ -216,6 +216,8 @@ class StreamRunner:
         self.mark_stopping()
         if self._reader is not None:
             self._reader.interrupt()
+        if self._committer is not None:
+            self._committer.interrupt()
 
     def mark_stopping(self) -> None:
         """Show STOPPING at once, from any thread: a handler holding the event loop must not
@@ -285,8 +287,12 @@ class StreamRunner:
                 except BaseException as error:
                     if isinstance(error, (asyncio.CancelledError, SystemExit, KeyboardInterrupt)):
                         raise  # cancelled, or the process stops at once: no restart, no save
-                    if self._stopping.is_set() and self._opening:
-                        break  # a stop cut the open short: nothing was in flight
+                    if self._stopping.is_set() and classify(error) is not Failure.FATAL:
+                        # A stop was asked for: what a re-open would have handled does not matter.
+                        self.log.info(
+                            "stream %s: %s: %s while stopping", self.name, type(error).__name__, error
+                        )
+                        break
                     await self._after_failure(error)
                 finally:
                     for task in (renewer, watcher):
@@ -372,13 +378,18 @@ class StreamRunner:
         if self._lease is None or self._lease.lease is None:
             return
         try:
-            await asyncio.wait_for(self._lease.release(), _STOP_IO_TIMEOUT_SECONDS)
+            await asyncio.wait_for(self._lease.release(), self._stop_io_timeout())
         except (PyMongoError, asyncio.TimeoutError) as error:
             self.log.warning(
                 "stream %s: could not release its lease (%s); it expires after lease_ttl_seconds",
                 self.name,
                 error or "timed out",
             )
+
+    def _stop_io_timeout(self) -> float:
+        """How long a stopping stream waits for the deployment: briefly, and hardly at all when
+        the client already knows no server it could write to."""
+        return _STOP_IO_TIMEOUT_SECONDS if reachable(self._client) else 0.2
 
     def _describe_saved(self) -> str:
         committer = self._committer
@@ -462,7 +473,6 @@ class StreamRunner:
 
     async def _run_once(self) -> None:
         self._halt = self._stopping.is_set() or self._lost_lease
-        self._opening = True
         try:
             opened = await self._until_stopped(self._open_from_checkpoint(), None)
         except OperationFailure as error:
@@ -477,14 +487,13 @@ class StreamRunner:
         if opened is None:
             return  # a stop came while opening; nothing was read
         stream, committer, position = opened
-        self._opening = False
         self.state = StreamState.STOPPING if self._stopping.is_set() else StreamState.RUNNING
         self._first_run = False
         try:
             try:
                 await self._consume(stream, committer, position)
             finally:
-                await _close_stream(stream)
+                await _close_stream(stream, self._stop_io_timeout())
         except OperationFailure as error:
             await self._drain_and_close(committer)
             if error.code == HISTORY_LOST:
@@ -559,7 +568,7 @@ class StreamRunner:
         never ahead, when it is abandoned.
         """
         await self._wait_in_flight()
-        timeout = _STOP_IO_TIMEOUT_SECONDS if self._stopping.is_set() else 10.0
+        timeout = self._stop_io_timeout() if self._stopping.is_set() else 10.0
         try:
             await committer.close(timeout=timeout)
         except FencedError:
@@ -1194,10 +1203,10 @@ def _describe(token: Mapping[str, Any] | None) -> str:
     return f"{at.isoformat() if at else '?'} ({data[:26]}...)"
 
 
-async def _close_stream(stream: Any) -> None:
-    """Close a change stream; with the deployment out of reach, give up after a short wait (the
+async def _close_stream(stream: Any, timeout: float = _STOP_IO_TIMEOUT_SECONDS) -> None:
+    """Close a change stream; with the deployment out of reach, give up after ``timeout`` (the
     server drops an abandoned cursor after its idle timeout)."""
     try:
-        await asyncio.wait_for(maybe_await(stream.close()), _STOP_IO_TIMEOUT_SECONDS)
+        await asyncio.wait_for(maybe_await(stream.close()), timeout)
     except (PyMongoError, asyncio.TimeoutError):
         pass
