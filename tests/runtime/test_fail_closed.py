@@ -10,7 +10,7 @@ from typing import Any
 
 import pymongo
 import pytest
-from bson import Timestamp
+from bson import DatetimeMS, Timestamp
 
 from flowwarden import (
     ChangeEvent,
@@ -104,6 +104,20 @@ def test_an_unreadable_checkpoint_fails_the_stream_and_is_left_as_it_was(
         assert field in status.last_error
     assert checkpoint_doc(client, db_name, "orders") == before
     assert seen == []
+
+
+def test_a_checkpoint_with_a_date_out_of_range_fails_the_stream(mongodb_uri, client, db_name):
+    # A BSON date no datetime can hold (year 292278994): the driver cannot decode the document.
+    _write_checkpoint(
+        client,
+        db_name,
+        {"_id": "orders", "lastProcessedToken": sample_token(1), "updatedAt": DatetimeMS(2**62)},
+    )
+    handler, _ = recording_handler(db_name)
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, timeout=5, what="FAILED")
+        assert isinstance(connector.stream_errors()["orders"], UnreadableCheckpointError)
+        assert connector.status()["orders"].restarts == 0
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not utf-8", "not an object", "another stream's record"])
