@@ -91,7 +91,8 @@ async def opening_token(target: Any, start: Mapping[str, Any], **watch_options: 
     token is the start point; the server errors of an open (a pipeline it refuses, history
     already lost) are raised here, before anything was stored.
     """
-    stream = await open_change_stream(target, **watch_options, **start, batch_size=0)
+    # batchSize 0 replaces the stream's own: the first batch must be empty whatever follows it.
+    stream = await open_change_stream(target, **{**watch_options, **start, "batch_size": 0})
     try:
         token: Mapping[str, Any] | None = stream.resume_token
     finally:

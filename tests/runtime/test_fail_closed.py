@@ -72,12 +72,20 @@ def test_a_new_stream_whose_handler_fails_at_once_loses_nothing(mongodb_uri, cli
     ],
     ids=["resume", "latest", "earliest", "at_time"],
 )
-def test_every_start_position_is_stored_before_the_first_event(mongodb_uri, client, db_name, options):
-    handler, _ = recording_handler(db_name, save_every_n=1000, save_interval_seconds=60, **options)
-    with running(mongodb_uri, [handler]):
+@pytest.mark.parametrize("batch_size", [None, 10])
+def test_every_start_position_is_stored_before_the_first_event(
+    mongodb_uri, client, db_name, options, batch_size
+):
+    handler, seen = recording_handler(
+        db_name, save_every_n=1000, save_interval_seconds=60, stream={"batch_size": batch_size}, **options
+    )
+    with running(mongodb_uri, [handler]) as connector:
         stored = checkpoint_doc(client, db_name, "orders")
         assert stored is not None and stored["lastSeenToken"] is not None
         assert stored["lastProcessedToken"] is None
+        client[db_name].orders.insert_many([{"_id": i} for i in range(25)])
+        wait_until(lambda: ("insert", 24) in seen, what="the events after the open")
+        assert connector.status()["orders"].restarts == 0
 
 
 # ------------------------------------------------------------------------------------------------
