@@ -29,6 +29,7 @@ from flowwarden.checkpoint.contract import (
     sample_token,
 )
 from flowwarden.errors import CheckpointError, FencedError, UnreadableCheckpointError
+from flowwarden.failures import Failure, classify
 
 
 class TestMongoCheckpointStore(CheckpointStoreContract):
@@ -118,6 +119,33 @@ class TestMongoCheckpointStore(CheckpointStoreContract):
                 with pytest.raises(CheckpointError, match="save failed"):
                     store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2)))
             assert store.load(STREAM) is not None
+
+    @pytest.mark.parametrize(
+        ("code", "kind"),
+        [
+            (13, Failure.FATAL),
+            (18, Failure.FATAL),
+            (8000, Failure.FATAL),
+            (91, Failure.TRANSIENT),
+            (2, Failure.UNKNOWN),
+        ],
+        ids=["Unauthorized", "AuthenticationFailed", "AtlasError", "ShutdownInProgress", "BadValue"],
+    )
+    def test_a_failed_read_or_write_is_judged_by_the_error_it_wraps(
+        self, client: pymongo.MongoClient[Any], mongodb_uri: str, code: int, kind: Failure
+    ) -> None:
+        app = f"fw-cp-{uuid.uuid4().hex[:8]}"
+        own: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+            mongodb_uri, appname=app, retryReads=False, retryWrites=False
+        )
+        with own:
+            store = MongoCheckpointStore(own[self.database.name])
+            with _fail_command(client, app, ["find", "update"], error_code=code):
+                with pytest.raises(CheckpointError) as load:
+                    store.load(STREAM)
+                with pytest.raises(CheckpointError) as save:
+                    store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2)))
+        assert classify(load.value) is kind and classify(save.value) is kind
 
     def test_an_unreachable_server_raises(self) -> None:
         dead: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
