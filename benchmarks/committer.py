@@ -26,14 +26,14 @@ from typing import Any
 
 import pymongo
 
-from flowwarden.checkpoint import (
+from flowwarden.checkpoints import (
     AsyncMongoCheckpointStore,
     Checkpoint,
     CheckpointCommitter,
     InMemoryCheckpointStore,
     MongoCheckpointStore,
 )
-from flowwarden.checkpoint.contract import sample_token
+from flowwarden.checkpoints.contract import sample_token
 from flowwarden.testing import EmbeddedReplicaSet
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from bson import Timestamp
 
 from flowwarden import ChangeEvent, Connector, StartPosition, change_stream, checkpoint, on_change
-from flowwarden.checkpoint import InMemoryCheckpointStore
+from flowwarden.checkpoints import InMemoryCheckpointStore
 from flowwarden.runtime.stream import StreamRunner
 from flowwarden.testing import EmbeddedReplicaSet
 

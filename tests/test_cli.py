@@ -20,8 +20,8 @@ from bson.codec_options import DatetimeConversion
 from pymongo.errors import OperationFailure
 
 from flowwarden import cli
-from flowwarden.checkpoint import Checkpoint, MongoCheckpointStore
-from flowwarden.checkpoint.contract import sample_token
+from flowwarden.checkpoints import Checkpoint, MongoCheckpointStore
+from flowwarden.checkpoints.contract import sample_token
 from flowwarden.cli import ExitCode, main
 from flowwarden.demo import run_demo
 from flowwarden.errors import CheckpointError

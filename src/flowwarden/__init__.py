@@ -13,8 +13,7 @@ Decorate a handler class, hand it to a :class:`Connector`, run it::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from flowwarden._deprecated import install_old_checkpoint_path
 from flowwarden.config import (
     Deployment,
     OnError,
@@ -27,6 +26,7 @@ from flowwarden.config import (
 from flowwarden.decorators import (
     StreamSpec,
     change_stream,
+    checkpoint,
     dead_letter_queue,
     on_batch,
     on_change,
@@ -53,13 +53,7 @@ from flowwarden.errors import (
 from flowwarden.events import ChangeEvent, token_cluster_time
 from flowwarden.runtime import Connector, StreamContext, StreamState, StreamStatus
 
-if TYPE_CHECKING:
-    from flowwarden.decorators import checkpoint as checkpoint
-else:
-    # `flowwarden.checkpoint` is the store SPI package and, called, the @checkpoint decorator:
-    # binding the package here keeps both `from flowwarden import checkpoint` and
-    # `import flowwarden.checkpoint` working (a submodule import would rebind the name anyway).
-    from flowwarden import checkpoint
+install_old_checkpoint_path()
 
 __version__ = "0.1.0"
 

@@ -226,7 +226,7 @@ def _uri_refused(uri: str, error: Exception) -> _CommandError:
 
 
 def _cmd_checkpoints(args: argparse.Namespace) -> ExitCode:
-    from flowwarden.checkpoint import MongoCheckpointStore
+    from flowwarden.checkpoints import MongoCheckpointStore
 
     if args.action != "list" and not args.stream:
         raise _CommandError(ExitCode.USAGE, f"checkpoints {args.action}: name the stream")
@@ -391,7 +391,7 @@ def _list_checkpoints(store: Any) -> ExitCode:
     from bson.errors import InvalidBSON
     from bson.raw_bson import RawBSONDocument
 
-    from flowwarden.checkpoint import Checkpoint
+    from flowwarden.checkpoints import Checkpoint
     from flowwarden.errors import CheckpointError
 
     collection = store.collection

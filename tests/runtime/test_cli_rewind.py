@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 import pytest
 
 from flowwarden import StreamState
-from flowwarden.checkpoint import Checkpoint, MongoCheckpointStore
-from flowwarden.checkpoint.contract import sample_token
+from flowwarden.checkpoints import Checkpoint, MongoCheckpointStore
+from flowwarden.checkpoints.contract import sample_token
 from flowwarden.cli import ExitCode, main
 from flowwarden.testing import EmbeddedReplicaSet
 

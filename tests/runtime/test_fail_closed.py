@@ -20,8 +20,8 @@ from flowwarden import (
     checkpoint,
     on_change,
 )
-from flowwarden.checkpoint import FileCheckpointStore, InMemoryCheckpointStore
-from flowwarden.checkpoint.contract import DAMAGED_RECORDS, damaged_record, sample_token
+from flowwarden.checkpoints import FileCheckpointStore, InMemoryCheckpointStore
+from flowwarden.checkpoints.contract import DAMAGED_RECORDS, damaged_record, sample_token
 from flowwarden.errors import RestartsExhaustedError, ResumePositionError, UnreadableCheckpointError
 
 from .conftest import checkpoint_doc, running, wait_until

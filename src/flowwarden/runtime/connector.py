@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flowwarden.checkpoint.store import AwaitableStore
+from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
@@ -286,7 +286,7 @@ class Connector:
         return spec.stream.database or self._checkpoint_database
 
     def _runner(self, spec: StreamSpec, client: Any) -> StreamRunner:
-        from flowwarden.checkpoint import AsyncMongoCheckpointStore
+        from flowwarden.checkpoints import AsyncMongoCheckpointStore
 
         db = client[self._database_for(spec)]
         store = spec.checkpoint.store or self._checkpoint_store or AsyncMongoCheckpointStore(db)

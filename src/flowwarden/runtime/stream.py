@@ -30,8 +30,8 @@ from bson.errors import InvalidBSON
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure, PyMongoError
 
-from flowwarden.checkpoint import Checkpoint, CheckpointCommitter
-from flowwarden.checkpoint.store import AwaitableStore
+from flowwarden.checkpoints import Checkpoint, CheckpointCommitter
+from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import (
     Deployment,
     OnError,

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from bson import Int64, Timestamp
 
-from flowwarden.checkpoint import Checkpoint, SaveResult
-from flowwarden.checkpoint.contract import sample_token
+from flowwarden.checkpoints import Checkpoint, SaveResult
+from flowwarden.checkpoints.contract import sample_token
 from flowwarden.errors import CheckpointError
 from flowwarden.events import InvalidTokenError, token_datetime
 

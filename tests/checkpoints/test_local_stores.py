@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from bson import json_util
 
-from flowwarden.checkpoint import Checkpoint, FileCheckpointStore, InMemoryCheckpointStore, SaveResult
-from flowwarden.checkpoint.contract import (
+from flowwarden.checkpoints import Checkpoint, FileCheckpointStore, InMemoryCheckpointStore, SaveResult
+from flowwarden.checkpoints.contract import (
     STREAM,
     CheckpointStoreContract,
     UnreadableRecordContract,

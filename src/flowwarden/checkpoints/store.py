@@ -1,7 +1,7 @@
 """The checkpoint store SPI: one sync and one async protocol with the same seven methods.
 
 Every implementation keeps these rules (the contract suite in
-:mod:`flowwarden.checkpoint.contract` pins each one):
+:mod:`flowwarden.checkpoints.contract` pins each one):
 
 * never regresses: a processed position older than or equal to the stored one writes nothing and
   returns :attr:`SaveResult.IGNORED`; only :meth:`rewind` moves a checkpoint backwards;
@@ -27,7 +27,7 @@ import builtins
 import inspect
 from typing import Any, Protocol, runtime_checkable
 
-from flowwarden.checkpoint.model import Checkpoint, SaveResult
+from flowwarden.checkpoints.model import Checkpoint, SaveResult
 from flowwarden.events import ResumeToken
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
-from flowwarden.checkpoint.model import Checkpoint, SaveResult
-from flowwarden.checkpoint.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore
+from flowwarden.checkpoints.model import Checkpoint, SaveResult
+from flowwarden.checkpoints.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore
 from flowwarden.errors import (
     CheckpointSaveFailedError,
     CommitterClosedError,
@@ -34,7 +34,7 @@ from flowwarden.errors import (
 from flowwarden.events import ResumeToken, token_data
 from flowwarden.failures import is_fatal, is_io_error
 
-logger = logging.getLogger("flowwarden.checkpoint")
+logger = logging.getLogger("flowwarden.checkpoints")
 
 SaveErrorCallback = Callable[[BaseException, int], None]
 """``on_save_error(error, consecutive_failures)``: called after every failed save."""

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowwarden.checkpoint import Checkpoint, CheckpointCommitter, InMemoryCheckpointStore, SaveResult
-from flowwarden.checkpoint.contract import sample_token
+from flowwarden.checkpoints import Checkpoint, CheckpointCommitter, InMemoryCheckpointStore, SaveResult
+from flowwarden.checkpoints.contract import sample_token
 from flowwarden.errors import CheckpointError
 from flowwarden.events import ResumeToken
 

@@ -12,8 +12,8 @@ import threading
 from dataclasses import replace
 from typing import ClassVar
 
-from flowwarden.checkpoint.model import Checkpoint, SaveResult, utc_now
-from flowwarden.checkpoint.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
+from flowwarden.checkpoints.model import Checkpoint, SaveResult, utc_now
+from flowwarden.checkpoints.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
 from flowwarden.events import ResumeToken
 
 
@@ -23,7 +23,7 @@ def _detached(checkpoint: Checkpoint) -> Checkpoint:
 
 
 class InMemoryCheckpointStore:
-    """A :class:`~flowwarden.checkpoint.CheckpointStore` backed by a dict; thread-safe.
+    """A :class:`~flowwarden.checkpoints.CheckpointStore` backed by a dict; thread-safe.
 
     Its calls never block on I/O (``nonblocking = True``), so the committer calls it inline
     rather than through a worker thread.

@@ -14,14 +14,14 @@ import pymongo
 import pytest
 from bson.datetime_ms import DatetimeMS
 
-from flowwarden.checkpoint import (
+from flowwarden.checkpoints import (
     AsyncMongoCheckpointStore,
     Checkpoint,
     CheckpointCommitter,
     MongoCheckpointStore,
     SaveResult,
 )
-from flowwarden.checkpoint.contract import (
+from flowwarden.checkpoints.contract import (
     STREAM,
     AsyncCheckpointStoreContract,
     CheckpointStoreContract,

@@ -4,7 +4,7 @@ Subclass :class:`CheckpointStoreContract` (sync stores) or :class:`AsyncCheckpoi
 (async stores) in a test module, name the subclass ``Test...`` and implement ``make_store()``;
 every rule of the store SPI then runs against your store::
 
-    from flowwarden.checkpoint.contract import CheckpointStoreContract
+    from flowwarden.checkpoints.contract import CheckpointStoreContract
 
     class TestMyStore(CheckpointStoreContract):
         def make_store(self):
@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from flowwarden.checkpoint.model import Checkpoint, SaveResult
-from flowwarden.checkpoint.store import AsyncCheckpointStore, CheckpointStore
+from flowwarden.checkpoints.model import Checkpoint, SaveResult
+from flowwarden.checkpoints.store import AsyncCheckpointStore, CheckpointStore
 from flowwarden.errors import CheckpointError, FencedError, UnreadableCheckpointError
 from flowwarden.events import token_data, token_datetime
 
@@ -100,7 +100,7 @@ def _owner_token(round_: int, epoch: int) -> dict[str, Any]:
 
 
 class CheckpointStoreContract(abc.ABC):
-    """Every rule of :class:`~flowwarden.checkpoint.CheckpointStore`, one test each."""
+    """Every rule of :class:`~flowwarden.checkpoints.CheckpointStore`, one test each."""
 
     @abc.abstractmethod
     def make_store(self) -> CheckpointStore:
@@ -524,7 +524,7 @@ class CheckpointStoreContract(abc.ABC):
 
 
 class AsyncCheckpointStoreContract(abc.ABC):
-    """Every rule of :class:`~flowwarden.checkpoint.AsyncCheckpointStore`, one test each."""
+    """Every rule of :class:`~flowwarden.checkpoints.AsyncCheckpointStore`, one test each."""
 
     pytestmark = [pytest.mark.asyncio]
 

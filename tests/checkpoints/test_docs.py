@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flowwarden.checkpoint.contract import CheckpointStoreContract
+from flowwarden.checkpoints.contract import CheckpointStoreContract
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md"
 FILE_MARK = re.compile(r"^# file: (\S+)\n")

@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 from bson import json_util
 
-from flowwarden.checkpoint.model import Checkpoint, SaveResult, utc_now
-from flowwarden.checkpoint.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
+from flowwarden.checkpoints.model import Checkpoint, SaveResult, utc_now
+from flowwarden.checkpoints.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
 from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken
 
@@ -71,7 +71,7 @@ def _process_lock(path: Path) -> threading.Lock:
 
 
 class FileCheckpointStore:
-    """A :class:`~flowwarden.checkpoint.CheckpointStore` in one JSON file at ``path``.
+    """A :class:`~flowwarden.checkpoints.CheckpointStore` in one JSON file at ``path``.
 
     The directory must exist; the file is created by the first write. Put it on local disk:
     the OS file lock is what serialises writers across processes, and network file systems

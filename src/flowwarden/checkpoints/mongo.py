@@ -24,7 +24,7 @@ from pymongo.collection import Collection
 from pymongo.database import Database
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
-from flowwarden.checkpoint.model import (
+from flowwarden.checkpoints.model import (
     DEFAULT_COLLECTION,
     F_BATCH_END,
     F_EPOCH,
@@ -43,7 +43,7 @@ from flowwarden.checkpoint.model import (
     token_time,
     utc_now,
 )
-from flowwarden.checkpoint.transitions import check_epoch, is_newer, require_processed_token
+from flowwarden.checkpoints.transitions import check_epoch, is_newer, require_processed_token
 from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken, token_data
 
@@ -209,7 +209,7 @@ def _collection_options(write_concern: WriteConcern | None) -> dict[str, Any]:
 
 
 class MongoCheckpointStore:
-    """A :class:`~flowwarden.checkpoint.CheckpointStore` in ``database[collection]`` (PyMongo, blocking).
+    """A :class:`~flowwarden.checkpoints.CheckpointStore` in ``database[collection]`` (PyMongo, blocking).
 
     ``write_concern`` defaults to majority; pass ``None`` to use the database's own.
     """
@@ -305,7 +305,7 @@ class MongoCheckpointStore:
 
 
 class AsyncMongoCheckpointStore:
-    """An :class:`~flowwarden.checkpoint.AsyncCheckpointStore` in ``database[collection]``.
+    """An :class:`~flowwarden.checkpoints.AsyncCheckpointStore` in ``database[collection]``.
 
     ``database`` is a PyMongo ``AsyncDatabase`` or a motor ``AsyncIOMotorDatabase``: both have the
     same method names and return awaitables. ``write_concern`` defaults to majority.

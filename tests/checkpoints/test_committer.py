@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from flowwarden.checkpoint import (
+from flowwarden.checkpoints import (
     Checkpoint,
     CheckpointCommitter,
     InMemoryCheckpointStore,
     SaveResult,
     is_retryable_save_error,
 )
-from flowwarden.checkpoint.contract import sample_token
+from flowwarden.checkpoints.contract import sample_token
 from flowwarden.errors import (
     CheckpointError,
     CheckpointSaveFailedError,

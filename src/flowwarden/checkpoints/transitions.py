@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from flowwarden.checkpoint.model import Checkpoint, SaveResult
+from flowwarden.checkpoints.model import Checkpoint, SaveResult
 from flowwarden.errors import FencedError
 from flowwarden.events import ResumeToken, token_data
 
