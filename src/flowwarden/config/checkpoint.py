@@ -1,0 +1,121 @@
+"""``@checkpoint`` options: when positions are saved and where a stream starts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from bson import Timestamp
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from flowwarden.config.base import OptionProblem, Options
+from flowwarden.config.choices import OnHistoryLost, StartPosition, choices_text, coerce_choice
+
+STORE_METHODS: tuple[str, ...] = ("load", "save", "save_seen", "delete", "list", "rewind")
+"""Methods a checkpoint store must have (sync or async), checked by duck typing."""
+
+
+class CheckpointOptions(Options):
+    """Options of ``@checkpoint``: when positions are saved and where a stream starts.
+
+    The saved position is the token of the newest event handled with no gap before it; resuming
+    from it delivers the next event. ``save_every_n`` events or ``save_interval_seconds``,
+    whichever comes first, trigger a save; both 0 saves every event before its commit returns.
+    """
+
+    decorator: ClassVar[str] = "checkpoint"
+    allowed: ClassVar[Mapping[str, str]] = {
+        "save_every_n": "an int >= 0",
+        "save_interval_seconds": "a finite number >= 0",
+        "start_position": choices_text(StartPosition),
+        "start_at": "None, or with start_position=AT_TIME a timezone-aware datetime or a bson Timestamp",
+        "on_history_lost": choices_text(OnHistoryLost),
+        "store": "None or a checkpoint store instance with methods " + ", ".join(STORE_METHODS),
+    }
+
+    save_every_n: int = Field(default=1, ge=0)
+    save_interval_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    start_position: StartPosition = StartPosition.RESUME
+    start_at: datetime | Timestamp | None = None
+    on_history_lost: OnHistoryLost = OnHistoryLost.FAIL
+    store: Any = None
+
+    @field_validator("start_position", mode="before")
+    @classmethod
+    def _start_position(cls, value: Any, info: ValidationInfo) -> Any:
+        return coerce_choice(StartPosition, value, info.field_name or "")
+
+    @field_validator("on_history_lost", mode="before")
+    @classmethod
+    def _on_history_lost(cls, value: Any, info: ValidationInfo) -> Any:
+        return coerce_choice(OnHistoryLost, value, info.field_name or "")
+
+    @field_validator("start_at")
+    @classmethod
+    def _start_at(cls, value: datetime | Timestamp | None) -> datetime | Timestamp | None:
+        if isinstance(value, datetime):
+            if value.tzinfo is None or value.utcoffset() is None:
+                raise OptionProblem(
+                    f"start_at={value.isoformat()} has no timezone, so the instant it names is "
+                    "ambiguous; pass an aware datetime such as datetime(..., tzinfo=timezone.utc)",
+                    option="start_at",
+                    value=value,
+                    allowed=cls.allowed["start_at"],
+                )
+            return value.astimezone(timezone.utc)
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        allowed = cls.allowed["store"]
+        if isinstance(value, type):
+            raise OptionProblem(
+                f"store is the class {value.__name__}; pass an instance, e.g. store={value.__name__}(...)",
+                option="store",
+                value=value,
+                allowed=allowed,
+            )
+        missing = [name for name in STORE_METHODS if not callable(getattr(value, name, None))]
+        if missing:
+            raise OptionProblem(
+                f"{type(value).__name__} is not a checkpoint store: it lacks {', '.join(missing)}",
+                option="store",
+                value=value,
+                allowed=allowed,
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CheckpointOptions:
+        if self.start_position is StartPosition.AT_TIME and self.start_at is None:
+            raise OptionProblem(
+                "start_position=AT_TIME needs start_at= (the cluster time to start from)",
+                option="start_at",
+                value=None,
+                allowed="a timezone-aware datetime or a bson Timestamp",
+            )
+        if self.start_position is not StartPosition.AT_TIME and self.start_at is not None:
+            raise OptionProblem(
+                f"start_at is only read with start_position=AT_TIME, not {self.start_position.name}; "
+                "set start_position=StartPosition.AT_TIME or drop start_at",
+                option="start_at",
+                value=self.start_at,
+                allowed="None with start_position=" + self.start_position.name,
+            )
+        return self
+
+    @property
+    def start_at_operation_time(self) -> Timestamp | None:
+        """``start_at`` as a cluster time for ``start_at_operation_time``.
+
+        A datetime is floored to its second (increment 0), so the stream starts at or before the
+        instant given and never skips an event of that second.
+        """
+        if self.start_at is None or isinstance(self.start_at, Timestamp):
+            return self.start_at
+        return Timestamp(math.floor(self.start_at.timestamp()), 0)

@@ -1,0 +1,96 @@
+"""The choice enums of flowwarden's options: values accepted by name or value, in any letter case."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from flowwarden.config.base import OptionProblem
+
+
+class Choice(str, Enum):
+    """A str-valued enum that also accepts its member names and values in any letter case."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def _missing_(cls, value: object) -> Choice | None:
+        if isinstance(value, str):
+            folded = value.casefold()
+            for member in cls:
+                if folded in (member.value.casefold(), member.name.casefold()):
+                    return member
+        return None
+
+
+class StartPosition(Choice):
+    """Where a stream starts when it has no checkpoint (LATEST: even when it has one)."""
+
+    RESUME = "RESUME"
+    """The checkpoint if there is one, else now."""
+    LATEST = "LATEST"
+    """Now, ignoring any checkpoint."""
+    EARLIEST = "EARLIEST"
+    """The oldest entry still in the oplog."""
+    AT_TIME = "AT_TIME"
+    """The cluster time given as ``start_at``."""
+
+
+class OnHistoryLost(Choice):
+    """What a stream does when its resume position has fallen out of the oplog."""
+
+    FAIL = "FAIL"
+    RESUME_FROM_OPLOG_START = "RESUME_FROM_OPLOG_START"
+    RESUME_FROM_NOW = "RESUME_FROM_NOW"
+
+
+class OnError(Choice):
+    """What happens to an event once its handler exhausted the retry policy."""
+
+    STOP = "STOP"
+    SKIP = "SKIP"
+    DEAD_LETTER = "DEAD_LETTER"
+
+
+class SchemaMode(Choice):
+    """How ``on_dataframe`` treats a full document that does not fit the declared schema."""
+
+    PERMISSIVE = "PERMISSIVE"
+    DROPMALFORMED = "DROPMALFORMED"
+    FAILFAST = "FAILFAST"
+
+
+class Deployment(Choice):
+    """How many connector instances process one stream at a time."""
+
+    ALL_INSTANCES = "all_instances"
+    SINGLE_LEADER = "single_leader"
+
+
+class OnInvalidate(Choice):
+    """What a stream does after its collection or database was dropped or renamed."""
+
+    STOP = "stop"
+    RESTART = "restart"
+
+
+def choices_text(enum: type[Choice]) -> str:
+    return ", ".join(repr(member.value) for member in enum)
+
+
+def coerce_choice(enum: type[Choice], value: Any, option: str) -> Choice:
+    # Strict mode would refuse the string "single_leader" for Deployment; accept names and values.
+    if isinstance(value, enum):
+        return value
+    if isinstance(value, str):
+        try:
+            return enum(value)
+        except ValueError:
+            pass
+    raise OptionProblem(
+        f"{value!r} is not a {enum.__name__}",
+        option=option,
+        value=value,
+        allowed=choices_text(enum) + f" (or {enum.__name__}.<NAME>)",
+    )

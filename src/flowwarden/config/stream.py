@@ -1,0 +1,238 @@
+"""``@change_stream`` options: what a stream watches and how its cursor runs."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from flowwarden.config.backoff import backoff_delay
+from flowwarden.config.base import OptionProblem, Options
+from flowwarden.config.choices import Deployment, OnInvalidate, choices_text, coerce_choice
+from flowwarden.config.names import check_collection_name, check_database_name
+
+# Operation types a change stream reports without showExpandedEvents.
+STANDARD_OPERATION_TYPES: tuple[str, ...] = (
+    "insert",
+    "update",
+    "replace",
+    "delete",
+    "drop",
+    "rename",
+    "dropDatabase",
+    "invalidate",
+)
+# DDL operation types the server reports only with showExpandedEvents=true (MongoDB 6.0+).
+EXPANDED_OPERATION_TYPES: tuple[str, ...] = (
+    "create",
+    "createIndexes",
+    "dropIndexes",
+    "modify",
+    "shardCollection",
+    "reshardCollection",
+    "refineCollectionShardKey",
+)
+OPERATION_TYPES: tuple[str, ...] = STANDARD_OPERATION_TYPES + EXPANDED_OPERATION_TYPES
+
+
+class ChangeStreamOptions(Options):
+    """Options of ``@change_stream``: what to watch and how to run the cursor.
+
+    ``collection`` and ``database``: a collection stream; only ``database``: a database stream;
+    neither: a cluster stream. ``name`` keys the checkpoint and the lease; when it is None the
+    handler class name is used (resolved by :func:`flowwarden.decorators.stream_spec`).
+    """
+
+    decorator: ClassVar[str] = "change_stream"
+    allowed: ClassVar[Mapping[str, str]] = {
+        "collection": "None or a collection name (with database=)",
+        "database": "None or a database name",
+        "name": "None (the class name) or a non-empty string without surrounding spaces",
+        "full_document": "'default', 'updateLookup', 'whenAvailable', 'required'",
+        "full_document_before_change": "'off', 'whenAvailable', 'required'",
+        "operation_types": "None or a non-empty list of: " + ", ".join(OPERATION_TYPES),
+        "batch_size": "None or an int >= 1",
+        "max_await_time_ms": "an int > 0",
+        "max_concurrency": "an int >= 1",
+        "deployment": choices_text(Deployment),
+        "on_invalidate": choices_text(OnInvalidate),
+        "lease_ttl_seconds": "a finite number > 0",
+        "restart_initial_delay_seconds": "a finite number > 0",
+        "restart_max_delay_seconds": "a finite number >= restart_initial_delay_seconds",
+        "max_restarts": "None (unlimited) or an int >= 0 (re-opens in a row after unknown errors)",
+        "show_expanded_events": "True or False",
+    }
+
+    collection: str | None = None
+    database: str | None = None
+    name: str | None = None
+    full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "default"
+    full_document_before_change: Literal["off", "whenAvailable", "required"] = "off"
+    operation_types: tuple[str, ...] | None = None
+    batch_size: int | None = Field(default=None, ge=1)
+    max_await_time_ms: int = Field(default=1000, gt=0)
+    max_concurrency: int = Field(default=1, ge=1)
+    deployment: Deployment = Deployment.ALL_INSTANCES
+    on_invalidate: OnInvalidate = OnInvalidate.STOP
+    lease_ttl_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    restart_initial_delay_seconds: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    restart_max_delay_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    max_restarts: int | None = Field(default=10, ge=0)
+    show_expanded_events: bool = False
+
+    @field_validator("collection")
+    @classmethod
+    def _collection_name(cls, value: str | None) -> str | None:
+        return check_collection_name(value, "collection")
+
+    @field_validator("database")
+    @classmethod
+    def _database_name(cls, value: str | None) -> str | None:
+        return check_database_name(value, "database")
+
+    @field_validator("name")
+    @classmethod
+    def _stream_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or value != value.strip()):
+            raise OptionProblem(
+                "the stream name keys its checkpoint and must be a non-empty string without "
+                "surrounding spaces",
+                option="name",
+                value=value,
+                allowed=cls.allowed["name"],
+            )
+        return value
+
+    @field_validator("deployment", mode="before")
+    @classmethod
+    def _deployment(cls, value: Any, info: ValidationInfo) -> Any:
+        return coerce_choice(Deployment, value, info.field_name or "")
+
+    @field_validator("on_invalidate", mode="before")
+    @classmethod
+    def _on_invalidate(cls, value: Any, info: ValidationInfo) -> Any:
+        return coerce_choice(OnInvalidate, value, info.field_name or "")
+
+    @field_validator("operation_types", mode="before")
+    @classmethod
+    def _operation_types(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        allowed = cls.allowed["operation_types"]
+        if isinstance(value, str) or not isinstance(value, Iterable):
+            raise OptionProblem(
+                "operation_types must be a list of operation type names, not a single value",
+                option="operation_types",
+                value=value,
+                allowed=allowed,
+            )
+        items = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+        if not items:
+            raise OptionProblem(
+                "an empty operation_types would filter out every event; pass None to receive all",
+                option="operation_types",
+                value=value,
+                allowed=allowed,
+            )
+        unknown = [item for item in items if item not in OPERATION_TYPES]
+        if unknown:
+            raise OptionProblem(
+                f"unknown operation type(s) {unknown!r} (names are case-sensitive)",
+                option="operation_types",
+                value=value,
+                allowed=allowed,
+            )
+        return tuple(dict.fromkeys(items))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChangeStreamOptions:
+        if self.collection is not None and self.database is None:
+            raise OptionProblem(
+                f"collection={self.collection!r} needs database=: a collection stream watches "
+                "<database>.<collection>",
+                option="database",
+                value=None,
+                allowed="the database holding the collection, e.g. "
+                f"@change_stream(collection={self.collection!r}, database='shop')",
+            )
+        expanded = [t for t in self.operation_types or () if t in EXPANDED_OPERATION_TYPES]
+        if expanded and not self.show_expanded_events:
+            raise OptionProblem(
+                f"operation types {expanded!r} are only reported with show_expanded_events=True",
+                option="operation_types",
+                value=self.operation_types,
+                allowed=", ".join(STANDARD_OPERATION_TYPES)
+                + " (add show_expanded_events=True for "
+                + ", ".join(EXPANDED_OPERATION_TYPES)
+                + ")",
+            )
+        if self.restart_max_delay_seconds < self.restart_initial_delay_seconds:
+            raise OptionProblem(
+                f"restart_max_delay_seconds={self.restart_max_delay_seconds} is below "
+                f"restart_initial_delay_seconds={self.restart_initial_delay_seconds}",
+                option="restart_max_delay_seconds",
+                value=self.restart_max_delay_seconds,
+                allowed=self.allowed["restart_max_delay_seconds"],
+            )
+        return self
+
+    @property
+    def target(self) -> Literal["collection", "database", "cluster"]:
+        """What the stream watches: one collection, one database, or the whole cluster."""
+        if self.collection is not None:
+            return "collection"
+        if self.database is not None:
+            return "database"
+        return "cluster"
+
+    @property
+    def namespace(self) -> str:
+        """``db.coll``, ``db`` or ``*`` (cluster), for logs and status."""
+        if self.collection is not None:
+            return f"{self.database}.{self.collection}"
+        return self.database if self.database is not None else "*"
+
+    def operation_type_stage(self) -> dict[str, Any] | None:
+        """The ``$match`` stage that keeps only ``operation_types``, or None when all are wanted.
+
+        ``invalidate`` always passes: the stream must see its own invalidation to stop or to
+        restart after it with ``startAfter``.
+        """
+        if self.operation_types is None:
+            return None
+        kept = list(self.operation_types)
+        if "invalidate" not in kept:
+            kept.append("invalidate")
+        return {"$match": {"operationType": {"$in": kept}}}
+
+    def watch_options(self) -> dict[str, Any]:
+        """Keyword arguments for PyMongo's ``watch()`` (pipeline and resume options excluded).
+
+        Options at the server's default are left out so the command stays minimal.
+        """
+        options: dict[str, Any] = {"max_await_time_ms": self.max_await_time_ms}
+        if self.full_document != "default":
+            options["full_document"] = self.full_document
+        if self.full_document_before_change != "off":
+            options["full_document_before_change"] = self.full_document_before_change
+        if self.batch_size is not None:
+            options["batch_size"] = self.batch_size
+        if self.show_expanded_events:
+            options["show_expanded_events"] = True
+        if self.name is not None:
+            options["comment"] = f"flowwarden:{self.name}"
+        return options
+
+    def restart_delay_for(self, restart: int, rng: Callable[[], float] = random.random) -> float:
+        """Seconds before the ``restart``-th re-open (1-based): doubling from the initial delay to
+        the maximum, with ±20 % jitter so instances that failed together do not retry together."""
+        return backoff_delay(
+            restart,
+            initial=self.restart_initial_delay_seconds,
+            multiplier=2.0,
+            maximum=self.restart_max_delay_seconds,
+            jitter=0.2,
+            rng=rng,
+        )
