@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from bson import Timestamp
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
-from flowwarden.config.base import OptionProblem, Options
-from flowwarden.config.choices import OnHistoryLost, StartPosition, choices_text, coerce_choice
+from flowwarden.config.base import OptionProblem, Options, option
+from flowwarden.config.choices import OnHistoryLost, StartPosition, coerce_choice
 
-STORE_METHODS: tuple[str, ...] = ("load", "save", "save_seen", "delete", "list", "rewind")
+STORE_METHODS: tuple[str, ...] = ("load", "save", "save_seen", "save_batch_end", "delete", "list", "rewind")
 """Methods a checkpoint store must have (sync or async), checked by duck typing."""
 
 
@@ -26,21 +25,34 @@ class CheckpointOptions(Options):
     """
 
     decorator: ClassVar[str] = "checkpoint"
-    allowed: ClassVar[Mapping[str, str]] = {
-        "save_every_n": "an int >= 0",
-        "save_interval_seconds": "a finite number >= 0",
-        "start_position": choices_text(StartPosition),
-        "start_at": "None, or with start_position=AT_TIME a timezone-aware datetime or a bson Timestamp",
-        "on_history_lost": choices_text(OnHistoryLost),
-        "store": "None or a checkpoint store instance with methods " + ", ".join(STORE_METHODS),
-    }
 
-    save_every_n: int = Field(default=1, ge=0)
-    save_interval_seconds: float = Field(default=5.0, ge=0, allow_inf_nan=False)
-    start_position: StartPosition = StartPosition.RESUME
-    start_at: datetime | Timestamp | None = None
-    on_history_lost: OnHistoryLost = OnHistoryLost.FAIL
-    store: Any = None
+    save_every_n: int = option(
+        1,
+        "Save the position after this many handled events (the commit waits for it); 0: never by count.",
+        ge=0,
+    )
+    save_interval_seconds: float = option(
+        5.0,
+        "Save the position (and the last seen token) this often; 0: never by time.",
+        ge=0,
+        allow_inf_nan=False,
+    )
+    start_position: StartPosition = option(
+        StartPosition.RESUME, "Where a stream with no stored position starts (LATEST: even with one)."
+    )
+    start_at: datetime | Timestamp | None = option(
+        None,
+        "With start_position=AT_TIME: the cluster time to start at.",
+        allowed="None, or with start_position=AT_TIME a timezone-aware datetime or a bson Timestamp",
+    )
+    on_history_lost: OnHistoryLost = option(
+        OnHistoryLost.FAIL, "What happens when the stored position has left the oplog."
+    )
+    store: Any = option(
+        None,
+        "The checkpoint store; None uses the connector's (by default the _fw_checkpoints collection).",
+        allowed="None or a checkpoint store instance with methods " + ", ".join(STORE_METHODS),
+    )
 
     @field_validator("start_position", mode="before")
     @classmethod

@@ -8,11 +8,11 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ValidationInfo, field_validator, model_validator
 
 from flowwarden.config.backoff import backoff_delay
-from flowwarden.config.base import OptionProblem, Options
-from flowwarden.config.choices import OnError, SchemaMode, choices_text, coerce_choice
+from flowwarden.config.base import OptionProblem, Options, option
+from flowwarden.config.choices import OnError, SchemaMode, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
 
 # MongoDB stores expireAfterSeconds as a 32-bit signed int.
@@ -56,25 +56,39 @@ class RetryPolicy(Options):
     """
 
     decorator: ClassVar[str] = "retry_policy"
-    allowed: ClassVar[Mapping[str, str]] = {
-        "max_attempts": "an int >= 1 (calls in all, the first included)",
-        "initial_delay_seconds": "a finite number >= 0",
-        "multiplier": "a finite number >= 1",
-        "max_delay_seconds": "a finite number >= initial_delay_seconds",
-        "jitter": "a number from 0 to 1",
-        "retry_on": "a tuple of Exception subclasses",
-        "no_retry_on": "a tuple of Exception subclasses",
-        "on_exhausted": choices_text(OnError),
-    }
-
-    max_attempts: int = Field(default=3, ge=1)
-    initial_delay_seconds: float = Field(default=0.5, ge=0, allow_inf_nan=False)
-    multiplier: float = Field(default=2.0, ge=1, allow_inf_nan=False)
-    max_delay_seconds: float = Field(default=30.0, ge=0, allow_inf_nan=False)
-    jitter: float = Field(default=0.2, ge=0, le=1)
-    retry_on: tuple[type[Exception], ...] = (Exception,)
-    no_retry_on: tuple[type[Exception], ...] = ()
-    on_exhausted: OnError = OnError.STOP
+    max_attempts: int = option(
+        3,
+        "Calls of the handler for one event, the first included.",
+        allowed="an int >= 1 (calls in all, the first included)",
+        ge=1,
+    )
+    initial_delay_seconds: float = option(
+        0.5, "The wait after the first failed call.", ge=0, allow_inf_nan=False
+    )
+    multiplier: float = option(
+        2.0, "Each later wait is the one before times this.", ge=1, allow_inf_nan=False
+    )
+    max_delay_seconds: float = option(
+        30.0,
+        "The longest wait between calls.",
+        allowed="a finite number >= initial_delay_seconds",
+        ge=0,
+        allow_inf_nan=False,
+    )
+    jitter: float = option(
+        0.2, "Each wait is spread by up to this fraction of itself, either way.", ge=0, le=1
+    )
+    retry_on: tuple[type[Exception], ...] = option(
+        (Exception,), "Errors that are retried.", allowed="a tuple of Exception subclasses"
+    )
+    no_retry_on: tuple[type[Exception], ...] = option(
+        (),
+        "Errors that are never retried, even when retry_on names them.",
+        allowed="a tuple of Exception subclasses",
+    )
+    on_exhausted: OnError = option(
+        OnError.STOP, "What happens to the event when its calls are used up: STOP, SKIP or DEAD_LETTER."
+    )
 
     @field_validator("retry_on", "no_retry_on", mode="before")
     @classmethod
@@ -135,15 +149,19 @@ class DeadLetterOptions(Options):
     """
 
     decorator: ClassVar[str] = "dead_letter_queue"
-    allowed: ClassVar[Mapping[str, str]] = {
-        "retention_days": f"an int from 1 to {_MAX_RETENTION_DAYS}",
-        "collection": "a collection name without '$' that does not start with 'system.'",
-        "database": "None or a database name",
-    }
-
-    retention_days: int = Field(default=30, ge=1, le=_MAX_RETENTION_DAYS)
-    collection: str = "_fw_dlq"
-    database: str | None = None
+    retention_days: int = option(
+        30, "Days a dead letter is kept (a TTL index expires it).", ge=1, le=_MAX_RETENTION_DAYS
+    )
+    collection: str = option(
+        "_fw_dlq",
+        "The collection dead letters are written to.",
+        allowed="a collection name without '$' that does not start with 'system.'",
+    )
+    database: str | None = option(
+        None,
+        "The database of that collection; None: the stream's (the checkpoint database for cluster streams).",
+        allowed="None or a database name",
+    )
 
     @field_validator("collection")
     @classmethod
@@ -171,13 +189,10 @@ class BatchOptions(Options):
     ``max_wait_seconds`` since its first event, whichever comes first."""
 
     decorator: ClassVar[str] = "on_batch"
-    allowed: ClassVar[Mapping[str, str]] = {
-        "max_events": "an int >= 1",
-        "max_wait_seconds": "a finite number >= 0",
-    }
-
-    max_events: int = Field(default=1000, ge=1)
-    max_wait_seconds: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    max_events: int = option(1000, "A batch is handed over once it holds this many events.", ge=1)
+    max_wait_seconds: float = option(
+        1.0, "...or once its first event has waited this long.", ge=0, allow_inf_nan=False
+    )
 
 
 def _is_struct_type(value: Any) -> bool:
@@ -192,16 +207,19 @@ class DataFrameOptions(BatchOptions):
     """Options of ``@on_dataframe``: batch limits, the full-document schema and its mode."""
 
     decorator: ClassVar[str] = "on_dataframe"
-    allowed: ClassVar[Mapping[str, str]] = {
-        **BatchOptions.allowed,
-        "schema": "None, a pydantic BaseModel subclass, or a pyspark StructType instance",
-        "mode": choices_text(SchemaMode),
-    }
-
-    max_events: int = Field(default=10_000, ge=1)
-    max_wait_seconds: float = Field(default=2.0, ge=0, allow_inf_nan=False)
-    schema_: Any = Field(default=None, alias="schema")
-    mode: SchemaMode = SchemaMode.PERMISSIVE
+    max_events: int = option(10_000, "A batch is handed over once it holds this many events.", ge=1)
+    max_wait_seconds: float = option(
+        2.0, "...or once its first event has waited this long.", ge=0, allow_inf_nan=False
+    )
+    schema_: Any = option(
+        None,
+        "Types full_document: a pydantic model class or a StructType; None: extended JSON strings.",
+        allowed="None, a pydantic BaseModel subclass, or a pyspark StructType instance",
+        alias="schema",
+    )
+    mode: SchemaMode = option(
+        SchemaMode.PERMISSIVE, "What a document that does not fit the schema does to its row."
+    )
 
     @property
     def schema(self) -> Any:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator
 
-from flowwarden.config.base import OptionProblem, Options
+from flowwarden.config.base import OptionProblem, Options, option
 
 # Stages MongoDB accepts after $changeStream; anything else fails when the stream opens.
 ALLOWED_PIPELINE_STAGES: tuple[str, ...] = (
@@ -132,11 +132,11 @@ class PipelineOptions(Options):
     """
 
     decorator: ClassVar[str] = "pipeline"
-    allowed: ClassVar[Mapping[str, str]] = {
-        "stages": "a list of one-key stage documents, each one of " + ", ".join(ALLOWED_PIPELINE_STAGES),
-    }
-
-    stages: tuple[dict[str, Any], ...] = ()
+    stages: tuple[dict[str, Any], ...] = option(
+        (),
+        "Stages the server runs after $changeStream, e.g. [{'$match': {...}}].",
+        allowed="a list of one-key stage documents, each one of " + ", ".join(ALLOWED_PIPELINE_STAGES),
+    )
 
     @field_validator("stages", mode="before")
     @classmethod

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from flowwarden.config.backoff import backoff_delay
-from flowwarden.config.base import OptionProblem, Options
-from flowwarden.config.choices import Deployment, OnInvalidate, choices_text, coerce_choice
+from flowwarden.config.base import OptionProblem, Options, option
+from flowwarden.config.choices import Deployment, OnInvalidate, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
 
 # Operation types a change stream reports without showExpandedEvents.
@@ -46,41 +46,72 @@ class ChangeStreamOptions(Options):
     """
 
     decorator: ClassVar[str] = "change_stream"
-    allowed: ClassVar[Mapping[str, str]] = {
-        "collection": "None or a collection name (with database=)",
-        "database": "None or a database name",
-        "name": "None (the class name) or a non-empty string without surrounding spaces",
-        "full_document": "'default', 'updateLookup', 'whenAvailable', 'required'",
-        "full_document_before_change": "'off', 'whenAvailable', 'required'",
-        "operation_types": "None or a non-empty list of: " + ", ".join(OPERATION_TYPES),
-        "batch_size": "None or an int >= 1",
-        "max_await_time_ms": "an int > 0",
-        "max_concurrency": "an int >= 1",
-        "deployment": choices_text(Deployment),
-        "on_invalidate": choices_text(OnInvalidate),
-        "lease_ttl_seconds": "a finite number > 0",
-        "restart_initial_delay_seconds": "a finite number > 0",
-        "restart_max_delay_seconds": "a finite number >= restart_initial_delay_seconds",
-        "max_restarts": "None (unlimited) or an int >= 0 (re-opens in a row after unknown errors)",
-        "show_expanded_events": "True or False",
-    }
 
-    collection: str | None = None
-    database: str | None = None
-    name: str | None = None
-    full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "default"
-    full_document_before_change: Literal["off", "whenAvailable", "required"] = "off"
-    operation_types: tuple[str, ...] | None = None
-    batch_size: int | None = Field(default=None, ge=1)
-    max_await_time_ms: int = Field(default=1000, gt=0)
-    max_concurrency: int = Field(default=1, ge=1)
-    deployment: Deployment = Deployment.ALL_INSTANCES
-    on_invalidate: OnInvalidate = OnInvalidate.STOP
-    lease_ttl_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
-    restart_initial_delay_seconds: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    restart_max_delay_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
-    max_restarts: int | None = Field(default=10, ge=0)
-    show_expanded_events: bool = False
+    collection: str | None = option(
+        None,
+        "The collection to watch (with database); None watches a whole database or the cluster.",
+        allowed="None or a collection name (with database=)",
+    )
+    database: str | None = option(
+        None,
+        "The database to watch; None (and no collection) watches the whole cluster.",
+        allowed="None or a database name",
+    )
+    name: str | None = option(
+        None,
+        "The stream's name, which keys its checkpoint and lease; None uses the class name.",
+        allowed="None (the class name) or a non-empty string without surrounding spaces",
+    )
+    full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = option(
+        "default", "Whether update events carry the document as it is now (updateLookup) or not."
+    )
+    full_document_before_change: Literal["off", "whenAvailable", "required"] = option(
+        "off", "Whether events carry the document as it was before the change (pre-images)."
+    )
+    operation_types: tuple[str, ...] | None = option(
+        None,
+        "Only these operation types are delivered, filtered by the server; invalidate always passes.",
+        allowed="None or a non-empty list of: " + ", ".join(OPERATION_TYPES),
+    )
+    batch_size: int | None = option(None, "Events per server batch; None leaves it to the server.", ge=1)
+    max_await_time_ms: int = option(
+        1000, "How long the server waits for new events before it answers an empty batch.", gt=0
+    )
+    max_concurrency: int = option(
+        1, "Handler calls running at once; events of one document key always run in order.", ge=1
+    )
+    deployment: Deployment = option(
+        Deployment.ALL_INSTANCES,
+        "single_leader: one instance at a time handles the stream, through a lease.",
+    )
+    on_invalidate: OnInvalidate = option(
+        OnInvalidate.STOP, "What the stream does after its collection or database was dropped or renamed."
+    )
+    lease_ttl_seconds: float = option(
+        30.0, "How long a single_leader lease lasts without renewal.", gt=0, allow_inf_nan=False
+    )
+    restart_initial_delay_seconds: float = option(
+        1.0,
+        "The first wait before a re-open after an error; it doubles each time.",
+        gt=0,
+        allow_inf_nan=False,
+    )
+    restart_max_delay_seconds: float = option(
+        60.0,
+        "The longest wait between re-opens.",
+        allowed="a finite number >= restart_initial_delay_seconds",
+        gt=0,
+        allow_inf_nan=False,
+    )
+    max_restarts: int | None = option(
+        10,
+        "Re-opens in a row after errors not known to be transient before the stream fails.",
+        allowed="None (never give up) or an int >= 0",
+        ge=0,
+    )
+    show_expanded_events: bool = option(
+        False, "Also deliver DDL events (create, createIndexes, modify...), MongoDB 6.0+."
+    )
 
     @field_validator("collection")
     @classmethod
