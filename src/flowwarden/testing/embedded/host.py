@@ -23,6 +23,10 @@ from typing import Any
 from bson import Binary, Int64, ObjectId, Timestamp
 
 from flowwarden.testing.embedded import commands
+from flowwarden.testing.embedded.commands.handshake import (
+    FEATURE_COMPATIBILITY_VERSION,
+    LOGICAL_SESSION_TIMEOUT_MINUTES,
+)
 from flowwarden.testing.embedded.crud import Scope
 from flowwarden.testing.embedded.cursors import CursorRegistry
 from flowwarden.testing.embedded.errors import CommandError
@@ -31,6 +35,7 @@ from flowwarden.testing.embedded.keys import value_key
 from flowwarden.testing.embedded.oplog import Oplog, OplogOp
 from flowwarden.testing.embedded.sessions import TRANSACTION_CONTROL, SessionRegistry, TxnState
 from flowwarden.testing.embedded.storage import Catalog, Document
+from flowwarden.testing.embedded.ttl import expire_ttl_documents
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +86,7 @@ class ReplicaSetHost:
             "ttlMonitorSleepSecs": 60,
             "transactionLifetimeLimitSeconds": 60,
             "maxTransactionLockRequestTimeoutMillis": 5,
-            "featureCompatibilityVersion": {"version": commands.FEATURE_COMPATIBILITY_VERSION},
+            "featureCompatibilityVersion": {"version": FEATURE_COMPATIBILITY_VERSION},
             "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
             "logLevel": 0,
             "notablescan": False,
@@ -157,9 +162,7 @@ class ReplicaSetHost:
         if not cmd:
             raise CommandError(59, "no such command: ''")
         name = next(iter(cmd))
-        spec = commands.COMMANDS.get(name)
-        if spec is None:
-            raise CommandError(59, f"no such command: '{name}'")
+        spec = commands.lookup(name)
         self.opcounters[spec.counter] = self.opcounters.get(spec.counter, 0) + 1
         action = None
         if spec.failable:
@@ -236,13 +239,13 @@ class ReplicaSetHost:
         """Periodic duties: reap idle cursors, abort expired transactions, run the TTL monitor."""
         self.cursors.reap_idle()
         self.sessions.expire_transactions()
-        for session in self.sessions.expire_idle(commands.LOGICAL_SESSION_TIMEOUT_MINUTES * 60.0):
+        for session in self.sessions.expire_idle(LOGICAL_SESSION_TIMEOUT_MINUTES * 60.0):
             self.cursors.kill_session(session.key)
         interval = float(self.parameters.get("ttlMonitorSleepSecs", 60))
         now = time.monotonic()
         if now - self._last_ttl_pass >= interval:
             self._last_ttl_pass = now
-            commands.expire_ttl_documents(self)
+            expire_ttl_documents(self._main_scope)
 
     def close(self) -> None:
         self.cursors.close_all()

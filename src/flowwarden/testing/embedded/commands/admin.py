@@ -1,0 +1,77 @@
+"""Server administration: ``getCmdLineOpts``, ``getParameter``/``setParameter`` and
+``configureFailPoint``.
+
+``setParameter`` and ``configureFailPoint`` change server-wide state, so, as on MongoDB, they run
+only against the ``admin`` database; ``configureFailPoint`` is never itself failed by a fail point.
+"""
+
+from __future__ import annotations
+
+from flowwarden.testing.embedded.commands.arguments import GENERIC_FIELDS
+from flowwarden.testing.embedded.commands.registry import Context, command
+from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.storage import Document
+
+
+@command("getCmdLineOpts", sessions=False)
+async def cmd_get_cmd_line_opts(ctx: Context) -> Document:
+    port = ctx.host.port
+    return {
+        "argv": ["mongod", "--replSet", "rs0", "--bind_ip", "127.0.0.1", "--port", str(port)],
+        "parsed": {
+            "net": {"bindIp": "127.0.0.1", "port": port},
+            "replication": {"replSet": "rs0"},
+            "setParameter": {"enableTestCommands": "1"},
+        },
+        "ok": 1.0,
+    }
+
+
+@command("getParameter", sessions=False)
+async def cmd_get_parameter(ctx: Context) -> Document:
+    params = ctx.host.parameters
+    if ctx.cmd.get("getParameter") == "*" or ctx.cmd.get("allParameters"):
+        return {**params, "ok": 1.0}
+    wanted = [k for k in ctx.cmd if k not in GENERIC_FIELDS and k != "getParameter"]
+    if not wanted:
+        raise CommandError(72, "no option found to get", code_name="InvalidOptions")
+    reply: Document = {}
+    for name in wanted:
+        if name not in params:
+            raise CommandError(72, "no option found to get", code_name="InvalidOptions")
+        reply[name] = params[name]
+    reply["ok"] = 1.0
+    return reply
+
+
+@command("setParameter", sessions=False)
+async def cmd_set_parameter(ctx: Context) -> Document:
+    if ctx.db != "admin":
+        raise CommandError(
+            13, "setParameter may only be run against the admin database.", code_name="Unauthorized"
+        )
+    params = ctx.host.parameters
+    reply: Document = {}
+    changed = [k for k in ctx.cmd if k not in GENERIC_FIELDS and k != "setParameter"]
+    if not changed:
+        raise CommandError(2, "no option found to set, use help:true to see options ")
+    for name in changed:
+        if name not in params or name in ("featureCompatibilityVersion",):
+            raise CommandError(
+                2, f"attempted to set unrecognized parameter [{name}], use help:true to see options "
+            )
+        reply["was"] = params[name]
+        params[name] = ctx.cmd[name]
+    reply["ok"] = 1.0
+    return reply
+
+
+@command("configureFailPoint", failable=False, sessions=False)
+async def cmd_configure_fail_point(ctx: Context) -> Document:
+    if ctx.db != "admin":
+        raise CommandError(
+            13, "configureFailPoint may only be run against the admin database.", code_name="Unauthorized"
+        )
+    reply = ctx.host.failpoints.configure(ctx.cmd)
+    reply["ok"] = 1.0
+    return reply

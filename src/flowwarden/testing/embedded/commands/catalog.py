@@ -1,0 +1,282 @@
+"""Namespace commands: ``listCollections``, ``listDatabases``, ``dbStats``, ``create``, ``drop``,
+``dropDatabase``, ``renameCollection`` and ``collMod``.
+
+Every change to the catalog is logged to the oplog as MongoDB logs it (``create``, ``drop``,
+``rename`` with ``dropTarget``, ``modify`` with ``stateBeforeChange``), so change streams see
+the same DDL events as on a real server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson import Int64
+
+from flowwarden.testing.embedded import crud, engine
+from flowwarden.testing.embedded.commands.arguments import GENERIC_FIELDS, batch_size_of, typed_field
+from flowwarden.testing.embedded.commands.indexes import modify_index
+from flowwarden.testing.embedded.commands.registry import Context, command
+from flowwarden.testing.embedded.commands.replies import first_batch_reply
+from flowwarden.testing.embedded.cursors import ListCursor
+from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.limits import MAX_MESSAGE_SIZE
+from flowwarden.testing.embedded.oplog import OplogOp
+from flowwarden.testing.embedded.storage import Collection, Document
+
+ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+
+
+def _collection_entry(coll: Collection, name_only: bool) -> Document:
+    if name_only:
+        return {"name": coll.name, "type": "collection"}
+    return {
+        "name": coll.name,
+        "type": "collection",
+        "options": dict(coll.options),
+        "info": {"readOnly": False, "uuid": coll.uuid},
+        "idIndex": dict(ID_INDEX),
+    }
+
+
+@command("listCollections")
+async def cmd_list_collections(ctx: Context) -> Document:
+    name_only = bool(ctx.cmd.get("nameOnly", False))
+    query = typed_field(ctx, "filter", dict) or {}
+    entries = [_collection_entry(c, name_only) for c in ctx.scope.catalog.collections(ctx.db)]
+    if ctx.db == "local":
+        entries.append(
+            {"name": "oplog.rs", "type": "collection"}
+            if name_only
+            else {
+                "name": "oplog.rs",
+                "type": "collection",
+                "options": {"capped": True, "size": Int64(MAX_MESSAGE_SIZE)},
+                "info": {"readOnly": False},
+            }
+        )
+    if query:
+        try:
+            entries = [e for e in entries if engine.matches(query, e)]
+        except Exception as exc:
+            raise crud.engine_error(exc) from None
+    cursor = ListCursor(f"{ctx.db}.$cmd.listCollections", entries)
+    return await first_batch_reply(ctx, cursor, batch_size_of(typed_field(ctx, "cursor", dict)))
+
+
+@command("listDatabases", sessions=False)
+async def cmd_list_databases(ctx: Context) -> Document:
+    if ctx.db != "admin":
+        raise CommandError(
+            13, "listDatabases may only be run against the admin database.", code_name="Unauthorized"
+        )
+    catalog = ctx.host.catalog
+    names = set(catalog.databases()) | {"admin", "config", "local"}
+    # Sizes are nominal: documents live in memory, so a database reports one 8 KiB page per
+    # collection (MongoDB's smallest allocation), which keeps totals monotonic and non-zero.
+    sizes = {name: 8192 * max(len(catalog.collections(name)), 1) for name in names}
+    entries: list[Document] = [
+        {"name": name, "sizeOnDisk": Int64(sizes[name]), "empty": False} for name in sorted(names)
+    ]
+    query = typed_field(ctx, "filter", dict)
+    if query:
+        entries = [e for e in entries if engine.matches(query, e)]
+    if ctx.cmd.get("nameOnly"):
+        return {"databases": [{"name": e["name"]} for e in entries], "ok": 1.0}
+    total = sum(sizes[e["name"]] for e in entries)
+    return {
+        "databases": entries,
+        "totalSize": Int64(total),
+        "totalSizeMb": Int64(total // (1024 * 1024)),
+        "ok": 1.0,
+    }
+
+
+@command("dbStats")
+async def cmd_db_stats(ctx: Context) -> Document:
+    colls = ctx.scope.catalog.collections(ctx.db)
+    objects = sum(len(c.docs) for c in colls)
+    indexes = sum(len(c.indexes) for c in colls)
+    return {
+        "db": ctx.db,
+        "collections": len(colls),
+        "views": 0,
+        "objects": objects,
+        "indexes": indexes,
+        "scaleFactor": 1,
+        "ok": 1.0,
+    }
+
+
+_CREATE_OPTIONS = (
+    "capped",
+    "size",
+    "max",
+    "validator",
+    "validationLevel",
+    "validationAction",
+    "changeStreamPreAndPostImages",
+    "collation",
+    "storageEngine",
+    "indexOptionDefaults",
+    "expireAfterSeconds",
+    "clusteredIndex",
+)
+
+
+@command("create")
+async def cmd_create(ctx: Context) -> Document:
+    name = ctx.collection_name()
+    for unsupported in ("viewOn", "timeseries"):
+        if unsupported in ctx.cmd:
+            raise CommandError(
+                2, f"'{unsupported}' collections are not supported by the embedded replica set"
+            )
+    unknown = [
+        k
+        for k in ctx.cmd
+        if k != "create"
+        and k not in GENERIC_FIELDS
+        and k not in _CREATE_OPTIONS
+        and k not in ("idIndex", "autoIndexId")
+    ]
+    if unknown:
+        raise CommandError(
+            40415, f"BSON field 'create.{unknown[0]}' is an unknown field.", code_name="Location40415"
+        )
+    options = {k: ctx.cmd[k] for k in _CREATE_OPTIONS if k in ctx.cmd}
+    _validate_pre_post_images(options.get("changeStreamPreAndPostImages"), "create")
+    if options.get("capped") and "size" not in options:
+        raise CommandError(
+            72, "the 'size' field is required when 'capped' is true", code_name="InvalidOptions"
+        )
+    crud.validate_collection_name(ctx.db, name)
+    existing = ctx.get(name)
+    if existing is not None:
+        if existing.options == options:
+            return {"ok": 1.0}
+        raise CommandError(48, f"Collection {ctx.db}.{name} already exists.")
+    ctx.scope.catalog.create(ctx.db, name, options)
+    ctx.scope.emit(OplogOp("create", ctx.db, name, description={**options, "idIndex": dict(ID_INDEX)}))
+    return {"ok": 1.0}
+
+
+def _validate_pre_post_images(value: Any, command_name: str) -> None:
+    if value is None:
+        return
+    field_name = f"{command_name}.changeStreamPreAndPostImages"
+    if isinstance(value, dict) and "enabled" not in value:
+        raise CommandError(40414, f"BSON field '{field_name}.enabled' is missing but a required field")
+    if not isinstance(value, dict) or set(value) != {"enabled"} or not isinstance(value["enabled"], bool):
+        raise CommandError(14, f"BSON field '{field_name}' must be {{enabled: <bool>}}")
+
+
+@command("drop")
+async def cmd_drop(ctx: Context) -> Document:
+    name = ctx.collection_name()
+    coll = ctx.scope.catalog.drop(ctx.db, name)
+    if coll is None:
+        # MongoDB 7+ answers ok for a missing collection.
+        return {"ok": 1.0}
+    ctx.scope.emit(OplogOp("drop", ctx.db, name))
+    return {"nIndexesWas": len(coll.indexes), "ns": coll.ns, "ok": 1.0}
+
+
+@command("dropDatabase")
+async def cmd_drop_database(ctx: Context) -> Document:
+    catalog = ctx.scope.catalog
+    colls = catalog.collections(ctx.db)
+    for coll in colls:
+        catalog.drop(ctx.db, coll.name)
+        ctx.scope.emit(OplogOp("drop", ctx.db, coll.name))
+    if colls:
+        ctx.scope.emit(OplogOp("dropDatabase", ctx.db, None))
+    return {"ok": 1.0}
+
+
+def _split_ns(value: Any, field_name: str) -> tuple[str, str]:
+    if not isinstance(value, str) or "." not in value:
+        raise CommandError(73, f"Invalid {field_name} namespace: {value!r}", code_name="InvalidNamespace")
+    db, _, coll = value.partition(".")
+    if not db or not coll:
+        raise CommandError(73, f"Invalid {field_name} namespace: {value}", code_name="InvalidNamespace")
+    return db, coll
+
+
+@command("renameCollection")
+async def cmd_rename_collection(ctx: Context) -> Document:
+    if ctx.db != "admin":
+        raise CommandError(
+            13, "renameCollection may only be run against the admin database.", code_name="Unauthorized"
+        )
+    src_db, src_name = _split_ns(ctx.cmd.get("renameCollection"), "source")
+    dst_db, dst_name = _split_ns(ctx.cmd.get("to"), "target")
+    crud.validate_collection_name(dst_db, dst_name)
+    catalog = ctx.scope.catalog
+    source = catalog.get(src_db, src_name)
+    if source is None:
+        raise CommandError(26, f"Source collection {src_db}.{src_name} does not exist")
+    if (src_db, src_name) == (dst_db, dst_name):
+        raise CommandError(20, "Can't rename a collection to itself")
+    target = catalog.get(dst_db, dst_name)
+    if target is not None:
+        if not ctx.cmd.get("dropTarget"):
+            raise CommandError(48, "target namespace exists")
+        catalog.drop(dst_db, dst_name)
+        ctx.scope.emit(OplogOp("drop", dst_db, dst_name))
+    catalog.rename(source, dst_db, dst_name)
+    ctx.scope.emit(
+        OplogOp(
+            "rename",
+            src_db,
+            src_name,
+            to=(dst_db, dst_name),
+            # As in MongoDB's oplog, dropTarget names the UUID of the collection it replaced.
+            description={"to": {"db": dst_db, "coll": dst_name}}
+            if target is None
+            else {"to": {"db": dst_db, "coll": dst_name}, "dropTarget": target.uuid},
+        )
+    )
+    return {"ok": 1.0}
+
+
+@command("collMod")
+async def cmd_coll_mod(ctx: Context) -> Document:
+    name = ctx.collection_name()
+    coll = ctx.get(name)
+    if coll is None:
+        raise CommandError(26, f"ns does not exist: {ctx.db}.{name}")
+    changes: Document = {}
+    reply: Document = {}
+    for key, value in ctx.cmd.items():
+        if key == "collMod" or key in GENERIC_FIELDS:
+            continue
+        if key == "changeStreamPreAndPostImages":
+            _validate_pre_post_images(value, "collMod")
+            changes[key] = value
+        elif key in ("validator", "validationLevel", "validationAction", "expireAfterSeconds"):
+            changes[key] = value
+        elif key == "index":
+            reply.update(modify_index(coll, value))
+            changes[key] = value
+        else:
+            raise CommandError(
+                40415, f"BSON field 'collMod.{key}' is an unknown field.", code_name="Location40415"
+            )
+    state_before: Document = {"collectionOptions": dict(coll.options)}
+    if "index" in changes:
+        state_before["indexOptions"] = {
+            k: reply[f"{k}_old"] for k in ("expireAfterSeconds", "hidden") if f"{k}_old" in reply
+        }
+    for key, value in changes.items():
+        if key == "index":
+            continue
+        if key == "changeStreamPreAndPostImages" and not value.get("enabled"):
+            coll.options.pop(key, None)
+        else:
+            coll.options[key] = value
+    if changes:
+        ctx.scope.emit(
+            OplogOp("modify", ctx.db, name, description={**changes, "stateBeforeChange": state_before})
+        )
+    reply["ok"] = 1.0
+    return reply
