@@ -44,6 +44,14 @@ from flowwarden.errors import FlowWardenError, SchemaMismatchError
 from flowwarden.events import ChangeEvent, InvalidTokenError
 from flowwarden.spark import native
 from flowwarden.spark._extra import require
+from flowwarden.spark.decimal128 import (
+    COEFFICIENT_HIGH,
+    COMBINATION,
+    EXPONENT_BIAS,
+    EXPONENT_MASK,
+    EXPONENT_SHIFT,
+    MAX_COEFFICIENT,
+)
 from flowwarden.spark.extjson import Encoder, JsonMode, encoder_for
 from flowwarden.spark.schema import (
     FieldSpec,
@@ -80,11 +88,6 @@ _EVENT_KEYS = (
     "fullDocumentBeforeChange",
 )
 _WIDE = Context(prec=200, Emax=999_999, Emin=-999_999)
-# Decimal128 (IEEE 754-2008 BID) fields, see flowwarden.spark.extjson.decimal128_text.
-_COMBINATION = 0x6000000000000000
-_COEFFICIENT_HIGH = (1 << 49) - 1
-_MAX_COEFFICIENT = 10**34 - 1
-_EXPONENT_BIAS = 6176
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
 _INT_RANGES = {
     Kind.INT8: (-(2**7), 2**7),
@@ -475,10 +478,10 @@ class _DecimalColumn(_Column):
         kind = type(value)
         if kind is Decimal128:
             high, low = value.__getstate__()
-            if high & _COMBINATION != _COMBINATION:
-                shift = ((high >> 49) & 0x3FFF) - _EXPONENT_BIAS + self.scale
-                number = ((high & _COEFFICIENT_HIGH) << 64) | low
-                if number > _MAX_COEFFICIENT:
+            if high & COMBINATION != COMBINATION:
+                shift = ((high >> EXPONENT_SHIFT) & EXPONENT_MASK) - EXPONENT_BIAS + self.scale
+                number = ((high & COEFFICIENT_HIGH) << 64) | low
+                if number > MAX_COEFFICIENT:
                     number = 0  # a non-canonical coefficient is zero (IEEE 754-2008 BID)
                 if shift >= 0:
                     number *= 10**shift

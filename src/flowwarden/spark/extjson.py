@@ -38,6 +38,16 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from flowwarden.spark.decimal128 import (
+    COEFFICIENT_HIGH,
+    COMBINATION,
+    EXPONENT_BIAS,
+    EXPONENT_MASK,
+    EXPONENT_SHIFT,
+    MAX_COEFFICIENT,
+    MAX_PLAIN_EXPONENT,
+)
+
 __all__ = [
     "JSON_OPTIONS",
     "JsonMode",
@@ -90,15 +100,6 @@ _REGEX_FLAGS = (
     (re.VERBOSE, "x"),
 )
 
-# Decimal128 (IEEE 754-2008 BID): the two "combination" bits 11 mark NaN, infinities and the
-# non-canonical large-coefficient form; everything else is sign, 14-bit biased exponent and a
-# 113-bit coefficient.
-_COMBINATION = 0x6000000000000000
-_COEFFICIENT_HIGH = (1 << 49) - 1
-_MAX_COEFFICIENT = 10**34 - 1
-_EXPONENT_BIAS = 6176
-_MAX_PLAIN_EXPONENT = 6111  # above it the decimal128 context clamps (pads the coefficient)
-
 
 def decimal128_text(value: Decimal128) -> str:
     """``str(value)`` (what json_util writes), without bson's slow digit-by-digit decoding.
@@ -108,11 +109,11 @@ def decimal128_text(value: Decimal128) -> str:
     infinities and the rare non-canonical or clamped encodings go through bson itself.
     """
     high, low = value.__getstate__()
-    if high & _COMBINATION == _COMBINATION:
+    if high & COMBINATION == COMBINATION:
         return str(value)
-    exponent = ((high >> 49) & 0x3FFF) - _EXPONENT_BIAS
-    coefficient = ((high & _COEFFICIENT_HIGH) << 64) | low
-    if coefficient > _MAX_COEFFICIENT or exponent > _MAX_PLAIN_EXPONENT:
+    exponent = ((high >> EXPONENT_SHIFT) & EXPONENT_MASK) - EXPONENT_BIAS
+    coefficient = ((high & COEFFICIENT_HIGH) << 64) | low
+    if coefficient > MAX_COEFFICIENT or exponent > MAX_PLAIN_EXPONENT:
         return str(value)
     sign = "-" if high >> 63 else ""
     digits = str(coefficient)
@@ -132,7 +133,7 @@ def decimal128_value(value: Decimal128) -> Decimal:
     """``value.to_decimal()``, exact and several times faster (a Decimal keeps the triple it is
     parsed from, so parsing the canonical text gives the same coefficient and exponent)."""
     high, _ = value.__getstate__()
-    if high & _COMBINATION == _COMBINATION:
+    if high & COMBINATION == COMBINATION:
         return value.to_decimal()
     return Decimal(decimal128_text(value))
 
