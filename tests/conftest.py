@@ -1,9 +1,11 @@
 """Fixtures shared by every test folder.
 
 MongoDB-backed tests take ``mongodb_uri``: by default one EmbeddedReplicaSet started for the whole
-run; with ``FLOWWARDEN_TEST_MONGODB_URI`` set, that server instead. Tests that need a helper MongoDB
-has no command for (``outage()``, ``drop_connections()``, a small ``oplog_max_events``) are marked
-``embedded_only``; against a real server they are deselected and the run's summary says how many.
+run; with ``FLOWWARDEN_TEST_MONGODB_URI`` set, that server instead. A test is marked
+``embedded_only`` when, and only when, it uses something only EmbeddedReplicaSet has: a helper
+MongoDB has no command for (``outage()``, ``drop_connections()``, ``stop()``, a small
+``oplog_max_events``) or an ``EmbeddedReplicaSet(...)`` of its own. Against a real server those
+tests are deselected and the run's summary says how many; every other test runs there too.
 """
 
 from __future__ import annotations
@@ -22,15 +24,10 @@ if TYPE_CHECKING:
 REAL_URI = os.environ.get("FLOWWARDEN_TEST_MONGODB_URI") or None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "embedded_only: needs EmbeddedReplicaSet helpers")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if REAL_URI is None:
-        deselected = [item for item in items if item.get_closest_marker("real_mongodb")]
-    else:
-        deselected = [item for item in items if item.get_closest_marker("embedded_only")]
+        return
+    deselected = [item for item in items if item.get_closest_marker("embedded_only")]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]
@@ -86,6 +83,10 @@ async def async_client(mongodb_uri: str) -> AsyncIterator[pymongo.AsyncMongoClie
 
 
 @pytest.fixture
-def db_name() -> str:
-    """A database name of this test's own, so tests never see each other's data or events."""
-    return f"fwtest_{uuid.uuid4().hex[:12]}"
+def db_name(mongodb_uri: str) -> Iterator[str]:
+    """A database name of this test's own, so tests never see each other's data or events; the
+    database is dropped after the test (a real server keeps no test data)."""
+    name = f"fwtest_{uuid.uuid4().hex[:12]}"
+    yield name
+    with pymongo.MongoClient(mongodb_uri, serverSelectionTimeoutMS=10_000) as c:
+        c.drop_database(name)

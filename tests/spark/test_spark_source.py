@@ -226,6 +226,7 @@ def test_start_positions(client: pymongo.MongoClient[dict[str, Any]], mongodb_ur
         timed.stop()
 
 
+@pytest.mark.embedded_only
 def test_earliest_reads_the_whole_oplog() -> None:
     with EmbeddedReplicaSet() as rs, pymongo.MongoClient[dict[str, Any]](rs.uri) as client:
         client.shop.orders.insert_many([{"n": n} for n in range(4)])
@@ -239,6 +240,7 @@ def test_earliest_reads_the_whole_oplog() -> None:
             reader.stop()
 
 
+@pytest.mark.embedded_only
 def test_history_lost() -> None:
     with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient[dict[str, Any]](rs.uri) as client:
         orders = client.shop.orders
