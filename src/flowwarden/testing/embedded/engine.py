@@ -7,6 +7,7 @@ the dependency.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import mongomock
@@ -61,7 +62,7 @@ def new_client() -> Any:
     return mongomock.MongoClient()
 
 
-def matches(query: Document, doc: Any) -> bool:
+def matches(query: Mapping[str, Any], doc: Any) -> bool:
     """True when ``doc`` matches the MongoDB filter ``query`` (raises on an invalid filter)."""
     return bool(_filtering.filter_applies(query, doc))  # type: ignore[no-untyped-call]
 
@@ -74,6 +75,11 @@ def sort_key(path: str, doc: Document) -> Any:
 def dotted_values(doc: Document, path: str) -> Any:
     """The value at a dotted path, arrays of subdocuments expanded; KeyError when absent."""
     return _helpers.get_value_by_dot(doc, path, can_generate_array=True)  # type: ignore[no-untyped-call]
+
+
+def evaluate_expression(expr: Any, doc: Document) -> Any:
+    """An aggregation expression's value on ``doc``; KeyError when it reads a missing field."""
+    return _aggregate._parse_expression(expr, doc, ignore_missing_keys=True)  # type: ignore[no-untyped-call]
 
 
 def run_stages(docs: list[Document], database: Any, pipeline: list[Document]) -> list[Document]:

@@ -5,10 +5,9 @@ Only the stages MongoDB allows after ``$changeStream`` exist here: ``$match``, `
 ``$changeStreamSplitLargeEvent``, a no-op since events here never approach 16 MB). Any other stage
 is refused when the stream opens, with MongoDB's error.
 
-Hard rules: a stage never mutates its input document (events are shared between streams and
-cached), and the common ``$match`` shapes (equality, ``$in``/``$nin``, ``$ne``, ``$exists``,
-comparisons on scalars, ``$and``/``$or``/``$nor``) run as compiled Python predicates; anything else
-falls back to mongomock's query and expression engines.
+Hard rule: a stage never mutates its input document (events are shared between streams and
+cached). ``$match`` is compiled in :mod:`~flowwarden.testing.embedded.eventmatch`; expressions
+the stages here do not evaluate themselves go to the query engine.
 """
 
 from __future__ import annotations
@@ -16,13 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bson import ObjectId
-from mongomock import filtering as _mm_filtering
-from mongomock.aggregate import _parse_expression as _mm_parse_expression
-
+from flowwarden.testing.embedded import engine
 from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.eventmatch import Event, compile_match
 
-Event = dict[str, Any]
 Stage = Callable[[Event], "Event | None"]
 """One compiled stage: the transformed document, or None when a ``$match`` drops it."""
 
@@ -84,7 +80,6 @@ KNOWN_STAGES = ALLOWED_STAGES | frozenset(
 )
 
 _MISSING: Any = object()
-_UNSURE: Any = object()
 
 
 def compile_pipeline(stages: list[Any]) -> list[Stage]:
@@ -145,12 +140,12 @@ def _evaluate(expr: Any, doc: Event) -> Any:
     if not isinstance(expr, (Mapping, list)):
         return expr
     try:
-        return _mm_parse_expression(expr, doc, ignore_missing_keys=True)  # type: ignore[no-untyped-call]
+        return engine.evaluate_expression(expr, doc)
     except KeyError:
         return _MISSING
     except NotImplementedError as exc:
         raise CommandError(168, f"the embedded server cannot evaluate expression {expr!r}: {exc}") from None
-    except Exception as exc:  # mongomock's OperationFailure and friends: report as a bad expression
+    except Exception as exc:  # the engine's OperationFailure and friends: report as a bad expression
         raise CommandError(2, f"Invalid expression {expr!r}: {exc}") from None
 
 
@@ -170,197 +165,6 @@ def _get_path(doc: Any, path: str) -> Any:
         else:
             return _MISSING
     return current
-
-
-# -- $match ------------------------------------------------------------------------------------
-
-_NUMBER = (int, float)
-
-
-def _scalar_class(value: Any) -> type | None:
-    """The comparison class of a value the compiled $match handles, or None (use the fallback)."""
-    if value is None:
-        return type(None)
-    if isinstance(value, bool):
-        return bool
-    if isinstance(value, _NUMBER):
-        return float
-    if isinstance(value, str):
-        return str
-    if isinstance(value, ObjectId):
-        return ObjectId
-    return None
-
-
-def _resolve(doc: Any, parts: tuple[str, ...]) -> Any:
-    """Value at a path, ``_MISSING`` when absent, ``_UNSURE`` when an array or document is in the
-    way (array-matching and document-equality semantics are left to the fallback engine)."""
-    current = doc
-    for part in parts:
-        if isinstance(current, dict):
-            current = current.get(part, _MISSING)
-            if current is _MISSING:
-                return _MISSING
-        elif isinstance(current, list):
-            return _UNSURE
-        else:
-            return _MISSING
-    if isinstance(current, (list, dict)):
-        return _UNSURE
-    return current
-
-
-class _Unsupported(Exception):
-    """The query shape is outside the compiled subset; use the fallback engine."""
-
-
-def _eq(value: Any, target: Any, target_class: type) -> bool:
-    cls = _scalar_class(value)
-    if cls is None:
-        raise _Unsupported
-    return cls is target_class and value == target
-
-
-def _compile_field(parts: tuple[str, ...], condition: Any) -> Callable[[Event], bool]:
-    if isinstance(condition, Mapping):
-        if not condition or not all(isinstance(k, str) and k.startswith("$") for k in condition):
-            raise _Unsupported
-        checks = [_compile_operator(parts, op, arg) for op, arg in condition.items()]
-        if len(checks) == 1:
-            return checks[0]
-        return lambda doc: all(check(doc) for check in checks)
-    return _compile_operator(parts, "$eq", condition)
-
-
-def _compile_operator(parts: tuple[str, ...], op: str, arg: Any) -> Callable[[Event], bool]:
-    if op in ("$eq", "$ne"):
-        found_class = _scalar_class(arg)
-        if found_class is None:
-            raise _Unsupported
-        target_class: type = found_class
-        negate = op == "$ne"
-
-        def eq(doc: Event) -> bool:
-            value = _resolve(doc, parts)
-            if value is _UNSURE:
-                raise _Unsupported
-            if value is _MISSING:
-                hit = arg is None
-            else:
-                hit = _eq(value, arg, target_class)
-            return hit != negate
-
-        return eq
-    if op in ("$in", "$nin"):
-        if not isinstance(arg, list):
-            raise _Unsupported
-        targets: list[tuple[Any, type]] = []
-        for target in arg:
-            cls = _scalar_class(target)
-            if cls is None:
-                raise _Unsupported
-            targets.append((target, cls))
-        accepts_missing = any(t is None for t, _ in targets)
-        negate = op == "$nin"
-
-        def member(doc: Event) -> bool:
-            value = _resolve(doc, parts)
-            if value is _UNSURE:
-                raise _Unsupported
-            if value is _MISSING:
-                hit = accepts_missing
-            else:
-                hit = any(_eq(value, t, cls) for t, cls in targets)
-            return hit != negate
-
-        return member
-    if op == "$exists":
-        wanted = bool(arg)
-
-        def exists(doc: Event) -> bool:
-            value = _resolve(doc, parts)
-            if value is _UNSURE:
-                raise _Unsupported
-            return (value is not _MISSING) == wanted
-
-        return exists
-    if op in ("$gt", "$gte", "$lt", "$lte"):
-        order_class = _scalar_class(arg)
-        if order_class not in (float, str):
-            raise _Unsupported
-        compare: Callable[[Any, Any], bool] = {
-            "$gt": lambda a, b: a > b,
-            "$gte": lambda a, b: a >= b,
-            "$lt": lambda a, b: a < b,
-            "$lte": lambda a, b: a <= b,
-        }[op]
-
-        def ordered(doc: Event) -> bool:
-            value = _resolve(doc, parts)
-            if value is _UNSURE:
-                raise _Unsupported
-            if value is _MISSING or _scalar_class(value) is not order_class:
-                return False
-            return compare(value, arg)
-
-        return ordered
-    raise _Unsupported
-
-
-def _combine(operator: str, subs: list[Callable[[Event], bool]]) -> Callable[[Event], bool]:
-    if operator == "$and":
-        return lambda doc: all(s(doc) for s in subs)
-    if operator == "$or":
-        return lambda doc: any(s(doc) for s in subs)
-    return lambda doc: not any(s(doc) for s in subs)
-
-
-def _compile_query(query: Mapping[str, Any]) -> Callable[[Event], bool]:
-    checks: list[Callable[[Event], bool]] = []
-    for key, value in query.items():
-        if key in ("$and", "$or", "$nor"):
-            if not isinstance(value, list) or not value:
-                raise _Unsupported
-            subs = [_compile_query(sub) for sub in value if isinstance(sub, Mapping)]
-            if len(subs) != len(value):
-                raise _Unsupported
-            checks.append(_combine(key, subs))
-        elif key.startswith("$"):
-            raise _Unsupported
-        else:
-            checks.append(_compile_field(tuple(key.split(".")), value))
-    if len(checks) == 1:
-        return checks[0]
-    return lambda doc: all(check(doc) for check in checks)
-
-
-def _fallback_match(query: Mapping[str, Any], doc: Event) -> bool:
-    try:
-        return bool(_mm_filtering.filter_applies(query, doc))  # type: ignore[no-untyped-call]
-    except NotImplementedError as exc:
-        raise CommandError(2, f"the embedded server cannot evaluate $match {dict(query)!r}: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise CommandError(2, f"bad $match {dict(query)!r}: {exc}") from None
-
-
-def compile_match(query: Any) -> Stage:
-    if not isinstance(query, Mapping):
-        raise CommandError(15959, "the match filter must be an expression in an object")
-    fast: Callable[[Event], bool] | None
-    try:
-        fast = _compile_query(query) if query else (lambda doc: True)
-    except _Unsupported:
-        fast = None
-
-    def match(doc: Event) -> Event | None:
-        if fast is not None:
-            try:
-                return doc if fast(doc) else None
-            except _Unsupported:
-                pass
-        return doc if _fallback_match(query, doc) else None
-
-    return match
 
 
 # -- $project / $unset -------------------------------------------------------------------------
@@ -620,7 +424,6 @@ __all__ = [
     "ALLOWED_STAGES",
     "KNOWN_STAGES",
     "Stage",
-    "compile_match",
     "compile_pipeline",
     "run_pipeline",
     "stage_touches",
