@@ -16,6 +16,8 @@ from mongomock import aggregate as _aggregate
 from mongomock import filtering as _filtering
 from mongomock import helpers as _helpers
 
+from flowwarden.testing.embedded.errors import CommandError
+
 Document = dict[str, Any]
 
 ENGINE_ERRORS: tuple[type[BaseException], ...] = (
@@ -28,6 +30,17 @@ ENGINE_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError,
 )
 """What the engine raises for a request it rejects; the server answers these as command errors."""
+
+
+def command_error(exc: BaseException, code: int = 2) -> CommandError:
+    """A query-engine exception as the command error MongoDB gives for the same mistake."""
+    if isinstance(exc, CommandError):
+        return exc
+    found = getattr(exc, "code", None)
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    if isinstance(found, int) and found > 0:
+        code = found
+    return CommandError(code, message)
 
 
 def _extend_type_order() -> None:

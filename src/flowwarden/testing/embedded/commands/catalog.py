@@ -58,7 +58,7 @@ async def cmd_list_collections(ctx: Context) -> Document:
         try:
             entries = [e for e in entries if engine.matches(query, e)]
         except Exception as exc:
-            raise crud.engine_error(exc) from None
+            raise engine.command_error(exc) from None
     cursor = ListCursor(f"{ctx.db}.$cmd.listCollections", entries)
     return await first_batch_reply(ctx, cursor, batch_size_of(typed_field(ctx, "cursor", dict)))
 

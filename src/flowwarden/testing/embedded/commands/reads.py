@@ -55,7 +55,7 @@ def _oplog_rs(ctx: Context, query: Document, sort: Document | None, skip: int, l
         try:
             docs = [d for d in docs if engine.matches(query, d)]
         except Exception as exc:
-            raise crud.engine_error(exc) from None
+            raise engine.command_error(exc) from None
     if skip:
         docs = docs[skip:]
     if limit:
