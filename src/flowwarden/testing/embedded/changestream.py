@@ -1,7 +1,9 @@
 """Change streams of the embedded replica set: ``aggregate`` with a first ``$changeStream`` stage.
 
-:func:`open_change_stream` validates the request like MongoDB (same codes and messages) and
-returns a :class:`ChangeStreamCursor`, which turns oplog records into change events batch by batch.
+:func:`open_change_stream` checks the request like MongoDB, with the same codes and messages (the
+stage's options in :mod:`~flowwarden.testing.embedded.changestream_request`, the user stages in
+:mod:`~flowwarden.testing.embedded.stages`), and returns a :class:`ChangeStreamCursor`, which
+turns oplog records into change events batch by batch.
 
 What a cursor promises, as MongoDB does:
 
@@ -32,6 +34,7 @@ import bson
 from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 
+from flowwarden.testing.embedded.changestream_request import check_namespace, parse_spec, resume_token_of
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.eventbson import classic_document_event_bson
 from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, Oplog, OplogRecord
@@ -39,7 +42,6 @@ from flowwarden.testing.embedded.stages import Stage, compile_pipeline, run_pipe
 from flowwarden.testing.embedded.tokens import (
     TOKEN_TYPE_EVENT,
     ResumeTokenData,
-    decode_token,
     high_water_mark,
     key_timestamp,
     ts_key,
@@ -53,33 +55,6 @@ DEFAULT_AWAIT_MS = 1000
 DEFAULT_FIRST_BATCH = 101
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 INTERNAL_DATABASES = frozenset({"admin", "config", "local"})
-
-_FULL_DOCUMENT_MODES = ("default", "updateLookup", "whenAvailable", "required")
-_BEFORE_CHANGE_MODES = ("off", "whenAvailable", "required")
-_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
-    "resumeAfter": (Mapping,),
-    "startAfter": (Mapping,),
-    "startAtOperationTime": (Timestamp,),
-    "fullDocument": (str,),
-    "fullDocumentBeforeChange": (str,),
-    "allChangesForCluster": (bool,),
-    "showExpandedEvents": (bool,),
-    "showSystemEvents": (bool,),
-    "showMigrationEvents": (bool,),
-    "showRawUpdateDescription": (bool,),
-    "allowToRunOnConfigDB": (bool,),
-    "allowToRunOnSystemNS": (bool,),
-}
-_BSON_TYPE_NAMES = {
-    bool: "bool",
-    int: "int",
-    Int64: "long",
-    float: "double",
-    str: "string",
-    dict: "object",
-    list: "array",
-    Timestamp: "timestamp",
-}
 
 
 class ChangeStreamHost(Protocol):
@@ -96,47 +71,6 @@ class ChangeStreamHost(Protocol):
         ...
 
 
-def _spec_type_name(value: Any) -> str:
-    for kind, name in _BSON_TYPE_NAMES.items():
-        if type(value) is kind:
-            return name
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
-
-
-def _parse_spec(spec: Any) -> dict[str, Any]:
-    if not isinstance(spec, Mapping):
-        raise CommandError(50808, "$changeStream stage expects a document as argument")
-    parsed: dict[str, Any] = {}
-    for name, value in spec.items():
-        expected = _SPEC_FIELDS.get(name)
-        if expected is None:
-            if name.startswith("$_"):
-                continue  # internal fields MongoDB accepts from routers; nothing to do here
-            raise CommandError(40415, f"BSON field '$changeStream.{name}' is an unknown field.")
-        if value is None and name in ("resumeAfter", "startAfter", "startAtOperationTime"):
-            continue
-        if not isinstance(value, expected) or (expected == (bool,) and type(value) is not bool):
-            wanted = {Mapping: "object", Timestamp: "timestamp", str: "string", bool: "bool"}[expected[0]]
-            raise CommandError(
-                14,
-                f"BSON field '$changeStream.{name}' is the wrong type '{_spec_type_name(value)}', "
-                f"expected type '{wanted}'",
-            )
-        parsed[name] = value
-    for name, modes in (
-        ("fullDocument", _FULL_DOCUMENT_MODES),
-        ("fullDocumentBeforeChange", _BEFORE_CHANGE_MODES),
-    ):
-        if name in parsed and parsed[name] not in modes:
-            raise CommandError(
-                2,
-                f"Enumeration value '{parsed[name]}' for field '$changeStream.{name}' is not a valid value.",
-            )
-    return parsed
-
-
 async def open_change_stream(
     host: ChangeStreamHost, db: str, coll: str | None, pipeline: list[Any], cmd: Mapping[str, Any]
 ) -> ChangeStreamCursor:
@@ -151,7 +85,7 @@ async def open_change_stream(
     first = pipeline[0] if pipeline else None
     if not isinstance(first, Mapping) or len(first) != 1 or "$changeStream" not in first:
         raise CommandError(40602, "$changeStream is only valid as the first stage in a pipeline.")
-    spec = _parse_spec(first["$changeStream"])
+    spec = parse_spec(first["$changeStream"])
     user_stages = list(pipeline[1:])
     stages = compile_pipeline(user_stages)
     # MongoDB moves a $match that does not read the images ahead of the stages adding them, so
@@ -164,47 +98,8 @@ async def open_change_stream(
             break
         early += 1
 
-    cluster = bool(spec.get("allChangesForCluster"))
-    if cluster and not (db == "admin" and coll is None):
-        found = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
-        raise CommandError(
-            72,
-            "A $changeStream with 'allChangesForCluster:true' may only be opened on the 'admin' "
-            f"database, and with no collection name; found {found}",
-        )
-    if db == "admin" and not cluster:
-        raise CommandError(
-            73, "$changeStream may not be opened on the internal admin database", code_name="InvalidNamespace"
-        )
-    if db == "local" or (db == "config" and not spec.get("allowToRunOnConfigDB")):
-        raise CommandError(
-            73, f"$changeStream may not be opened on the internal {db} database", code_name="InvalidNamespace"
-        )
-    if coll is not None and coll.startswith("system.") and not spec.get("allowToRunOnSystemNS"):
-        raise CommandError(
-            73,
-            f"$changeStream may not be opened on the internal {db}.{coll} collection",
-            code_name="InvalidNamespace",
-        )
-    if spec.get("resumeAfter") is not None and spec.get("startAfter") is not None:
-        raise CommandError(
-            50865, "Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream stage"
-        )
-    token_spec = spec.get("resumeAfter") if spec.get("resumeAfter") is not None else spec.get("startAfter")
-    token = decode_token(token_spec) if token_spec is not None else None
-    if token is not None and spec.get("startAtOperationTime") is not None:
-        raise CommandError(40674, "Only one type of resume option is allowed, but multiple were found")
-    if token is not None and spec.get("resumeAfter") is not None and token.from_invalidate:
-        raise CommandError(
-            260,
-            "Attempting to resume a change stream using 'resumeAfter' is not allowed from an "
-            "invalidate notification",
-        )
-    if token is not None and coll is not None and token.uuid is None and not token.is_high_water_mark:
-        raise CommandError(
-            260,
-            "Attempted to resume a single-collection stream, but the resume token does not include a UUID",
-        )
+    cluster = check_namespace(db, coll, spec)
+    token = resume_token_of(spec, coll)
     filters_only = all(
         isinstance(s, Mapping) and ("$match" in s or "$changeStreamSplitLargeEvent" in s) for s in user_stages
     )
