@@ -366,7 +366,7 @@ def streaming(spark: Any, count: int) -> None:
                 .option("uri", rs.uri)
                 .option("database", "shop")
                 .option("collection", "orders")
-                .option("start_position", "earliest")
+                .option("start_position", "EARLIEST")
                 .option("max_events_per_trigger", "20000")
                 .load()
             )

@@ -62,7 +62,7 @@ def revenue_query(spark: SparkSession, uri: str, database: str, start_at: str) -
         .option("uri", uri)
         .option("database", database)
         .option("collection", "orders")
-        .option("start_position", "timestamp")
+        .option("start_position", "AT_TIME")
         .option("start_at", start_at)
         .option("max_events_per_trigger", "500")
         .option("schema", "status STRING, amount DECIMAL(12,2), customer STRING")

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from bson import Timestamp
 from pymongo.errors import OperationFailure
 
+from flowwarden.config import OnHistoryLost
+from flowwarden.errors import HistoryLostError
 from flowwarden.events import ResumeToken, check_resume_token, timestamp_datetime
 
 # Codes with which the server refuses a resume token it was given.
@@ -34,6 +38,7 @@ REFUSED_TOKEN_CODES = frozenset(
     }
 )
 CHANGE_STREAM_FATAL = 280  # among others: "the resume token was not found"
+HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
 
 FUTURE_TOLERANCE_SECONDS = 30
 """How far ahead of the server's cluster time a stored position may be before it is refused. A
@@ -135,30 +140,86 @@ def ahead_of_server(token: ResumeToken, server_time: Timestamp | None) -> str | 
     )
 
 
-async def oplog_edge(client: Any, direction: int) -> Timestamp | None:
-    """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read."""
+def oplog_edge(client: Any, direction: int) -> Timestamp | None:
+    """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read
+    (mongos, or a user without read on ``local``). PyMongo's sync client."""
     try:
-        doc = await maybe_await(
-            client["local"]["oplog.rs"].find_one({}, projection={"ts": 1}, sort=[("$natural", direction)])
-        )
+        return _edge(client["local"]["oplog.rs"].find_one(**_edge_query(direction)))
     except OperationFailure:
         return None
-    if doc is None or not isinstance(doc.get("ts"), Timestamp):
+
+
+async def oplog_edge_async(client: Any, direction: int) -> Timestamp | None:
+    """:func:`oplog_edge` for PyMongo's asyncio client and motor's."""
+    try:
+        return _edge(await maybe_await(client["local"]["oplog.rs"].find_one(**_edge_query(direction))))
+    except OperationFailure:
         return None
-    ts: Timestamp = doc["ts"]
-    return ts
+
+
+def _edge_query(direction: int) -> dict[str, Any]:
+    return {"filter": {}, "projection": {"ts": 1}, "sort": [("$natural", direction)]}
+
+
+def _edge(document: Mapping[str, Any] | None) -> Timestamp | None:
+    ts = None if document is None else document.get("ts")
+    return ts if isinstance(ts, Timestamp) else None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Where a stream goes on after its position left the oplog, by its ``on_history_lost``."""
+
+    start: dict[str, Any]
+    """``watch()`` start options: ``{}`` (now) or ``{"start_at_operation_time": <oldest entry>}``."""
+    lost_to: datetime
+    """Where the gap ends: the oldest entry's time, or now."""
+    fell_back: bool
+    """RESUME_FROM_OPLOG_START could not read the oplog and starts now instead."""
+
+
+def recover_from_history_loss(
+    strategy: OnHistoryLost,
+    *,
+    stream: str,
+    lost_from: datetime | None,
+    oldest: Timestamp | None,
+    newest: Timestamp | None,
+    error: BaseException,
+) -> Recovery:
+    """The one rule for lost history, for the connector and the Spark source alike.
+
+    FAIL raises :class:`~flowwarden.errors.HistoryLostError` (naming the last position's time
+    and the oplog's window); RESUME_FROM_OPLOG_START goes on at the oldest entry still kept, or
+    now when the oplog cannot be read; RESUME_FROM_NOW goes on now.
+    """
+    if strategy is OnHistoryLost.FAIL:
+        raise HistoryLostError(
+            stream,
+            checkpoint_time=lost_from,
+            oplog_start=timestamp_datetime(oldest) if oldest else None,
+            oplog_end=timestamp_datetime(newest) if newest else None,
+            server_message=str(error),
+        ) from error
+    if strategy is OnHistoryLost.RESUME_FROM_OPLOG_START and oldest is not None:
+        return Recovery({"start_at_operation_time": oldest}, timestamp_datetime(oldest), False)
+    return Recovery({}, datetime.now(timezone.utc), strategy is OnHistoryLost.RESUME_FROM_OPLOG_START)
 
 
 __all__ = [
     "FUTURE_TOLERANCE_SECONDS",
+    "HISTORY_LOST",
     "REFUSED_TOKEN_CODES",
+    "Recovery",
     "ahead_of_server",
     "cluster_time_of",
     "maybe_await",
     "open_change_stream",
     "opening_token",
     "oplog_edge",
+    "oplog_edge_async",
     "reachable",
+    "recover_from_history_loss",
     "refused_position",
     "server_cluster_time",
 ]

@@ -17,7 +17,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from flowwarden.config import OnHistoryLost, SchemaMode
+from flowwarden.config import OnHistoryLost, SchemaMode, StartPosition
 from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError
 from flowwarden.events import compare_tokens
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
@@ -42,7 +42,7 @@ def test_options_parse() -> None:
         pipeline='[{"$match": {"operationType": "insert"}}]',
         full_document="updateLookup",
         full_document_before_change="whenAvailable",
-        start_position="TIMESTAMP",
+        start_position="at_time",
         start_at="2024-05-01T12:00:00.750+02:00",
         max_events_per_trigger="500",
         on_history_lost="resume_from_now",
@@ -62,23 +62,42 @@ def test_options_parse() -> None:
     assert parse().namespace == "*" and parse(database="shop").namespace == "shop"
 
 
+def test_the_source_has_the_decorators_option_names_values_and_defaults() -> None:
+    from flowwarden.config import ChangeStreamOptions, CheckpointOptions, DataFrameOptions
+
+    defaults = parse()
+    assert defaults.start_position is CheckpointOptions().start_position is StartPosition.RESUME
+    assert defaults.max_await_time_ms == ChangeStreamOptions().max_await_time_ms == 1000
+    assert defaults.on_history_lost is CheckpointOptions().on_history_lost
+    assert defaults.mode is DataFrameOptions().mode
+    assert parse(start_position="LATEST").start_position is StartPosition.LATEST
+    assert parse(max_await_time_ms="250").max_await_time_ms == 250
+
+
+def test_an_earlier_spelling_still_works_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="AT_TIME"):
+        options = parse(start_position="timestamp", start_at="2024-05-01T12:00:00Z")
+    assert options.start_position is StartPosition.AT_TIME
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"uri": ""}, "the option uri is required"),
         ({"colection": "x"}, "unknown option(s) colection"),
         ({"collection": "orders"}, "collection"),
-        ({"start_position": "now"}, "start_position 'now' is not known"),
-        ({"start_position": "timestamp"}, "start_position=timestamp needs start_at"),
-        ({"start_position": "timestamp", "start_at": "yesterday"}, "not an ISO-8601 date-time"),
-        ({"start_at": "2024-01-01T00:00:00Z"}, "start_at is only read with start_position=timestamp"),
+        ({"start_position": "now"}, "'now' is not a valid StartPosition"),
+        ({"start_position": "AT_TIME"}, "start_position=AT_TIME needs start_at"),
+        ({"start_position": "AT_TIME", "start_at": "yesterday"}, "not an ISO-8601 date-time"),
+        ({"start_at": "2024-01-01T00:00:00Z"}, "start_at is only read with start_position=AT_TIME"),
+        ({"max_await_time_ms": "soon"}, "max_await_time_ms 'soon' is not an int > 0"),
         ({"pipeline": "[{'$match': 1}]"}, "the pipeline is not JSON"),
         ({"pipeline": '[{"$project": {"_id": 0}}]'}, "_id"),
         ({"pipeline": '[{"$out": "x"}]'}, "not allowed in a change stream"),
         ({"full_document": "always"}, "full_document"),
-        ({"max_events_per_trigger": "0"}, "max_events_per_trigger '0' is not a positive integer"),
-        ({"on_history_lost": "ignore"}, "on_history_lost 'ignore' is not known"),
-        ({"mode": "lenient"}, "mode 'lenient' is not known"),
+        ({"max_events_per_trigger": "0"}, "max_events_per_trigger=0 is not accepted"),
+        ({"on_history_lost": "ignore"}, "'ignore' is not a valid OnHistoryLost"),
+        ({"mode": "lenient"}, "'lenient' is not a valid SchemaMode"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, str], message: str) -> None:
@@ -216,7 +235,7 @@ def test_start_positions(client: pymongo.MongoClient[dict[str, Any]], mongodb_ur
     after = dt.datetime.now(dt.timezone.utc)
     collection.insert_many([{"n": n} for n in range(3, 6)])
 
-    timed = reader_for(mongodb_uri, db_name, start_position="timestamp", start_at=after.isoformat())
+    timed = reader_for(mongodb_uri, db_name, start_position="AT_TIME", start_at=after.isoformat())
     try:
         start = timed.initialOffset()
         assert start == {"startAtOperationTime": {"t": int(after.timestamp()), "i": 0}}
@@ -230,7 +249,7 @@ def test_start_positions(client: pymongo.MongoClient[dict[str, Any]], mongodb_ur
 def test_earliest_reads_the_whole_oplog() -> None:
     with EmbeddedReplicaSet() as rs, pymongo.MongoClient[dict[str, Any]](rs.uri) as client:
         client.shop.orders.insert_many([{"n": n} for n in range(4)])
-        reader = reader_for(rs.uri, "shop", start_position="earliest")
+        reader = reader_for(rs.uri, "shop", start_position="EARLIEST")
         try:
             start = reader.initialOffset()
             assert set(start) == {"startAtOperationTime"}
@@ -370,7 +389,7 @@ def test_restarted_three_times_every_event_once_in_order(
             spark,
             mongodb_uri,
             db_name,
-            start_position="timestamp",
+            start_position="AT_TIME",
             start_at=start_at,
             max_events_per_trigger="7",
         )
@@ -441,7 +460,7 @@ def test_a_failed_micro_batch_replays_the_same_events(
                 spark,
                 mongodb_uri,
                 db_name,
-                start_position="timestamp",
+                start_position="AT_TIME",
                 start_at=start_at,
                 max_events_per_trigger="8",
             )
@@ -476,7 +495,7 @@ def test_pipeline_update_lookup_and_typed_documents(
         spark,
         mongodb_uri,
         db_name,
-        start_position="timestamp",
+        start_position="AT_TIME",
         start_at=start_at,
         pipeline=json.dumps([{"$match": {"operationType": {"$in": ["insert", "update"]}}}]),
         full_document="updateLookup",

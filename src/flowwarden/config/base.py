@@ -134,30 +134,35 @@ def _number_text(annotation: Any, field: FieldInfo) -> str:
 OptionsT = TypeVar("OptionsT", bound=Options)
 
 
-def validate_options(model: type[OptionsT], owner: str, values: Mapping[str, Any]) -> OptionsT:
+def validate_options(
+    model: type[OptionsT], owner: str, values: Mapping[str, Any], *, label: str | None = None
+) -> OptionsT:
     """Build ``model`` from ``values``, or raise a ConfigurationError naming ``owner``.
 
     The error names the option, the value given and the allowed values; a pydantic
-    ValidationError never escapes.
+    ValidationError never escapes. The message names the model's decorator (``@checkpoint``)
+    unless ``label`` says otherwise; ``label=""`` names none (the owner says where the options
+    were given).
     """
     try:
         return model(**values)
     except ValidationError as exc:
-        raise _configuration_error(model, owner, values, exc) from None
+        raise _configuration_error(model, owner, values, exc, label) from None
 
 
 def _configuration_error(
-    model: type[Options], owner: str, values: Mapping[str, Any], exc: ValidationError
+    model: type[Options], owner: str, values: Mapping[str, Any], exc: ValidationError, label: str | None
 ) -> ConfigurationError:
     errors = exc.errors(include_url=False)
     first = errors[0]
     more = f" ({len(errors) - 1} more problem(s) after this one)" if len(errors) > 1 else ""
     context = first.get("ctx") or {}
     cause = context.get("error")
-    decorator = f"@{model.decorator}" if model.decorator else model.__name__
+    decorator = label if label is not None else (f"@{model.decorator}" if model.decorator else model.__name__)
+    said = f"{decorator}: " if decorator else ""
     if isinstance(cause, OptionProblem):
         return ConfigurationError(
-            f"{decorator}: {cause.message}{more}",
+            f"{said}{cause.message}{more}",
             owner=owner,
             option=cause.option,
             value=cause.value,
@@ -171,14 +176,16 @@ def _configuration_error(
     if first.get("type") == "extra_forbidden":
         known = [name for name in model.allowed]
         return ConfigurationError(
-            f"{decorator} has no option {option!r}{more}",
+            f"{decorator + ' has' if decorator else 'there is'} no option {option!r}{more}",
             owner=owner,
             option=option,
             value=value,
             allowed="options " + ", ".join(known),
         )
     return ConfigurationError(
-        f"{decorator}({option}={value!r}) is not accepted: {first.get('msg', 'invalid value')}{more}",
+        f"{decorator}({option}={value!r}) is not accepted: {first.get('msg', 'invalid value')}{more}"
+        if decorator
+        else f"{option}={value!r} is not accepted: {first.get('msg', 'invalid value')}{more}",
         owner=owner,
         option=option,
         value=value,

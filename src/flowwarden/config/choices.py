@@ -89,7 +89,7 @@ def coerce_choice(enum: type[Choice], value: Any, option: str) -> Choice:
         except ValueError:
             pass
     raise OptionProblem(
-        f"{value!r} is not a {enum.__name__}",
+        f"{value!r} is not a valid {enum.__name__}",
         option=option,
         value=value,
         allowed=choices_text(enum) + f" (or {enum.__name__}.<NAME>)",

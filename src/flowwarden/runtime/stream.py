@@ -35,7 +35,6 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import (
     Deployment,
     OnError,
-    OnHistoryLost,
     OnInvalidate,
     StartPosition,
 )
@@ -45,22 +44,23 @@ from flowwarden.errors import (
     FencedError,
     FlowWardenError,
     HandlerError,
-    HistoryLostError,
     RestartsExhaustedError,
     ResumePositionError,
     SchemaMismatchError,
     StreamError,
     StreamInvalidatedError,
 )
-from flowwarden.events import ChangeEvent, timestamp_datetime, token_data, token_datetime
+from flowwarden.events import ChangeEvent, token_data, token_datetime
 from flowwarden.failures import Failure, classify
 from flowwarden.positions import (
+    HISTORY_LOST,
     ahead_of_server,
     maybe_await,
     open_change_stream,
     opening_token,
-    oplog_edge,
+    oplog_edge_async,
     reachable,
+    recover_from_history_loss,
     refused_position,
     server_cluster_time,
 )
@@ -73,7 +73,6 @@ from flowwarden.runtime.read_ahead import EmptyRead, FailedRead, ReadAhead
 from flowwarden.runtime.status import StreamState, StreamStatus
 
 # Server error codes with a meaning of their own to the runner.
-HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
 INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
 
 _HISTORY_AUDIT_KEEP = 20
@@ -603,7 +602,7 @@ class StreamRunner:
             return {"resume_after": stored}, False
         start: dict[str, Any] = {}
         if position == StartPosition.EARLIEST:
-            oldest = await oplog_edge(self._client, 1)
+            oldest = await oplog_edge_async(self._client, 1)
             if oldest is None:
                 raise StreamError(
                     f"stream {self.name!r}: start_position=EARLIEST needs to read local.oplog.rs, "
@@ -715,45 +714,38 @@ class StreamRunner:
     # history lost
 
     async def _on_history_lost(self, error: OperationFailure) -> None:
+        """Apply on_history_lost (flowwarden.positions.recover_from_history_loss): fail, or plan
+        the new opening position and the audit entry stored with it."""
         strategy = self.spec.checkpoint.on_history_lost
         checkpoint = await self._store.load(self.name)
         lost_from = None
         if checkpoint is not None:
             lost_from = checkpoint.last_processed_at or checkpoint.last_seen_at
-        oldest = await oplog_edge(self._client, 1)
-        newest = await oplog_edge(self._client, -1)
-        if strategy == OnHistoryLost.FAIL:
-            raise HistoryLostError(
-                self.name,
-                checkpoint_time=lost_from,
-                oplog_start=timestamp_datetime(oldest) if oldest else None,
-                oplog_end=timestamp_datetime(newest) if newest else None,
-                server_message=str(error),
-            ) from error
-        if strategy == OnHistoryLost.RESUME_FROM_OPLOG_START and oldest is not None:
-            self._forced_start = {"start_at_operation_time": oldest}
-            lost_to = timestamp_datetime(oldest)
-        else:
-            if strategy == OnHistoryLost.RESUME_FROM_OPLOG_START:
-                self.log.warning(
-                    "stream %s: the oplog cannot be read; RESUME_FROM_OPLOG_START falls back to now",
-                    self.name,
-                )
-            self._forced_start = {}
-            lost_to = datetime.now(timezone.utc)
-        audit = {
+        recovery = recover_from_history_loss(
+            strategy,
+            stream=self.name,
+            lost_from=lost_from,
+            oldest=await oplog_edge_async(self._client, 1),
+            newest=await oplog_edge_async(self._client, -1),
+            error=error,
+        )
+        if recovery.fell_back:
+            self.log.warning(
+                "stream %s: the oplog cannot be read; RESUME_FROM_OPLOG_START falls back to now", self.name
+            )
+        self._forced_start = recovery.start
+        self._history_audit = {
             "at": datetime.now(timezone.utc),
             "strategy": str(strategy),
             "lostFrom": lost_from,
-            "lostTo": lost_to,
+            "lostTo": recovery.lost_to,
             "serverMessage": str(error),
         }
-        self._history_audit = audit
         self.log.warning(
             "stream %s: history lost; events between %s and %s were not delivered (strategy %s)",
             self.name,
             lost_from.isoformat() if lost_from else "the beginning",
-            lost_to.isoformat(),
+            recovery.lost_to.isoformat(),
             strategy,
         )
 

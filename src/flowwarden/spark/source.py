@@ -37,8 +37,6 @@ the events as raw BSON (``RawBSONDocument``), so the compiled converter of
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -56,26 +54,18 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from flowwarden.config import (
-    ChangeStreamOptions,
-    OnHistoryLost,
-    PipelineOptions,
-    SchemaMode,
-    validate_options,
-)
-from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError, StreamError
-from flowwarden.events import compare_tokens, timestamp_datetime, token_datetime
+from flowwarden.config import SchemaMode, StartPosition
+from flowwarden.errors import ConfigurationError, ResumePositionError, StreamError
+from flowwarden.events import compare_tokens, token_datetime
 from flowwarden.failures import Failure, classify
-from flowwarden.positions import refused_position
+from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss, refused_position
 from flowwarden.spark.arrow import events_to_arrow
-from flowwarden.spark.extjson import JsonMode
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS
+from flowwarden.spark.source_options import OWNER, SourceOptions
 
 __all__ = ["FlowWardenDataSource", "FlowWardenStreamReader", "SourceOptions", "TokenRange"]
 
-_OWNER = "flowwarden streaming source"
-HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
-DEFAULT_MAX_EVENTS_PER_TRIGGER = 10_000
+_OWNER = OWNER
 ARROW_BATCH_ROWS = 10_000
 # How long a read waits for the events of its range to show up again before giving up: they
 # were seen when the range was planned, so only a lost oplog or an unreachable server delays them.
@@ -84,206 +74,6 @@ READ_STALL_SECONDS = 120.0
 TRANSIENT_RETRY_SECONDS = 60.0
 
 Offset = dict[str, Any]
-
-
-def _allowed(values: Any) -> str:
-    return ", ".join(str(v).lower() for v in values)
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceOptions:
-    """The source's options, validated once when the source is created.
-
-    ``readStream.option(...)`` values arrive as strings; every problem is a ConfigurationError
-    naming the option and the allowed values.
-    """
-
-    uri: str
-    database: str | None = None
-    collection: str | None = None
-    pipeline: tuple[dict[str, Any], ...] = ()
-    full_document: str = "default"
-    full_document_before_change: str = "off"
-    start_position: str = "latest"
-    start_at: Timestamp | None = None
-    max_events_per_trigger: int | None = DEFAULT_MAX_EVENTS_PER_TRIGGER
-    on_history_lost: OnHistoryLost = OnHistoryLost.FAIL
-    schema_ddl: str | None = None
-    mode: SchemaMode = SchemaMode.PERMISSIVE
-    json_mode: JsonMode = JsonMode.CANONICAL
-    max_await_time_ms: int = 250
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        known = {
-            "uri",
-            "database",
-            "collection",
-            "pipeline",
-            "full_document",
-            "full_document_before_change",
-            "start_position",
-            "start_at",
-            "max_events_per_trigger",
-            "on_history_lost",
-            "schema",
-            "mode",
-            "json_mode",
-            "max_await_time_ms",
-            "path",  # Spark passes load(path) as an option; the source has no use for it
-        }
-        lowered = {key.lower(): value for key, value in options.items()}
-        unknown = sorted(set(lowered) - known)
-        if unknown:
-            raise ConfigurationError(
-                f"unknown option(s) {', '.join(unknown)}", owner=_OWNER, allowed=", ".join(sorted(known))
-            )
-        uri = lowered.get("uri")
-        if not uri:
-            raise ConfigurationError(
-                "the option uri is required",
-                owner=_OWNER,
-                option="uri",
-                allowed="a MongoDB connection string",
-            )
-        stream = validate_options(
-            ChangeStreamOptions,
-            _OWNER,
-            {
-                "database": lowered.get("database") or None,
-                "collection": lowered.get("collection") or None,
-                "full_document": lowered.get("full_document", "default"),
-                "full_document_before_change": lowered.get("full_document_before_change", "off"),
-            },
-        )
-        pipeline: tuple[dict[str, Any], ...] = ()
-        if lowered.get("pipeline"):
-            try:
-                stages = json_util.loads(lowered["pipeline"])
-            except ValueError as exc:
-                raise ConfigurationError(
-                    f"the pipeline is not JSON: {exc}",
-                    owner=_OWNER,
-                    option="pipeline",
-                    allowed='a JSON array of stages, e.g. [{"$match": {"operationType": "insert"}}]',
-                ) from exc
-            pipeline = validate_options(PipelineOptions, _OWNER, {"stages": stages}).stages
-        position = lowered.get("start_position", "latest").lower()
-        if position not in ("latest", "earliest", "timestamp"):
-            raise ConfigurationError(
-                f"start_position {position!r} is not known",
-                owner=_OWNER,
-                option="start_position",
-                allowed="latest, earliest, timestamp",
-            )
-        start_at = _parse_start_at(lowered.get("start_at"), position)
-        return cls(
-            uri=uri,
-            database=stream.database,
-            collection=stream.collection,
-            pipeline=pipeline,
-            full_document=stream.full_document,
-            full_document_before_change=stream.full_document_before_change,
-            start_position=position,
-            start_at=start_at,
-            max_events_per_trigger=_parse_max_events(lowered.get("max_events_per_trigger")),
-            on_history_lost=_parse_choice(OnHistoryLost, lowered, "on_history_lost", OnHistoryLost.FAIL),
-            schema_ddl=lowered.get("schema") or None,
-            mode=_parse_choice(SchemaMode, lowered, "mode", SchemaMode.PERMISSIVE),
-            json_mode=_parse_choice(JsonMode, lowered, "json_mode", JsonMode.CANONICAL),
-            max_await_time_ms=_parse_positive_int(lowered.get("max_await_time_ms"), "max_await_time_ms", 250),
-        )
-
-    @property
-    def namespace(self) -> str:
-        if self.collection is not None:
-            return f"{self.database}.{self.collection}"
-        return self.database if self.database is not None else "*"
-
-    def schema_ddl_of_events(self) -> str:
-        """The DDL of the source's rows (Spark parses it; the source never needs a JVM)."""
-        document = f"STRUCT<{self.schema_ddl}>" if self.schema_ddl else "STRING"
-        columns = [
-            "`_id` STRING",
-            "`operation_type` STRING",
-            "`cluster_time` TIMESTAMP",
-            "`wall_time` TIMESTAMP",
-            "`database` STRING",
-            "`collection` STRING",
-            "`document_key` STRING",
-            f"`full_document` {document}",
-            f"`full_document_before_change` {document}",
-            "`updated_fields` STRING",
-            "`removed_fields` ARRAY<STRING>",
-        ]
-        if self.schema_ddl and self.mode is SchemaMode.PERMISSIVE:
-            columns.append(f"`{CORRUPT_RECORD_COLUMN}` STRING")
-        return ", ".join(columns)
-
-
-def _parse_choice(enum: Any, options: Mapping[str, str], name: str, default: Any) -> Any:
-    value = options.get(name)
-    if value is None:
-        return default
-    try:
-        return enum(value)
-    except ValueError:
-        raise ConfigurationError(
-            f"{name} {value!r} is not known", owner=_OWNER, option=name, allowed=_allowed(enum)
-        ) from None
-
-
-def _parse_positive_int(value: str | None, name: str, default: int) -> int:
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ConfigurationError(
-            f"{name} {value!r} is not a positive integer", owner=_OWNER, option=name, allowed="an int >= 1"
-        )
-    return number
-
-
-def _parse_max_events(value: str | None) -> int | None:
-    if value is not None and value.strip().lower() in ("none", "unlimited", "all"):
-        return None
-    return _parse_positive_int(value, "max_events_per_trigger", DEFAULT_MAX_EVENTS_PER_TRIGGER)
-
-
-def _parse_start_at(value: str | None, position: str) -> Timestamp | None:
-    if position != "timestamp":
-        if value:
-            raise ConfigurationError(
-                "start_at is only read with start_position=timestamp",
-                owner=_OWNER,
-                option="start_at",
-                allowed="no start_at, or start_position=timestamp",
-            )
-        return None
-    if not value:
-        raise ConfigurationError(
-            "start_position=timestamp needs start_at",
-            owner=_OWNER,
-            option="start_at",
-            allowed="an ISO-8601 date-time, e.g. 2024-05-01T12:00:00Z",
-        )
-    try:
-        moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ConfigurationError(
-            f"start_at {value!r} is not an ISO-8601 date-time",
-            owner=_OWNER,
-            option="start_at",
-            allowed="an ISO-8601 date-time, e.g. 2024-05-01T12:00:00Z",
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.timezone.utc)
-    # Cluster times have whole seconds plus an increment: round down, so every event of the
-    # second named is included.
-    return Timestamp(int(moment.timestamp() // 1), 0)
 
 
 def _timestamp_offset(ts: Timestamp) -> dict[str, int]:
@@ -398,19 +188,21 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _initial_offset(self) -> Offset:
         position = self.options.start_position
-        if position == "timestamp":
+        if position is StartPosition.AT_TIME:
             assert self.options.start_at is not None
             return {"startAtOperationTime": _timestamp_offset(self.options.start_at)}
-        if position == "earliest":
-            oldest = self._oplog_edge(1)
+        if position is StartPosition.EARLIEST:
+            oldest = oplog_edge(self._client_for(), 1)
             if oldest is None:
                 raise StreamError(
-                    f"{_OWNER} {self.options.namespace}: start_position=earliest needs to read "
-                    "local.oplog.rs, which this user cannot; grant read on 'local' or choose latest "
-                    "or timestamp",
+                    f"{_OWNER} {self.options.namespace}: start_position=EARLIEST needs to read "
+                    "local.oplog.rs, which this user cannot; grant read on 'local' or choose RESUME "
+                    "or AT_TIME",
                     stream=self.options.namespace,
                 )
             return {"startAtOperationTime": _timestamp_offset(oldest)}
+        # RESUME and LATEST: a new query starts at the stream's current position (a restarted
+        # one continues from its offsets and never asks).
         with self._watch({}, counting=True) as stream:
             token = stream.resume_token
         if token is None:
@@ -478,26 +270,21 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return end
 
     def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> Offset:
-        strategy = self.options.on_history_lost
-        oldest = self._oplog_edge(1)
-        if strategy is OnHistoryLost.FAIL or (
-            strategy is OnHistoryLost.RESUME_FROM_OPLOG_START and oldest is None
-        ):
-            newest = self._oplog_edge(-1)
-            token = _token(start)
-            raise HistoryLostError(
-                f"{_OWNER} {self.options.namespace}",
-                checkpoint_time=token_datetime(token) if token else None,
-                oplog_start=timestamp_datetime(oldest) if oldest else None,
-                oplog_end=timestamp_datetime(newest) if newest else None,
-                server_message=str(error),
-            ) from error
-        if strategy is OnHistoryLost.RESUME_FROM_OPLOG_START:
-            assert oldest is not None
-            end = self._scan(start, {"start_at_operation_time": oldest}, max_rows)
+        token = _token(start)
+        client = self._client_for()
+        recovery = recover_from_history_loss(
+            self.options.on_history_lost,
+            stream=f"{_OWNER} {self.options.namespace}",
+            lost_from=token_datetime(token) if token else None,
+            oldest=oplog_edge(client, 1),
+            newest=oplog_edge(client, -1),
+            error=error,
+        )
+        if recovery.start:
+            end = self._scan(start, recovery.start, max_rows)
             if end == start:
                 return start
-            return {**end, "readFrom": _timestamp_offset(oldest)}
+            return {**end, "readFrom": _timestamp_offset(recovery.start["start_at_operation_time"])}
         with self._watch({}, counting=True) as stream:
             now = stream.resume_token
         if now is None:
@@ -655,19 +442,6 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if options.full_document_before_change != "off" and documents:
             kwargs["full_document_before_change"] = options.full_document_before_change
         return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
-
-    def _oplog_edge(self, direction: int) -> Timestamp | None:
-        """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read."""
-        try:
-            doc = self._client_for()["local"]["oplog.rs"].find_one(
-                {}, projection={"ts": 1}, sort=[("$natural", direction)]
-            )
-        except OperationFailure:
-            return None
-        if doc is None or not isinstance(doc.get("ts"), Timestamp):
-            return None
-        ts: Timestamp = doc["ts"]
-        return ts
 
 
 class _TransientRetry:
