@@ -43,8 +43,8 @@ from pyspark.sql.types import (
 from flowwarden.config import SchemaMode
 from flowwarden.errors import SchemaMismatchError
 from flowwarden.spark import events_to_arrow, native
-from flowwarden.spark.arrow import _plan
 from flowwarden.spark.extjson import JsonMode
+from flowwarden.spark.plan import conversion_plan
 from flowwarden.spark.schema import ObjectIdStr
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="flowwarden.spark._native is not built")
@@ -258,7 +258,7 @@ def test_a_fitting_batch_takes_the_native_path(monkeypatch: pytest.MonkeyPatch) 
 
 def test_an_event_with_a_misfit_is_left_to_the_python_path_which_reports_it() -> None:
     data = [fitting_event(0), bson.encode({"_id": {"_data": "8201"}, "fullDocument": {"_id": 1, "name": 2}})]
-    plan = _plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    plan = conversion_plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
     converted = native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
     assert isinstance(converted, native.Converted)
     ((index, reason),) = converted.left
@@ -280,7 +280,7 @@ def test_a_misfit_deep_in_an_event_takes_back_only_that_event(monkeypatch: pytes
         data[i] = bson.encode(
             {"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "fullDocument": document}
         )
-    plan = _plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    plan = conversion_plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
     converted = native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
     assert isinstance(converted, native.Converted)
     assert [index for index, _ in converted.left] == misfits
@@ -304,7 +304,7 @@ def test_defaults_bson_cannot_carry_exactly_are_left_to_python() -> None:
         plain: int = 7
 
     data = [bson.encode({"_id": {"_data": "8200"}, "fullDocument": {}})]
-    plan = _plan(WithDefaults, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    plan = conversion_plan(WithDefaults, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
     assert isinstance(
         native.convert([RawBSONDocument(data[0])], JsonMode.CANONICAL, plan.native_document), str
     )
@@ -316,7 +316,7 @@ def test_defaults_bson_cannot_carry_exactly_are_left_to_python() -> None:
         plain: int = 7
         label: str = "x"
 
-    plan = _plan(Plain, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    plan = conversion_plan(Plain, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
     converted = native.convert([RawBSONDocument(data[0])], JsonMode.CANONICAL, plan.native_document)
     assert isinstance(converted, native.Converted)
     assert converted.columns[7].to_pylist() == [{"plain": 7, "label": "x"}]
