@@ -10,6 +10,28 @@ and ``changestream``.
 
 from __future__ import annotations
 
-from flowwarden.testing.embedded.server import EmbeddedReplicaSet
+import importlib
+
+from flowwarden.errors import MissingDependencyError
+
+
+def _require_the_embedded_extra() -> None:
+    """Import the ``embedded`` extra's packages, or fail with the pip line that installs them.
+
+    Run before any module of the test double is imported, so a missing package is reported as
+    what to install rather than as a bare ImportError from deep inside the server.
+    """
+    for module, package in (("mongomock", "mongomock"), ("google_crc32c", "google-crc32c")):
+        try:
+            importlib.import_module(module)
+        except ImportError as missing:
+            raise MissingDependencyError(
+                "flowwarden.testing.EmbeddedReplicaSet", extra="embedded", package=package
+            ) from missing
+
+
+_require_the_embedded_extra()
+
+from flowwarden.testing.embedded.server import EmbeddedReplicaSet  # noqa: E402
 
 __all__ = ["EmbeddedReplicaSet"]

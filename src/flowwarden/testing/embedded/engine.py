@@ -3,10 +3,17 @@
 Filter matching, sort keys, dotted-path reads and aggregation stages are delegated to mongomock;
 every call into it goes through here so the rest of the server stays typed and one module owns
 the dependency.
+
+mongomock is a fake client, not a query library: what the server needs of it (update operators
+applied to one document, one expression evaluated, the BSON type order) is only reachable through
+its private functions, listed in :data:`_PRIVATE_API`. That is why the ``embedded`` extra pins the
+one mongomock release they are checked against (4.3.0; 4.2 lacks ``_apply_update_document``), and
+why importing this module with another release that lacks one fails at once, naming it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,12 +50,51 @@ def command_error(exc: BaseException, code: int = 2) -> CommandError:
     return CommandError(code, message)
 
 
+_PRIVATE_API: dict[Any, tuple[str, ...]] = {
+    _filtering: ("_get_compare_type", "filter_applies", "resolve_sort_key"),
+    _helpers: ("get_value_by_dot",),
+    _aggregate: ("_parse_expression", "process_pipeline"),
+    mongomock.Collection: (
+        "_apply_update_document",
+        "_apply_update_pipeline",
+        "_update_document_single_field",
+        "_copy_only_fields",
+        "_expand_dots",
+        "_discard_operators",
+    ),
+}
+"""The mongomock functions this module calls (or, for ``_get_compare_type``, extends)."""
+
+
+def _check_private_api() -> None:
+    missing = [
+        f"{owner.__name__}.{name}"
+        for owner, names in _PRIVATE_API.items()
+        for name in names
+        if not hasattr(owner, name)
+    ]
+    if missing:
+        version = importlib.metadata.version("mongomock")
+        raise ImportError(
+            f"mongomock {version} lacks {', '.join(missing)}, which EmbeddedReplicaSet uses; "
+            'install the release the extra pins: pip install "flowwarden[embedded]"'
+        )
+
+
+_check_private_api()
+
+
 def _extend_type_order() -> None:
     """Teach the engine's BSON comparison order the types it does not know.
 
     Without this, a filter such as ``{ts: {$gt: Timestamp(...)}}`` (how clients read the oplog
     window) fails. Only values that made the engine raise before get an order, at MongoDB's
     places: MinKey first, Timestamp between Date and Regex, MaxKey last.
+
+    Why a replacement and not a hook: mongomock has no public way to register a type's order.
+    ``bson_compare`` and ``BsonComparable`` (filters, sorts, ``$sort`` and ``$group`` stages) look
+    ``_get_compare_type`` up in their module on every call, so replacing the module attribute
+    reaches all of them; the original still answers for every type it knew.
     """
     original = _filtering._get_compare_type
     if getattr(original, "_flowwarden_extended", False):

@@ -1,0 +1,112 @@
+"""flowwarden needs only pymongo and pydantic; the test double needs the ``embedded`` extra.
+
+Every check runs in a fresh interpreter in which mongomock and google_crc32c cannot be imported,
+as after ``pip install flowwarden`` without the extra.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PIP_LINE = 'pip install "flowwarden[embedded]"'
+
+# Installed first in each interpreter: every import of the extra's packages fails, as if absent.
+WITHOUT_THE_EXTRA = textwrap.dedent(
+    """
+    import sys
+
+    class _WithoutTheEmbeddedExtra:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in ("mongomock", "google_crc32c"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, _WithoutTheEmbeddedExtra())
+    """
+)
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_THE_EXTRA + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m flowwarden.cli <args>`` without the extra."""
+    return _python(
+        f"""
+        import runpy
+        sys.argv = ["flowwarden", *{list(args)!r}]
+        runpy.run_module("flowwarden.cli", run_name="__main__")
+        """
+    )
+
+
+def test_every_module_outside_the_test_double_imports_without_the_extra() -> None:
+    done = _python(
+        """
+        import importlib
+        import pkgutil
+
+        import flowwarden
+        from flowwarden import Connector
+
+        for module in pkgutil.walk_packages(flowwarden.__path__, "flowwarden."):
+            if not module.name.startswith("flowwarden.testing.embedded"):
+                importlib.import_module(module.name)
+        print(sorted(m for m in sys.modules if m.partition(".")[0] in ("mongomock", "google_crc32c")))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_flowwarden_run_works_without_the_extra() -> None:
+    done = _cli("run", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: flowwarden run")
+
+
+def test_the_test_double_names_the_pip_line_to_run() -> None:
+    done = _python(
+        """
+        import flowwarden.testing
+        import flowwarden.testing.pytest_plugin  # pytest loads it in every run: it must import
+        from flowwarden.errors import MissingDependencyError
+
+        for attempt in (
+            "from flowwarden.testing import EmbeddedReplicaSet",
+            "import flowwarden.testing.embedded",
+            "import flowwarden.testing.embedded.server",
+        ):
+            try:
+                exec(attempt)
+            except MissingDependencyError as error:
+                print(error)
+            else:
+                print("imported:", attempt)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        assert line == (
+            "flowwarden.testing.EmbeddedReplicaSet needs mongomock, which is not installed. "
+            f"Install it with: {PIP_LINE}"
+        )
+
+
+def test_the_commands_on_the_test_double_say_what_to_install(tmp_path: Path) -> None:
+    for args in (("embedded-mongo", "--port", "27017"), ("demo", "--no-spark", "--output", str(tmp_path))):
+        done = _cli(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("flowwarden: ") and line.endswith(PIP_LINE), line
