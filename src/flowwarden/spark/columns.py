@@ -30,8 +30,9 @@ from bson.objectid import ObjectId
 from flowwarden.spark._extra import require
 from flowwarden.spark.extjson import Encoder
 from flowwarden.spark.misfits import FirstMisfits, Misfit, describe_value
-from flowwarden.spark.schema import FieldSpec, Kind, ValueSpec, arrow_type
+from flowwarden.spark.schema import arrow_type
 from flowwarden.spark.values import EXACT_TYPES, decimal_unscaler, scalar_converter
+from flowwarden.spark.valuespec import FieldSpec, Kind, ValueSpec
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
 

@@ -28,7 +28,7 @@ from bson.raw_bson import RawBSONDocument
 
 from flowwarden.spark._extra import require
 from flowwarden.spark.extjson import JsonMode
-from flowwarden.spark.schema import FieldSpec, Kind, ValueSpec
+from flowwarden.spark.valuespec import FieldSpec, Kind, ValueSpec
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
 

@@ -22,7 +22,8 @@ from flowwarden.config import SchemaMode
 from flowwarden.spark import native
 from flowwarden.spark.columns import Column, compile_column
 from flowwarden.spark.extjson import JsonMode, encoder_for
-from flowwarden.spark.schema import arrow_type, change_event_arrow_schema, document_spec, has_corrupt_record
+from flowwarden.spark.schema import arrow_type, change_event_arrow_schema, has_corrupt_record
+from flowwarden.spark.spec_compiler import document_spec
 
 __all__ = ["ConversionPlan", "conversion_plan"]
 

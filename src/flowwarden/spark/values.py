@@ -39,7 +39,7 @@ from flowwarden.spark.decimal128 import (
 )
 from flowwarden.spark.extjson import Encoder
 from flowwarden.spark.misfits import Misfit, describe_value
-from flowwarden.spark.schema import Kind, ValueSpec
+from flowwarden.spark.valuespec import Kind, ValueSpec
 
 __all__ = ["EXACT_TYPES", "decimal_unscaler", "scalar_converter"]
 
