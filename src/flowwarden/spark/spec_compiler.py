@@ -222,8 +222,7 @@ def _annotation_spec(
         return _model_spec(annotation, stack), False
     if annotation in (Decimal, Decimal128):
         precision, scale = _decimal_digits(metadata) or DEFAULT_DECIMAL
-        _check_decimal(precision, scale, where)
-        return ValueSpec(Kind.DECIMAL, precision=precision, scale=scale), False
+        return _decimal_spec(precision, scale, where), False
     if annotation is None or annotation is type(None):
         raise ConfigurationError(f"field {where} can only be None", option="schema", value=annotation)
     kind = _SCALARS.get(annotation)
@@ -272,27 +271,39 @@ def _common_kind(values: Sequence[Any], where: str, annotation: Any) -> Kind:
     )
 
 
-def _check_decimal(precision: int, scale: int, where: str) -> None:
+def _decimal_spec(precision: int, scale: int, where: str) -> ValueSpec:
+    """decimal(precision,scale), refused unless Spark has that decimal type."""
     if not (1 <= precision <= 38 and 0 <= scale <= precision):
         raise ConfigurationError(
             f"field {where}: decimal({precision},{scale}) is not a Spark decimal",
             option="schema",
             allowed="1 <= max_digits <= 38 and 0 <= decimal_places <= max_digits",
         )
+    return ValueSpec(Kind.DECIMAL, precision=precision, scale=scale)
+
+
+def _struct_spec(
+    fields: Iterable[tuple[str, Any, Any]], where: str, value_spec: Callable[[Any, str], ValueSpec]
+) -> ValueSpec:
+    """The STRUCT of a Spark or Arrow struct's ``(name, type, nullable)`` fields, each read
+    from the document key of its name and typed by ``value_spec``."""
+    return ValueSpec(
+        Kind.STRUCT,
+        fields=tuple(
+            FieldSpec(
+                name=name,
+                key=name,
+                value=value_spec(data_type, f"{where}.{name}"),
+                none_ok=bool(nullable),
+            )
+            for name, data_type, nullable in fields
+        ),
+    )
 
 
 def _spark_spec(struct: Any, where: str) -> ValueSpec:
-    fields = []
-    for field in struct.fields:
-        fields.append(
-            FieldSpec(
-                name=field.name,
-                key=field.name,
-                value=_spark_value_spec(field.dataType, f"{where}.{field.name}"),
-                none_ok=bool(field.nullable),
-            )
-        )
-    return ValueSpec(Kind.STRUCT, fields=tuple(fields))
+    fields = ((field.name, field.dataType, field.nullable) for field in struct.fields)
+    return _struct_spec(fields, where, _spark_value_spec)
 
 
 def _spark_value_spec(data_type: Any, where: str) -> ValueSpec:
@@ -317,8 +328,7 @@ def _spark_value_spec(data_type: Any, where: str) -> ValueSpec:
     if kind is not None:
         return ValueSpec(kind)
     if isinstance(data_type, t.DecimalType):
-        _check_decimal(data_type.precision, data_type.scale, where)
-        return ValueSpec(Kind.DECIMAL, precision=data_type.precision, scale=data_type.scale)
+        return _decimal_spec(data_type.precision, data_type.scale, where)
     if isinstance(data_type, t.ArrayType):
         return ValueSpec(
             Kind.LIST,
@@ -343,18 +353,7 @@ def _spark_value_spec(data_type: Any, where: str) -> ValueSpec:
 
 
 def _arrow_struct_spec(fields: Sequence[Any], where: str) -> ValueSpec:
-    return ValueSpec(
-        Kind.STRUCT,
-        fields=tuple(
-            FieldSpec(
-                name=f.name,
-                key=f.name,
-                value=_arrow_value_spec(f.type, f"{where}.{f.name}"),
-                none_ok=bool(f.nullable),
-            )
-            for f in fields
-        ),
-    )
+    return _struct_spec(((f.name, f.type, f.nullable) for f in fields), where, _arrow_value_spec)
 
 
 def _arrow_value_spec(data_type: Any, where: str) -> ValueSpec:
@@ -380,8 +379,7 @@ def _arrow_value_spec(data_type: Any, where: str) -> ValueSpec:
     if types_.is_timestamp(data_type):
         return ValueSpec(Kind.TIMESTAMP if data_type.tz is not None else Kind.TIMESTAMP_NTZ)
     if types_.is_decimal(data_type):
-        _check_decimal(data_type.precision, data_type.scale, where)
-        return ValueSpec(Kind.DECIMAL, precision=data_type.precision, scale=data_type.scale)
+        return _decimal_spec(data_type.precision, data_type.scale, where)
     if types_.is_map(data_type) and types_.is_string(data_type.key_type):
         return ValueSpec(
             Kind.MAP,
