@@ -3,6 +3,7 @@ lifecycle. These exercise helpers MongoDB has no command for, so they run only o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -21,6 +22,7 @@ import bson
 import psutil
 import pymongo
 import pytest
+from pymongo import monitoring
 from pymongo.errors import AutoReconnect, ServerSelectionTimeoutError
 
 from flowwarden.testing import EmbeddedReplicaSet
@@ -300,11 +302,32 @@ async def test_drop_connections_async_clients_reconnect(rs: EmbeddedReplicaSet, 
         await c.close()
 
 
+class _HeartbeatFailures(monitoring.ServerHeartbeatListener):
+    """Set when a client's monitor fails to reach the server: the client has seen the outage."""
+
+    def __init__(self) -> None:
+        self.seen = threading.Event()
+
+    def started(self, event: monitoring.ServerHeartbeatStartedEvent) -> None:
+        pass
+
+    def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.ServerHeartbeatFailedEvent) -> None:
+        self.seen.set()
+
+
+# The outages below last far longer than any test could take, so nothing races their end; each
+# test ends its outage itself, with a short one that replaces it.
+_LONGER_THAN_ANY_TEST = 3600.0
+
+
 def test_outage_refuses_connections_then_recovers() -> None:
     with EmbeddedReplicaSet() as rs:
         with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20_000) as patient:
             patient.t.c.insert_one({"_id": "before"})
-            rs.outage(1.5)
+            rs.outage(_LONGER_THAN_ANY_TEST)
             with _raw(rs.uri) as refused:
                 assert _closed(refused)
             with (
@@ -312,17 +335,23 @@ def test_outage_refuses_connections_then_recovers() -> None:
                 pytest.raises((ServerSelectionTimeoutError, AutoReconnect)),
             ):
                 hasty.t.c.find_one()
-            # A client willing to wait gets through once the outage is over.
+            # The outage now ends by running out: a client willing to wait gets through after it.
+            rs.outage(0.2)
             assert patient.t.c.find_one({"_id": "before"}) == {"_id": "before"}
 
 
 async def test_outage_async_client_waits_it_out() -> None:
     with EmbeddedReplicaSet() as rs:
-        c = pymongo.AsyncMongoClient(rs.uri, serverSelectionTimeoutMS=20_000)
+        heartbeats = _HeartbeatFailures()
+        c = pymongo.AsyncMongoClient(rs.uri, serverSelectionTimeoutMS=20_000, event_listeners=[heartbeats])
         try:
             await c.t.c.insert_one({"_id": 1})
-            rs.outage(1.0)
-            assert await c.t.c.find_one({"_id": 1}) == {"_id": 1}
+            rs.outage(_LONGER_THAN_ANY_TEST)
+            reading = asyncio.ensure_future(c.t.c.find_one({"_id": 1}))
+            assert await asyncio.to_thread(heartbeats.seen.wait, 20), "the client never saw the outage"
+            assert not reading.done(), "the read ended during the outage instead of waiting it out"
+            rs.outage(0)
+            assert await asyncio.wait_for(reading, 20) == {"_id": 1}
         finally:
             await c.close()
 

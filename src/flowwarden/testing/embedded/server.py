@@ -154,7 +154,10 @@ class EmbeddedReplicaSet:
         self._call(self._drop_all())
 
     def outage(self, seconds: float) -> None:
-        """Close every connection and refuse new ones for ``seconds``; returns at once."""
+        """Close every connection and refuse new ones for ``seconds``; returns at once.
+
+        A call during an outage starts a new window from now, so ``outage(0)`` ends an outage.
+        """
         if seconds < 0:
             raise ValueError(f"outage seconds must be >= 0, got {seconds}")
         self._call(self._begin_outage(seconds))
