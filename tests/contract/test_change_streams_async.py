@@ -1,14 +1,12 @@
-"""Change streams through PyMongo's AsyncMongoClient (and one motor smoke test)."""
+"""Change streams through PyMongo's AsyncMongoClient (motor has its own smoke test, test_motor_smoke.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pymongo
 import pytest
 from bson import Int64
-from pymongo import monitoring
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure
 
@@ -112,61 +110,3 @@ async def test_forbidden_stage(async_client: pymongo.AsyncMongoClient, db_name: 
     with pytest.raises(OperationFailure) as info:
         await async_client[db_name].c.watch([{"$group": {"_id": None}}])
     assert info.value.code == 20
-
-
-class _Aggregates(monitoring.CommandListener):
-    def __init__(self) -> None:
-        self.aggregates: list[dict[str, Any]] = []
-        self.get_more_sent = asyncio.Event()
-        self.loop = asyncio.get_running_loop()
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name == "aggregate":
-            self.aggregates.append(event.command)
-        elif event.command_name == "getMore":
-            self.loop.call_soon_threadsafe(self.get_more_sent.set)
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
-@pytest.mark.embedded_only
-async def test_resume_after_dropped_connections(mongodb_uri: str, db_name: str, rs: Any) -> None:
-    listener = _Aggregates()
-    client: pymongo.AsyncMongoClient = pymongo.AsyncMongoClient(mongodb_uri, event_listeners=[listener])
-    try:
-        coll = client[db_name].c
-        async with await coll.watch(max_await_time_ms=10_000) as stream:
-            await coll.insert_one({"_id": 1})
-            assert (await stream.next())["documentKey"] == {"_id": 1}
-            listener.get_more_sent.clear()
-            reader = asyncio.ensure_future(stream.next())
-            await asyncio.wait_for(listener.get_more_sent.wait(), 10)
-            await asyncio.to_thread(rs.drop_connections)
-            await coll.insert_one({"_id": 2})
-            event = await asyncio.wait_for(reader, 30)
-        assert event["documentKey"] == {"_id": 2}
-        assert len(listener.aggregates) >= 2
-        assert "resumeAfter" in listener.aggregates[1]["pipeline"][0]["$changeStream"]
-    finally:
-        await client.close()
-
-
-async def test_motor_watch_smoke(mongodb_uri: str, db_name: str) -> None:
-    motor = pytest.importorskip("motor.motor_asyncio")
-    client = motor.AsyncIOMotorClient(mongodb_uri)
-    try:
-        coll = client[db_name].c
-        async with coll.watch(max_await_time_ms=AWAIT_MS) as stream:
-            await coll.insert_one({"_id": "motor"})
-            event = None
-            for _ in range(100):
-                event = await stream.try_next()
-                if event is not None:
-                    break
-        assert event is not None and event["documentKey"] == {"_id": "motor"}
-    finally:
-        client.close()

@@ -1,11 +1,15 @@
 """Change-stream cursors as the server carries them: aggregate, getMore, killCursors, and the
-driver's automatic resume when a cursor or a connection is lost."""
+driver's automatic resume when a fail point fails a getMore or closes its connection.
+
+The resumes after a killed cursor and after dropped connections are in test_change_streams.py,
+where the resuming aggregate itself is checked.
+"""
 
 from __future__ import annotations
 
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pymongo
 import pytest
@@ -13,26 +17,13 @@ from bson import Int64
 from pymongo.errors import OperationFailure
 from wire_helpers import command, connect, op_msg, receive
 
-
-@pytest.fixture(autouse=True)
-def _fail_point_off(client: pymongo.MongoClient) -> Iterator[None]:
-    yield
-    client.admin.command("configureFailPoint", "failCommand", mode="off")
+FailCommand = Callable[..., dict]
+"""The ``fail_command`` fixture (conftest.py): it switches the fail point off after each test."""
 
 
 def _next_change(stream: pymongo.change_stream.ChangeStream, attempts: int = 50) -> dict:
     for _ in range(attempts):
         change = stream.try_next()
-        if change is not None:
-            return change
-    raise AssertionError("no change arrived")
-
-
-async def _next_change_async(
-    stream: pymongo.asynchronous.change_stream.AsyncChangeStream, attempts: int = 50
-) -> dict:
-    for _ in range(attempts):
-        change = await stream.try_next()
         if change is not None:
             return change
     raise AssertionError("no change arrived")
@@ -78,85 +69,29 @@ def test_database_stream_cursor_namespace(client: pymongo.MongoClient, db_name: 
     db.command("killCursors", "$cmd.aggregate", cursors=[opened["cursor"]["id"]])
 
 
-def test_resume_after_cursor_not_found(client: pymongo.MongoClient, db_name: str) -> None:
-    coll = client[db_name].c
-    with coll.watch(max_await_time_ms=100) as stream:
-        coll.insert_one({"_id": 1})
-        assert _next_change(stream)["documentKey"] == {"_id": 1}
-        # Another client kills the stream's cursor: the next getMore gets CursorNotFound (43),
-        # which the driver resumes from with the token of the last event it returned.
-        client[db_name].command("killCursors", "c", cursors=[stream._cursor.cursor_id])
-        coll.insert_one({"_id": 2})
-        assert _next_change(stream)["documentKey"] == {"_id": 2}
-
-
-async def test_resume_after_cursor_not_found_async(
-    async_client: pymongo.AsyncMongoClient, db_name: str
+def test_resume_after_fail_point_closes_the_connection(
+    client: pymongo.MongoClient, db_name: str, fail_command: FailCommand
 ) -> None:
-    coll = async_client[db_name].c
-    async with await coll.watch(max_await_time_ms=100) as stream:
-        await coll.insert_one({"_id": 1})
-        assert (await _next_change_async(stream))["documentKey"] == {"_id": 1}
-        await async_client[db_name].command("killCursors", "c", cursors=[stream._cursor.cursor_id])
-        await coll.insert_one({"_id": 2})
-        assert (await _next_change_async(stream))["documentKey"] == {"_id": 2}
-
-
-def test_resume_after_fail_point_closes_the_connection(client: pymongo.MongoClient, db_name: str) -> None:
     coll = client[db_name].c
     with coll.watch(max_await_time_ms=100) as stream:
         coll.insert_one({"_id": 1})
         assert _next_change(stream)["documentKey"] == {"_id": 1}
-        client.admin.command(
-            "configureFailPoint",
-            "failCommand",
-            mode={"times": 1},
-            data={"failCommands": ["getMore"], "closeConnection": True},
-        )
+        fail_command({"times": 1}, failCommands=["getMore"], closeConnection=True)
         coll.insert_one({"_id": 2})
         assert _next_change(stream)["documentKey"] == {"_id": 2}
 
 
-def test_resumable_error_code_from_a_fail_point(client: pymongo.MongoClient, db_name: str) -> None:
+def test_resumable_error_code_from_a_fail_point(
+    client: pymongo.MongoClient, db_name: str, fail_command: FailCommand
+) -> None:
     coll = client[db_name].c
     with coll.watch(max_await_time_ms=100) as stream:
         coll.insert_one({"_id": 1})
         assert _next_change(stream)["documentKey"] == {"_id": 1}
         # 43 is resumable by code alone; the fail point adds no label and the driver resumes.
-        client.admin.command(
-            "configureFailPoint",
-            "failCommand",
-            mode={"times": 1},
-            data={"failCommands": ["getMore"], "errorCode": 43},
-        )
+        fail_command({"times": 1}, failCommands=["getMore"], errorCode=43)
         coll.insert_one({"_id": 2})
         assert _next_change(stream)["documentKey"] == {"_id": 2}
-
-
-@pytest.mark.embedded_only
-def test_resume_after_drop_connections(client: pymongo.MongoClient, db_name: str, rs) -> None:
-    coll = client[db_name].c
-    with coll.watch(max_await_time_ms=100) as stream:
-        coll.insert_one({"_id": 1})
-        assert _next_change(stream)["documentKey"] == {"_id": 1}
-        rs.drop_connections()
-        coll.insert_one({"_id": 2})
-        coll.insert_one({"_id": 3})
-        assert _next_change(stream)["documentKey"] == {"_id": 2}
-        assert _next_change(stream)["documentKey"] == {"_id": 3}
-
-
-@pytest.mark.embedded_only
-async def test_resume_after_drop_connections_async(
-    async_client: pymongo.AsyncMongoClient, db_name: str, rs
-) -> None:
-    coll = async_client[db_name].c
-    async with await coll.watch(max_await_time_ms=100) as stream:
-        await coll.insert_one({"_id": 1})
-        assert (await _next_change_async(stream))["documentKey"] == {"_id": 1}
-        rs.drop_connections()
-        await coll.insert_one({"_id": 2})
-        assert (await _next_change_async(stream))["documentKey"] == {"_id": 2}
 
 
 @pytest.mark.embedded_only

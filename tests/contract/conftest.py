@@ -1,0 +1,27 @@
+"""Fixtures of the contract tests (the suite every MongoDB server here must pass)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pymongo
+import pytest
+
+
+@pytest.fixture
+def fail_command(client: pymongo.MongoClient) -> Iterator[Callable[..., dict[str, Any]]]:
+    """``fail_command(mode, **data)`` configures MongoDB's ``failCommand`` fail point.
+
+    The fail point is server-wide and the run shares one server, so whatever the test did with it,
+    passed or failed, it is switched off when the test ends.
+    """
+
+    def configure(mode: object, **data: object) -> dict[str, Any]:
+        reply: dict[str, Any] = client.admin.command(
+            "configureFailPoint", "failCommand", mode=mode, data=data
+        )
+        return reply
+
+    yield configure
+    client.admin.command("configureFailPoint", "failCommand", mode="off")
