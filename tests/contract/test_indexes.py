@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import time
 
 import pymongo
 import pytest
@@ -169,24 +168,6 @@ def test_ttl_index_is_accepted_and_kept(client: pymongo.MongoClient, db_name: st
     client[db_name].command("collMod", "c", index={"keyPattern": {"created": 1}, "expireAfterSeconds": 120})
     assert coll.index_information()["created_1"]["expireAfterSeconds"] == 120
     assert coll.count_documents({}) == 1
-
-
-@pytest.mark.embedded_only
-def test_ttl_monitor_deletes_expired_documents(client: pymongo.MongoClient, db_name: str) -> None:
-    coll = client[db_name].c
-    old = datetime.datetime(2000, 1, 1)
-    coll.insert_many([{"_id": "old", "at": old}, {"_id": "new", "at": datetime.datetime(2999, 1, 1)}])
-    previous = client.admin.command("setParameter", 1, ttlMonitorSleepSecs=1)["was"]
-    try:
-        coll.create_index("at", expireAfterSeconds=10)
-        # The TTL pass runs on the server's own schedule; wait for its visible effect.
-        deadline = datetime.datetime.now() + datetime.timedelta(seconds=20)
-        while coll.find_one({"_id": "old"}) is not None:
-            assert datetime.datetime.now() < deadline, "the TTL monitor never removed the expired document"
-            time.sleep(0.05)
-        assert coll.find_one({"_id": "new"}) is not None
-    finally:
-        client.admin.command("setParameter", 1, ttlMonitorSleepSecs=previous)
 
 
 def test_index_on_write_error_in_update_statement(client: pymongo.MongoClient, db_name: str) -> None:

@@ -102,17 +102,3 @@ def test_malformed_tokens_are_refused(
 ) -> None:
     with pytest.raises(OperationFailure):
         client[db_name].c.watch(resume_after=token)
-
-
-@pytest.mark.embedded_only
-def test_a_token_from_another_collection_is_not_found(client: pymongo.MongoClient, db_name: str) -> None:
-    db = client[db_name]
-    with db.other.watch(max_await_time_ms=AWAIT_MS) as stream:
-        db.other.insert_one({"_id": 1})
-        foreign = next_change(stream)["_id"]
-    db.c.insert_one({"_id": 2})
-    with pytest.raises(OperationFailure) as info:
-        with db.c.watch(resume_after=foreign, max_await_time_ms=AWAIT_MS) as resumed:
-            next_change(resumed)
-    assert info.value.code == 280
-    assert "the resume token was not found" in str(info.value)

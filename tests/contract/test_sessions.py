@@ -271,18 +271,3 @@ def test_retryable_writes_through_pymongo(client: pymongo.MongoClient, db_name: 
         coll.find_one_and_update({"_id": 1}, {"$inc": {"n": 1}}, session=session)
         coll.delete_one({"_id": 1}, session=session)
     assert coll.count_documents({}) == 0
-
-
-@pytest.mark.embedded_only
-def test_end_sessions_closes_the_sessions_cursors(
-    mongodb_uri: str, db_name: str, client: pymongo.MongoClient
-) -> None:
-    client[db_name].c.insert_many([{"_id": i} for i in range(5)])
-    lsid = new_lsid()
-    with connect(mongodb_uri) as sock:
-        opened = command(sock, {"find": "c", "batchSize": 1, "lsid": lsid, "$db": db_name})
-        cursor_id = opened["cursor"]["id"]
-        assert cursor_id != 0
-        assert command(sock, {"endSessions": [lsid], "$db": "admin"})["ok"] == 1.0
-        gone = command(sock, {"getMore": cursor_id, "collection": "c", "$db": db_name})
-    assert gone["ok"] == 0 and gone["code"] == 43

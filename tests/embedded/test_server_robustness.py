@@ -26,6 +26,7 @@ from pymongo import monitoring
 from pymongo.errors import AutoReconnect, ServerSelectionTimeoutError
 
 from flowwarden.testing import EmbeddedReplicaSet
+from flowwarden.testing.embedded import wire
 
 pytestmark = pytest.mark.embedded_only
 
@@ -43,9 +44,18 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
-def _op_msg(doc: dict, request_id: int = 7) -> bytes:
-    body = struct.pack("<I", 0) + b"\x00" + bson.encode(doc)
+CHECKSUM_PRESENT = 1
+
+
+def _op_msg(doc: dict, request_id: int = 7, flags: int = 0) -> bytes:
+    body = struct.pack("<I", flags) + b"\x00" + bson.encode(doc)
     return struct.pack("<iiii", 16 + len(body), request_id, 0, 2013) + body
+
+
+def _with_wrong_checksum(message: bytes) -> bytes:
+    """``message`` with a CRC-32C appended that is one bit off the right one (and its length fixed)."""
+    signed = struct.pack("<i", len(message) + 4) + message[4:]
+    return signed + struct.pack("<I", wire.crc32c(signed) ^ 1)
 
 
 def _op_compressed(payload: bytes, declared: int, *, original_op: int = 2013, request_id: int = 8) -> bytes:
@@ -77,8 +87,10 @@ MALFORMED = {
     "unknown compressor": struct.pack("<iiii", 16 + 9 + 3, 1, 0, 2012)
     + struct.pack("<iiB", 2013, 3, 99)
     + b"abc",
-    # zlib is only for connections whose hello negotiated it; this one sent no hello.
+    # zlib is only for connections whose hello negotiated it; this one sent no hello. (MongoDB 7.0
+    # decompresses any compressor it was started with; later releases, like this server, do not.)
     "compressor not negotiated": _zlib_ping(),
+    "wrong checksum": _with_wrong_checksum(_op_msg({"ping": 1, "$db": "admin"}, flags=CHECKSUM_PRESENT)),
 }
 
 
