@@ -23,6 +23,7 @@ from flowwarden.testing.embedded.limits import MAX_MESSAGE_SIZE
 from flowwarden.testing.embedded.oplog import OplogOp
 from flowwarden.testing.embedded.storage import Collection, Document
 
+# The _id index every collection has, as listCollections and the oplog entry of a create show it.
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
 

@@ -20,6 +20,7 @@ from flowwarden.testing.embedded.storage import Collection, Document, DuplicateK
 
 
 def modify_index(coll: Collection, spec: Any) -> Document:
+    """Apply ``collMod``'s ``index`` option; returns the ``*_old``/``*_new`` fields of its reply."""
     if not isinstance(spec, dict):
         raise CommandError(14, "BSON field 'collMod.index' is the wrong type, expected type 'object'")
     index = find_index(coll, spec.get("name", spec.get("keyPattern")))
@@ -39,6 +40,7 @@ def modify_index(coll: Collection, spec: Any) -> Document:
 
 
 def find_index(coll: Collection, which: Any) -> IndexSpec:
+    """The index named ``which``, or with key pattern ``which``; IndexNotFound (27) otherwise."""
     if isinstance(which, str):
         index = coll.indexes.get(which)
         if index is None:

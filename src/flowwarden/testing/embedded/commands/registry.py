@@ -60,6 +60,10 @@ Handler = Callable[[Context], Awaitable[Document]]
 
 @dataclass(frozen=True, slots=True)
 class CommandSpec:
+    """How the host runs a command: ``name`` is the one fail points match (``isMaster`` is
+    ``hello``), ``counter`` the opcounter it bumps, ``failable`` whether ``failCommand`` may fail
+    it, ``sessions`` whether its ``lsid`` is tracked, ``retryable`` whether it is a retryable write."""
+
     name: str
     handler: Handler
     counter: str = "command"
