@@ -17,15 +17,19 @@ may take seconds, and the event loop must keep renewing leases and saving heartb
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import SchemaMode
-from flowwarden.decorators import StreamSpec
 from flowwarden.events import ChangeEvent, ResumeToken, token_data
 from flowwarden.runtime.context import StreamContext
-from flowwarden.runtime.invoke import Exhausted, Invoker
+from flowwarden.runtime.exhausted import GivingUp
+from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
+from flowwarden.runtime.opening import describe_token
+from flowwarden.spec import StreamSpec
 
 Item = tuple[int, MutableMapping[str, Any]]
 
@@ -40,6 +44,8 @@ class BatchDelivery:
         invoker: Invoker,
         ctx: StreamContext,
         spark_provider: Callable[[], Any] | None,
+        giving_up: GivingUp,
+        log: logging.Logger,
     ) -> None:
         method = spec.dataframe or spec.batch
         assert method is not None
@@ -54,8 +60,61 @@ class BatchDelivery:
         self._items: list[Item] = []
         self._first_at = 0.0
         self._replay_end: str | None = None
-        self.malformed = 0
-        self.on_malformed: Callable[[list[Any]], Any] | None = None
+        self._giving_up = giving_up
+        self.log = log
+        self._name = spec.name
+
+    async def offer(
+        self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter
+    ) -> int:
+        """Add an event (ending a batch being formed again first, when the event lies past its
+        stored end) and deliver the batch once it is due; the number of events delivered."""
+        delivered = 0
+        if self.replaying and self.past_replay_end(change):
+            # The stored batch's last event did not come back (the pipeline changed since): the
+            # batch formed again ends before this event.
+            self.log.warning(
+                "stream %s: the batch stored as ending at %s was formed again without its last "
+                "event, which the stream no longer returns",
+                self._name,
+                describe_token({"_data": self._replay_end}),
+            )
+            delivered = await self.deliver(committer)
+            self.stop_replay()
+        self.add(sequence, change)
+        if self.due():
+            delivered += await self.deliver(committer)
+        return delivered
+
+    async def deliver(self, committer: CheckpointCommitter) -> int:
+        """Plan the pending batch durably, hand it to the method, then commit it as one; the
+        number of events delivered (0 when the stream stopped meanwhile, or nothing was pending).
+
+        Before the method runs, the position before the batch (the previous batch's end) is
+        saved and the batch's last token stored as its end: after a crash the batch is formed
+        again from exactly the same events, so ``ctx.batch_id`` names the same events and
+        writes keyed by it replace what the interrupted run wrote.
+        """
+        items = self.take()
+        if not items:
+            return 0
+        last_sequence, last = items[-1][0], items[-1][1]["_id"]
+        await committer.flush()
+        await committer.save_batch_end(last)
+        try:
+            dropped = await self._hand_over(items)
+            if dropped:
+                await self._giving_up.park_malformed(dropped)
+        except Exhausted as exhausted:
+            await self._giving_up.give_up(
+                [change for _, change in items], exhausted.error, exhausted.attempts
+            )
+        except Interrupted:
+            return 0
+        await committer.commit_through(last_sequence, last)
+        if self._ctx.take_save_request():
+            await committer.flush()
+        return len(items)
 
     def add(self, sequence: int, change: MutableMapping[str, Any]) -> None:
         if not self._items:
@@ -102,18 +161,14 @@ class BatchDelivery:
             self._replay_end = None
         return items
 
-    async def deliver(
-        self,
-        items: list[Item],
-        give_up_undecodable: Callable[[MutableMapping[str, Any], BaseException], Awaitable[None]],
-    ) -> list[tuple[MutableMapping[str, Any], Any]]:
+    async def _hand_over(self, items: list[Item]) -> list[tuple[MutableMapping[str, Any], Any]]:
         """Hand the batch to the method (with its retry policy).
 
         Returns the events a DROPMALFORMED DataFrame conversion left out, each with its
         ``MalformedRow`` (field and error), for the caller to dead-letter; raises
         :class:`Exhausted` when the batch failed for good. An event of a DataFrame batch whose
-        BSON cannot be decoded goes to ``give_up_undecodable`` (which applies on_exhausted, and
-        raises to stop) and the rest of the batch is converted without it.
+        BSON cannot be decoded is given up on alone (on_exhausted at once: decoding again cannot
+        help), and the rest of the batch is converted without it.
         """
         self._ctx.batch_id = str(items[0][1]["_id"]["_data"])
         if not self._dataframe:
@@ -135,7 +190,7 @@ class BatchDelivery:
                 )
                 break
             except UndecodableEventError as error:
-                await give_up_undecodable(raws[error.index], error)
+                await self._giving_up.undecodable(raws[error.index], error, in_batch=True)
                 del raws[error.index]
                 if not raws:
                     return []

@@ -23,7 +23,8 @@ class StreamContext:
     A redelivered batch (after a crash between the method's write and the checkpoint save)
     starts with the same event, so writes keyed by ``batch_id`` (overwrite a partition, MERGE)
     replace what the lost run wrote instead of adding to it."""
-    _save_requested: bool = field(default=False, repr=False)
+    save_requested: bool = field(default=False, repr=False)
+    """Set by :meth:`save_checkpoint_now`; the runtime saves when the call returns and clears it."""
 
     def save_checkpoint_now(self) -> None:
         """Ask for the checkpoint to be saved as soon as the current handler call returns.
@@ -31,8 +32,9 @@ class StreamContext:
         The event being handled is not finished yet, so it cannot be saved from inside the call;
         this never blocks and is safe from sync and async handlers alike.
         """
-        self._save_requested = True
+        self.save_requested = True
 
-    def _take_save_request(self) -> bool:
-        requested, self._save_requested = self._save_requested, False
+    def take_save_request(self) -> bool:
+        """Whether a save was asked for since the last time this was called (the runtime's side)."""
+        requested, self.save_requested = self.save_requested, False
         return requested

@@ -1,0 +1,324 @@
+"""Handing one open stream's events to the handler methods, and their positions to the committer.
+
+A class handles events one at a time (a sync handler runs inline on the event loop, the common
+case and the hot path), concurrently per document key (``max_concurrency > 1``), or in batches
+(``@on_batch``, ``@on_dataframe``). Whatever the mode, an event's token reaches the committer only
+once its handling finished, was skipped or was dead-lettered; a post-batch token reaches it (as
+lastSeen) only while nothing read is unfinished. The read loop checks one flag per event,
+:attr:`EventDispatch.halt`; whoever sets it leaves the reason elsewhere (a stop, a lost lease, a
+failed committer, a failed handler task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, MutableMapping
+from datetime import datetime
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions
+from bson.errors import InvalidBSON
+from bson.raw_bson import RawBSONDocument
+
+from flowwarden.checkpoints import CheckpointCommitter
+from flowwarden.config import OnInvalidate
+from flowwarden.errors import StreamInvalidatedError
+from flowwarden.events import ChangeEvent, token_datetime
+from flowwarden.runtime.batching import BatchDelivery
+from flowwarden.runtime.context import StreamContext
+from flowwarden.runtime.exhausted import GivingUp
+from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
+from flowwarden.runtime.opening import StreamOpener
+from flowwarden.runtime.read_ahead import EmptyRead, FailedRead, ReadAhead
+from flowwarden.runtime.scheduling import KeyedScheduler
+from flowwarden.spec import StreamSpec
+
+
+class Invalidated(Exception):
+    """The watched namespace was dropped or renamed and the stream stops (on_invalidate=stop)."""
+
+    def __init__(self, error: StreamInvalidatedError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Reopen(Exception):
+    """Re-open the stream at once from its saved checkpoint (no backoff, not a failure)."""
+
+
+class EventDispatch:
+    """One stream's handler methods and how its events reach them."""
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        opener: StreamOpener,
+        giving_up: GivingUp,
+        stopping: asyncio.Event,
+        spark_provider: Callable[[], Any] | None,
+        log: logging.Logger,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.log = log
+        self._opener = opener
+        self._giving_up = giving_up
+        self._stopping = stopping
+        self._concurrency = spec.stream.max_concurrency
+        self._handler = spec.handler_class()
+        self.ctx = StreamContext(stream=spec.name, logger=log)
+        self._invokers: dict[str, Invoker] = {}
+        self._fallback: Invoker | None = None
+        self.batch: BatchDelivery | None = None
+        if spec.batch is not None or spec.dataframe is not None:
+            self.batch = BatchDelivery(
+                spec,
+                invoker=self._invoker(spec.batch or spec.dataframe),
+                ctx=self.ctx,
+                spark_provider=spark_provider,
+                giving_up=giving_up,
+                log=log,
+            )
+        else:
+            for operation, method in spec.event_handlers.items():
+                if operation != "*":  # the on_change method: kept as the fallback below
+                    self._invokers[operation] = self._invoker(method)
+            if spec.fallback is not None:
+                self._fallback = self._invoker(spec.fallback)
+        self._scheduler: KeyedScheduler | None = None
+        self._sequence = 0
+        self.halt = False
+        self.events_processed = 0
+        self.last_seen_time: datetime | None = None
+
+    def _invoker(self, method: Any) -> Invoker:
+        return Invoker(
+            getattr(self._handler, method.name),
+            is_async=method.is_async,
+            wants_ctx=method.wants_ctx,
+            ctx=self.ctx,
+            policy=self.spec.retry,
+            stopping=self._stopping,
+            # Batch methods may run for seconds (Spark jobs): keep the loop free for heartbeats.
+            threaded=self._concurrency > 1 or method.kind != "event",
+        )
+
+    def _set_halt(self) -> None:
+        self.halt = True
+
+    @property
+    def handler_error(self) -> BaseException | None:
+        """The error a concurrently run handler task failed with, if one did."""
+        return self._scheduler.error if self._scheduler is not None else None
+
+    # -- one open stream -----------------------------------------------------------------------
+
+    async def read(
+        self,
+        reader: ReadAhead,
+        committer: CheckpointCommitter,
+        position: Mapping[str, Any],
+        *,
+        first_read: Callable[[], None],
+        halted: Callable[[], None],
+    ) -> None:
+        """Read ``reader`` until the stream ends, halts or fails; ``first_read()`` is called once
+        the stream has read something, ``halted()`` raises the reason of a halt (or returns for a
+        stop)."""
+        self._sequence = 0
+        self._scheduler = KeyedScheduler(self._concurrency, self._set_halt) if self._concurrency > 1 else None
+        batch = self.batch
+        if batch is not None:
+            batch.take()  # left by an earlier run: those events come again from the checkpoint
+            batch.replay_until(self._opener.replay_end)
+        committer.failed.add_done_callback(lambda _: self._set_halt())
+        invokers = self._invokers
+        fallback = self._fallback
+        ctx = self.ctx
+        inline = batch is None and self._scheduler is None
+        items = reader.items
+        read_once = False
+        while True:
+            if self.halt:
+                # One flag for the hot path; the reason is sorted out here.
+                halted()
+                return
+            change = items.popleft() if items else await reader.wait()
+            kind = change.__class__
+            if kind is FailedRead:
+                error = change.error
+                if isinstance(error, InvalidBSON):
+                    await self._poison(committer, position, error, halted)
+                    raise Reopen() from error  # from the checkpoint, now past the poison event
+                raise error
+            if not read_once:
+                read_once = True
+                first_read()
+            if kind is EmptyRead:
+                token = change.token
+                if batch is not None and not self.halt and batch.due(token):
+                    self.events_processed += await batch.deliver(committer)
+                if not change.alive:
+                    # The server closed the stream after an invalidate event.
+                    return
+                if token is not None and self._idle():
+                    position = token
+                    committer.observe_seen(token)
+                    self.last_seen_time = token_datetime(token)
+                continue
+            position = token = change["_id"]
+            operation = change.get("operationType")
+            if inline:
+                # The common case inline: one event at a time, a sync handler on the loop.
+                self._sequence += 1
+                invoker = invokers.get(operation, fallback)
+                first_error = None
+                if invoker is None or (
+                    invoker.inline and (first_error := invoker.call_inline(ChangeEvent(change))) is None
+                ):
+                    save = committer.commit_nowait(self._sequence, token)
+                    if save is not None:
+                        await save
+                    self.events_processed += 1
+                    if ctx.save_requested:
+                        ctx.save_requested = False
+                        await committer.flush()
+                else:
+                    await self._handle_event(self._sequence, change, committer, first_error)
+            else:
+                await self._dispatch(change, committer)
+            if operation == "invalidate":
+                await self._on_invalidate(change, halted)
+                return
+
+    async def wait_in_flight(self) -> None:
+        """Let handlers running concurrently finish."""
+        if self._scheduler is not None:
+            await self._scheduler.wait_all()
+
+    async def _dispatch(self, change: MutableMapping[str, Any], committer: CheckpointCommitter) -> None:
+        """Give the next event its sequence number and hand it to the stream's delivery mode."""
+        self._sequence += 1
+        if self.batch is not None:
+            self.events_processed += await self.batch.offer(self._sequence, change, committer)
+        elif self._scheduler is not None:
+
+            async def handle(sequence: int, event: MutableMapping[str, Any]) -> None:
+                await self._handle_event(sequence, event, committer)
+
+            await self._scheduler.spawn(self._sequence, change, handle)
+        else:
+            await self._handle_event(self._sequence, change, committer)
+
+    def _idle(self) -> bool:
+        """Nothing read so far is unfinished, so a post-batch token is a safe resume point.
+
+        Once the loop is halting (a failed or interrupted event, a stop, a lost lease) some event
+        may be unfinished without being in flight or in the batch: never idle then.
+        """
+        if self.halt or (self._scheduler is not None and self._scheduler.busy()):
+            return False
+        return self.batch is None or self.batch.empty()
+
+    async def _on_invalidate(self, change: Mapping[str, Any], halted: Callable[[], None]) -> None:
+        await self.wait_in_flight()
+        if self.halt:
+            halted()  # a handler of an event before the invalidate failed meanwhile: that wins
+        if self.spec.stream.on_invalidate == OnInvalidate.RESTART:
+            self.log.warning("stream %s: invalidated; restarting after the invalidate event", self.name)
+            self._opener.forced_start = {"start_after": change["_id"]}
+            return
+        error = StreamInvalidatedError(self.name, operation="drop or rename", token=change.get("_id"))
+        self.log.warning("%s", error)
+        raise Invalidated(error)
+
+    async def _handle_event(
+        self,
+        sequence: int,
+        change: MutableMapping[str, Any],
+        committer: CheckpointCommitter,
+        first_error: BaseException | None = None,
+    ) -> None:
+        """Handle one event under the retry policy, then commit it (unless the stream stops).
+
+        ``first_error``: the first attempt already ran inline and failed with it.
+        """
+        invoker = self._invokers.get(change.get("operationType", ""), self._fallback)
+        token = change["_id"]
+        if invoker is not None:
+            try:
+                if first_error is None:
+                    await invoker(ChangeEvent(change))
+                else:
+                    await invoker.retry(ChangeEvent(change), first_error)
+            except Exhausted as exhausted:
+                await self._giving_up.give_up([change], exhausted.error, exhausted.attempts)
+            except Interrupted:
+                return  # stopping: this event stays unfinished, the checkpoint stays before it
+        await committer.commit(sequence, token)
+        self.events_processed += 1
+        if self.ctx.take_save_request():
+            await committer.flush()
+
+    # -- events that cannot be decoded -------------------------------------------------------------
+
+    async def _poison(
+        self,
+        committer: CheckpointCommitter,
+        position: Mapping[str, Any] | None,
+        error: InvalidBSON,
+        halted: Callable[[], None],
+    ) -> None:
+        """The driver could not decode a batch: find the event that cannot be decoded, give up on it.
+
+        PyMongo decodes a whole batch at once, so the batch is read again as raw BSON and each
+        event decoded on its own with the stream's codec options. Events that decode are handled
+        as usual; the first that does not gets the retry policy's on_exhausted at once (decoding
+        again cannot help): STOP leaves the checkpoint before it, SKIP and DEAD_LETTER move past
+        it. The outer loop then re-opens from the saved checkpoint.
+        """
+        target = self._opener.watch_target()
+        if self._opener.watches_cluster:
+            raise error  # a cluster stream's codec cannot be changed per stream: fail visibly
+        strict: CodecOptions[Any] = getattr(target, "codec_options", None) or CodecOptions()
+        raw_options: CodecOptions[Any] = CodecOptions(
+            document_class=RawBSONDocument,
+            tz_aware=strict.tz_aware,
+            tzinfo=strict.tzinfo,
+            unicode_decode_error_handler="surrogateescape",
+        )
+        start = {"resume_after": position} if position is not None else dict(self._opener.opened_with)
+        stream = await self._opener.open(start, codec_options=raw_options)
+        try:
+            while not self.halt:
+                raw = await stream.try_next()
+                if raw is None:
+                    continue
+                try:
+                    change = bson.decode(raw.raw, codec_options=strict)
+                except Exception as decode_error:  # whatever the codec raised: this event is poison
+                    await self._give_up_undecodable(committer, raw.raw, decode_error)
+                    return
+                await self._dispatch(change, committer)
+                if change.get("operationType") == "invalidate":
+                    await self._on_invalidate(change, halted)
+                    return
+        finally:
+            await self._opener.close(stream)
+
+    async def _give_up_undecodable(
+        self, committer: CheckpointCommitter, data: bytes, error: BaseException
+    ) -> None:
+        await self.wait_in_flight()
+        if self.batch is not None:
+            self.events_processed += await self.batch.deliver(committer)
+        event = await self._giving_up.undecodable(data, error, in_batch=False)
+        self._sequence += 1
+        await committer.commit(self._sequence, event["_id"])
+        await committer.flush()
+
+
+__all__ = ["EventDispatch", "Invalidated", "Reopen"]

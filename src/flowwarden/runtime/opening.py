@@ -1,0 +1,318 @@
+"""Where one stream opens, and how: its start position, its change stream, and lost history.
+
+The rules this module keeps:
+
+- a stored position is checked against the server before it is resumed from (one ahead of the
+  server's cluster time, or one the server refuses or cannot find, fails the stream with
+  :class:`~flowwarden.errors.ResumePositionError`);
+- a stream with no stored position (or one going on after lost history) asks the server where
+  its start position is, and that position is stored before the first event is handled (see
+  :mod:`flowwarden.positions`);
+- lost history is handled by :func:`flowwarden.positions.recover_from_history_loss`, and the gap
+  given up on purpose is recorded in the checkpoint's metadata with the new position.
+
+Nothing here reads events or handles them; :class:`~flowwarden.runtime.stream.StreamRunner` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from pymongo.errors import OperationFailure, PyMongoError
+
+from flowwarden.checkpoints import Checkpoint, CheckpointCommitter
+from flowwarden.checkpoints.store import AwaitableStore
+from flowwarden.config import StartPosition
+from flowwarden.errors import FlowWardenError, ResumePositionError, StreamError
+from flowwarden.events import token_data, token_datetime
+from flowwarden.positions import (
+    ahead_of_server,
+    maybe_await,
+    open_change_stream,
+    opening_token,
+    oplog_edge_async,
+    recover_from_history_loss,
+    refused_position,
+    server_cluster_time,
+)
+from flowwarden.spec import StreamSpec
+
+INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
+CLOSE_TIMEOUT_SECONDS = 2.0
+
+
+class StreamOpener:
+    """Opens one stream at the right position; keeps what the next open must know.
+
+    ``forced_start`` (set after lost history, or after an invalidate with
+    ``on_invalidate="restart"``) overrides the stored position once; ``replay_end`` is the stored
+    batch end the next batch must end at (see :mod:`flowwarden.runtime.batching`).
+    """
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        client: Any,
+        store: AwaitableStore,
+        instance_id: str,
+        log: logging.Logger,
+        batch_wait_seconds: float | None,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._client = client
+        self._store = store
+        self._instance_id = instance_id
+        self.log = log
+        self._batch_wait_seconds = batch_wait_seconds
+        self.first_run = True
+        self.forced_start: dict[str, Any] | None = None
+        self.history_audit: dict[str, Any] | None = None
+        self.replay_end: dict[str, Any] | None = None
+        self.opened_with: dict[str, Any] = {}
+
+    # -- the position --------------------------------------------------------------------------
+
+    async def position(self, checkpoint: Checkpoint | None) -> tuple[dict[str, Any], bool]:
+        """The watch option that opens this run (``resume_after`` or ``start_after`` a token), and
+        whether that position is new and must be stored before the first event is handled.
+
+        A stored position is checked against the server first. Without one (or after lost
+        history), the position the start options name is asked of the server.
+        """
+        self.replay_end = None
+        forced, self.forced_start = self.forced_start, None
+        if forced is not None:
+            if "start_after" in forced:
+                return forced, False  # just after an invalidate event, which the committer holds
+            return {"resume_after": await self._token_of(forced)}, True
+        options = self.spec.checkpoint
+        position = options.start_position
+        ignore_checkpoint = position == StartPosition.LATEST and self.first_run
+        stored = None if checkpoint is None or ignore_checkpoint else checkpoint.resume_token
+        if stored is not None:
+            await self._check_stored(stored)
+            assert checkpoint is not None
+            self.replay_end = checkpoint.pending_batch_end
+            return {"resume_after": stored}, False
+        start: dict[str, Any] = {}
+        if position == StartPosition.EARLIEST:
+            oldest = await oplog_edge_async(self._client, 1)
+            if oldest is None:
+                raise StreamError(
+                    f"stream {self.name!r}: start_position=EARLIEST needs to read local.oplog.rs, "
+                    "which this user cannot; grant read on 'local' or choose another start_position",
+                    stream=self.name,
+                )
+            start = {"start_at_operation_time": oldest}
+        elif position == StartPosition.AT_TIME:
+            start = {"start_at_operation_time": options.start_at_operation_time}
+        return {"resume_after": await self._token_of(start)}, True
+
+    async def store_position(
+        self,
+        committer: CheckpointCommitter,
+        token: dict[str, Any],
+        *,
+        events_processed: int,
+        metadata: Mapping[str, Any],
+    ) -> None:
+        """Make a new opening position durable: as lastSeen, or after lost history as
+        lastProcessed together with the audit entry."""
+        if self.history_audit is not None:
+            await self._store_history_audit(committer, token, events_processed, metadata)
+            return
+        committer.observe_seen(token)
+        await committer.flush()
+        self.log.info(
+            "stream %s: no stored position; opened at %s (start_position %s), stored before the first event",
+            self.name,
+            describe_token(token),
+            self.spec.checkpoint.start_position.value,
+        )
+
+    async def _token_of(self, start: Mapping[str, Any]) -> dict[str, Any]:
+        return await opening_token(self.watch_target(), start, **self.watch_options())
+
+    async def _check_stored(self, token: Mapping[str, Any]) -> None:
+        """Refuse a stored position the server cannot resume from as it stands (see positions)."""
+        server_time = await server_cluster_time(self._client)
+        try:
+            reason = ahead_of_server(token, server_time)
+        except FlowWardenError as error:  # a custom store returned a token of the wrong form
+            reason = str(error)
+        if reason is not None:
+            raise ResumePositionError(self.name, token=dict(token), reason=reason)
+
+    # -- the change stream ---------------------------------------------------------------------
+
+    def watch_target(self, codec_options: CodecOptions[Any] | None = None) -> Any:
+        """The client, database or collection the stream watches (with ``codec_options``)."""
+        opts = self.spec.stream
+        if opts.database is None:
+            target = self._client
+        elif opts.collection is None:
+            target = self._client[opts.database]
+        else:
+            target = self._client[opts.database][opts.collection]
+        if codec_options is not None:
+            target = (
+                target.with_options(codec_options=codec_options) if target is not self._client else target
+            )
+        return target
+
+    @property
+    def watches_cluster(self) -> bool:
+        """A cluster stream: watched on the client itself, whose codec cannot change per stream."""
+        return self.spec.stream.database is None
+
+    @staticmethod
+    async def close(stream: Any, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+        """Close a change stream; with the deployment out of reach, give up after ``timeout``
+        (the server drops an abandoned cursor after its idle timeout)."""
+        try:
+            await asyncio.wait_for(maybe_await(stream.close()), timeout)
+        except (PyMongoError, asyncio.TimeoutError):
+            pass
+
+    def read_options(self) -> CodecOptions[Any] | None:
+        """How the stream's events are decoded: as the client says (None), except for DataFrame
+        streams, which keep each event's BSON as the server sent it (``RawBSONDocument``).
+
+        The Arrow conversion reads those bytes directly (flowwarden.spark's compiled converter)
+        and maps BSON types to columns by its own documented rules, so decoding them into dicts
+        first would only cost time, and type-registry decoders would only hand it Python types
+        it has no column for. Not when the client tolerates invalid UTF-8 (a lenient
+        ``unicode_decode_error_handler``): that choice is the user's, and the decoded path honours
+        it. Nor for cluster-level streams, whose codec cannot be set per stream.
+        """
+        if self.spec.dataframe is None:
+            return None
+        target = self.watch_target()
+        options: CodecOptions[Any] | None = getattr(target, "codec_options", None)
+        if target is self._client or options is None or options.unicode_decode_error_handler != "strict":
+            return None
+        return CodecOptions(document_class=RawBSONDocument)
+
+    def watch_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = self.spec.stream.watch_options()
+        options["pipeline"] = list(self.spec.pipeline)
+        options["max_await_time_ms"] = self._await_ms()
+        options["comment"] = f"flowwarden:{self.name}"
+        return options
+
+    async def open(self, start: Mapping[str, Any], codec_options: CodecOptions[Any] | None = None) -> Any:
+        """The change stream from ``start``; a token the server refuses raises ResumePositionError."""
+        kwargs: dict[str, Any] = {**self.watch_options(), **start}
+        target = self.watch_target(codec_options)
+        try:
+            try:
+                return await open_change_stream(target, **kwargs)
+            except OperationFailure as error:
+                if error.code == INVALID_RESUME_TOKEN and "resume_after" in kwargs:
+                    # The token is an invalidate notification's: only startAfter may start after it.
+                    kwargs["start_after"] = kwargs.pop("resume_after")
+                    return await open_change_stream(target, **kwargs)
+                raise
+        except OperationFailure as error:
+            token = kwargs.get("resume_after", kwargs.get("start_after"))
+            if token is not None and refused_position(error):
+                raise ResumePositionError(
+                    self.name, token=dict(token), reason=f"the server refused it: {error}"
+                ) from error
+            raise
+
+    def _await_ms(self) -> int:
+        """getMore's maxAwaitTimeMS: short enough for batch deadlines and a prompt stop."""
+        wait = self.spec.stream.max_await_time_ms
+        if self._batch_wait_seconds is not None:
+            wait = min(wait, max(10, int(self._batch_wait_seconds * 1000)))
+        return wait
+
+    # -- lost history --------------------------------------------------------------------------
+
+    async def history_lost(self, error: OperationFailure) -> None:
+        """Apply on_history_lost (flowwarden.positions.recover_from_history_loss): fail, or plan
+        the next opening position and the audit entry stored with it."""
+        strategy = self.spec.checkpoint.on_history_lost
+        checkpoint = await self._store.load(self.name)
+        lost_from = None
+        if checkpoint is not None:
+            lost_from = checkpoint.last_processed_at or checkpoint.last_seen_at
+        recovery = recover_from_history_loss(
+            strategy,
+            stream=self.name,
+            lost_from=lost_from,
+            oldest=await oplog_edge_async(self._client, 1),
+            newest=await oplog_edge_async(self._client, -1),
+            error=error,
+        )
+        if recovery.fell_back:
+            self.log.warning(
+                "stream %s: the oplog cannot be read; RESUME_FROM_OPLOG_START falls back to now", self.name
+            )
+        self.forced_start = recovery.start
+        self.history_audit = {
+            "at": datetime.now(timezone.utc),
+            "strategy": str(strategy),
+            "lostFrom": lost_from,
+            "lostTo": recovery.lost_to,
+            "serverMessage": str(error),
+        }
+        self.log.warning(
+            "stream %s: history lost; events between %s and %s were not delivered (strategy %s)",
+            self.name,
+            lost_from.isoformat() if lost_from else "the beginning",
+            recovery.lost_to.isoformat(),
+            strategy,
+        )
+
+    async def _store_history_audit(
+        self,
+        committer: CheckpointCommitter,
+        token: Mapping[str, Any],
+        events_processed: int,
+        metadata: Mapping[str, Any],
+    ) -> None:
+        """Write the history-lost audit entry at the new opening position.
+
+        Metadata travels only with a stored processed position, so the opening token (nothing
+        before it is unfinished: the gap was given up on purpose) is saved as the processed
+        position together with the audit, before anything is read.
+        """
+        assert self.history_audit is not None
+        saved = await self._store.save(
+            Checkpoint(
+                stream_id=self.name,
+                instance_id=self._instance_id,
+                last_processed_token=dict(token),
+                last_processed_at=token_datetime(token),
+                events_processed=events_processed,
+                epoch=committer.epoch,
+                metadata={**metadata, "historyLost": self.history_audit},
+            )
+        )
+        self.log.info("stream %s: history-lost audit entry saved (%s)", self.name, saved)
+        self.history_audit = None
+
+
+def describe_token(token: Mapping[str, Any] | None) -> str:
+    """A token for a log line: its cluster time and the start of its ``_data``."""
+    if token is None:
+        return "none"
+    try:
+        at = token_datetime(token)
+        data = token_data(token)
+    except FlowWardenError:
+        return repr(dict(token))
+    return f"{at.isoformat() if at else '?'} ({data[:26]}...)"
+
+
+__all__ = ["StreamOpener", "describe_token"]

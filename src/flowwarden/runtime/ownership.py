@@ -1,0 +1,152 @@
+"""Who may run a stream: the single-leader lease, or a watch for a second writer without one.
+
+With ``deployment="single_leader"`` a stream runs only while this instance holds its lease
+(:class:`~flowwarden.runtime.lease.LeaseManager`): :meth:`Ownership.acquire` stands by until it
+does, :meth:`Ownership.keep` renews it and says when it is lost, and every checkpoint write
+carries the lease's epoch so a former leader is fenced. Without a lease, nothing stops two
+instances from running one stream; :meth:`Ownership.keep` then watches the checkpoint and warns,
+naming both instances, when another one writes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pymongo.errors import PyMongoError
+
+from flowwarden.checkpoints import CheckpointCommitter
+from flowwarden.checkpoints.store import AwaitableStore
+from flowwarden.config import Deployment
+from flowwarden.runtime.lease import LeaseManager
+from flowwarden.spec import StreamSpec
+
+
+class Ownership:
+    """One stream's lease (or, without one, its watch for a second writer)."""
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        locks_collection: Any,
+        store: AwaitableStore,
+        instance_id: str,
+        log: logging.Logger,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.name = spec.name
+        self._store = store
+        self._instance_id = instance_id
+        self.log = log
+        self._stopping = stopping
+        self._save_interval = spec.checkpoint.save_interval_seconds
+        self.lease = (
+            LeaseManager(locks_collection, spec.name, instance_id, spec.stream.lease_ttl_seconds)
+            if spec.stream.deployment == Deployment.SINGLE_LEADER
+            else None
+        )
+        self.lost = False
+        """The lease was held and is not any more: the stream must stop reading."""
+        self._warned: set[str] = set()
+
+    @property
+    def epoch(self) -> int | None:
+        """The held lease's epoch, which checkpoint writes carry; None without a lease."""
+        held = self.lease.lease if self.lease is not None else None
+        return held.epoch if held is not None else None
+
+    def fenced(self) -> bool:
+        """A checkpoint write was fenced: with a lease, it is lost (True); without, the error
+        is the stream's to report (False)."""
+        if self.lease is None:
+            return False
+        self.lease.lease = None
+        return True
+
+    async def acquire(self, standing_by: Callable[[str | None], None]) -> bool:
+        """Stand by until this instance holds the lease (at once without one); False if stopped
+        meanwhile. ``standing_by(error)`` hears each round spent waiting."""
+        lease = self.lease
+        if lease is None:
+            return True
+        while not self._stopping.is_set():
+            error = None
+            try:
+                if await lease.try_acquire() is not None:
+                    self.lost = False
+                    self.log.info("stream %s: lease acquired (epoch %s)", self.name, self.epoch)
+                    return True
+            except PyMongoError as failure:
+                error = f"lease: {type(failure).__name__}: {failure}"
+            standing_by(error)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), lease.renew_interval)
+            except asyncio.TimeoutError:
+                pass
+        return False
+
+    async def keep(
+        self, committer: Callable[[], CheckpointCommitter | None], on_lost: Callable[[], None]
+    ) -> None:
+        """While the stream runs: renew the lease, and call ``on_lost`` once it cannot be kept;
+        without a lease, watch for a second writer of the checkpoint."""
+        if self.lease is None:
+            await self._watch_for_other_writers(committer)
+            return
+        while True:
+            await asyncio.sleep(self.lease.renew_interval)
+            try:
+                renewed = await self.lease.renew()
+            except PyMongoError as error:
+                self.log.warning("stream %s: lease renewal failed: %s", self.name, error)
+                renewed = self.lease.held()
+            if not renewed or not self.lease.held():
+                self.lost = True
+                on_lost()
+                return
+
+    async def release(self, timeout: float) -> None:
+        """Give the lease back at once (a graceful stop), waiting at most ``timeout`` seconds."""
+        if self.lease is None or self.lease.lease is None:
+            return
+        try:
+            await asyncio.wait_for(self.lease.release(), timeout)
+        except (PyMongoError, asyncio.TimeoutError) as error:
+            self.log.warning(
+                "stream %s: could not release its lease (%s); it expires after lease_ttl_seconds",
+                self.name,
+                error or "timed out",
+            )
+
+    async def _watch_for_other_writers(self, committer: Callable[[], CheckpointCommitter | None]) -> None:
+        """Every processed save writes this instance's id into the record; once this run has
+        saved, any other id found there was written since by someone else, who handles the same
+        events and overwrites this instance's positions."""
+        interval = max(self._save_interval or 5.0, 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            current = committer()
+            if current is None or current.saved_sequence == 0:
+                continue
+            try:
+                stored = await self._store.load(self.name)
+            except Exception:  # the committer reports a store in trouble
+                continue
+            other = stored.instance_id if stored is not None else None
+            if other is None or other == self._instance_id or other in self._warned:
+                continue
+            self._warned.add(other)
+            self.log.warning(
+                "stream %s: instance %r also writes this stream's checkpoint (this instance is %r): both "
+                "handle every event and overwrite each other's positions. Run one instance per stream, "
+                "or set @change_stream(deployment='single_leader') so that one instance at a time holds it",
+                self.name,
+                other,
+                self._instance_id,
+            )
+
+
+__all__ = ["Ownership"]
