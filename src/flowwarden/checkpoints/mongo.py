@@ -10,13 +10,17 @@ inserts resolve the same way, so a stream never has two documents.
 Tokens are compared on ``_data``: upper-case hex of KeyString bytes, whose string order is the
 oplog order. Writes use majority write concern by default, so a saved checkpoint survives a
 failover; reads go to the primary so a restart never resumes from a stale copy.
+
+The sync and the asyncio store share every rule: each operation is written once, as a generator
+of the driver calls it needs, and each store only runs those calls its own way.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from bson.errors import InvalidBSON
 from pymongo import ReadPreference, WriteConcern
@@ -48,6 +52,7 @@ from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken, token_data
 
 MAJORITY = WriteConcern(w="majority")
+T = TypeVar("T")
 
 # A duplicate key followed by a read that finds the write would now match means another writer
 # (a rewind or delete) changed the document between the two calls; the write is tried again,
@@ -205,7 +210,127 @@ def _collection_options(write_concern: WriteConcern | None) -> dict[str, Any]:
     return options
 
 
-# -- sync -------------------------------------------------------------------------------------------
+# -- each operation once, as the driver calls it needs ------------------------------------------------
+#
+# An operation is a generator: it yields the driver call it needs next (a DriverCall), receives its
+# result (or has the driver's exception thrown into it) and returns the operation's result. The
+# sync store runs it with blocking PyMongo calls, the async store awaits the same calls; neither
+# holds any rule of its own.
+
+
+@dataclass(frozen=True)
+class DriverCall:
+    """One collection method call: ``getattr(collection, method)(*args, **kwargs)``; ``find_all``
+    is ``list(collection.find(*args, **kwargs))``."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+Operation = Generator[DriverCall, Any, T]
+
+
+def _load(stream_id: str) -> Operation[Checkpoint | None]:
+    try:
+        document = yield DriverCall("find_one", ({F_ID: stream_id},))
+    except PyMongoError as exc:
+        raise _failure("load", stream_id, exc) from exc
+    except InvalidBSON as exc:
+        raise _undecodable(stream_id, exc) from exc
+    return _read(document)
+
+
+def _conditional(
+    stream_id: str, write: tuple[dict[str, Any], dict[str, Any]], token: ResumeToken, epoch: int, slot: str
+) -> Operation[SaveResult]:
+    query, update = write
+    for _ in range(_CONFLICT_ATTEMPTS):
+        try:
+            yield DriverCall("update_one", (query, update), {"upsert": True})
+            return SaveResult.STORED
+        except DuplicateKeyError:
+            result = _conflict_result((yield from _load(stream_id)), stream_id, token, epoch, slot)
+            if result is not None:
+                return result
+        except PyMongoError as exc:
+            raise _failure("save", stream_id, exc) from exc
+    raise _gave_up(stream_id)
+
+
+def _save(checkpoint: Checkpoint) -> Operation[SaveResult]:
+    write = _save_write(checkpoint)
+    assert checkpoint.last_processed_token is not None
+    return _conditional(
+        checkpoint.stream_id, write, checkpoint.last_processed_token, checkpoint.epoch, F_PROCESSED_TOKEN
+    )
+
+
+def _delete(stream_id: str) -> Operation[bool]:
+    try:
+        result = yield DriverCall("delete_one", ({F_ID: stream_id},))
+    except PyMongoError as exc:
+        raise _failure("delete", stream_id, exc) from exc
+    return bool(result.deleted_count == 1)
+
+
+def _list() -> Operation[builtins.list[Checkpoint]]:
+    try:
+        documents = yield DriverCall("find_all", ({},), {"sort": [(F_ID, 1)]})
+    except PyMongoError as exc:
+        raise _failure("list", None, exc) from exc
+    except InvalidBSON as exc:
+        raise _undecodable(None, exc) from exc
+    return [Checkpoint.from_document(document) for document in documents]
+
+
+def _rewind(stream_id: str, token: ResumeToken | None) -> Operation[None]:
+    query, update = _rewind_write(stream_id, token)
+    try:
+        yield DriverCall("update_one", (query, update), {"upsert": token is not None})
+    except PyMongoError as exc:
+        raise _failure("rewind", stream_id, exc) from exc
+
+
+def _run(collection: Any, operation: Operation[T]) -> T:
+    """An operation with blocking PyMongo calls."""
+    outcome: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            call = operation.throw(failure) if failure is not None else operation.send(outcome)
+        except StopIteration as done:
+            return cast(T, done.value)
+        outcome, failure = None, None
+        try:
+            if call.method == "find_all":
+                outcome = builtins.list(collection.find(*call.args, **call.kwargs))
+            else:
+                outcome = getattr(collection, call.method)(*call.args, **call.kwargs)
+        except Exception as exc:
+            failure = exc
+
+
+async def _run_async(collection: Any, operation: Operation[T]) -> T:
+    """An operation with PyMongo's asyncio (or motor's) calls, awaited."""
+    outcome: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            call = operation.throw(failure) if failure is not None else operation.send(outcome)
+        except StopIteration as done:
+            return cast(T, done.value)
+        outcome, failure = None, None
+        try:
+            if call.method == "find_all":
+                outcome = [document async for document in collection.find(*call.args, **call.kwargs)]
+            else:
+                outcome = await getattr(collection, call.method)(*call.args, **call.kwargs)
+        except Exception as exc:
+            failure = exc
+
+
+# -- the two stores -----------------------------------------------------------------------------------
 
 
 class MongoCheckpointStore:
@@ -226,82 +351,30 @@ class MongoCheckpointStore:
         )
 
     def load(self, stream_id: str) -> Checkpoint | None:
-        try:
-            document = self.collection.find_one({F_ID: stream_id})
-        except PyMongoError as exc:
-            raise _failure("load", stream_id, exc) from exc
-        except InvalidBSON as exc:
-            raise _undecodable(stream_id, exc) from exc
-        return _read(document)
+        return _run(self.collection, _load(stream_id))
 
     def save(self, checkpoint: Checkpoint) -> SaveResult:
-        query, update = _save_write(checkpoint)
-        assert checkpoint.last_processed_token is not None
-        return self._conditional(
-            checkpoint.stream_id,
-            query,
-            update,
-            checkpoint.last_processed_token,
-            checkpoint.epoch,
-            F_PROCESSED_TOKEN,
-        )
+        return _run(self.collection, _save(checkpoint))
 
     def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        query, update = _seen_write(stream_id, token, epoch)
-        return self._conditional(stream_id, query, update, token, epoch, F_SEEN_TOKEN)
+        write = _seen_write(stream_id, token, epoch)
+        return _run(self.collection, _conditional(stream_id, write, token, epoch, F_SEEN_TOKEN))
 
     def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        query, update = _batch_end_write(stream_id, token, epoch)
-        return self._conditional(stream_id, query, update, token, epoch, F_BATCH_END)
+        write = _batch_end_write(stream_id, token, epoch)
+        return _run(self.collection, _conditional(stream_id, write, token, epoch, F_BATCH_END))
 
     def delete(self, stream_id: str) -> bool:
-        try:
-            return self.collection.delete_one({F_ID: stream_id}).deleted_count == 1
-        except PyMongoError as exc:
-            raise _failure("delete", stream_id, exc) from exc
+        return _run(self.collection, _delete(stream_id))
 
     def list(self) -> builtins.list[Checkpoint]:
-        try:
-            documents = builtins.list(self.collection.find({}, sort=[(F_ID, 1)]))
-        except PyMongoError as exc:
-            raise _failure("list", None, exc) from exc
-        except InvalidBSON as exc:
-            raise _undecodable(None, exc) from exc
-        return [Checkpoint.from_document(document) for document in documents]
+        return _run(self.collection, _list())
 
     def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
-        query, update = _rewind_write(stream_id, token)
-        try:
-            self.collection.update_one(query, update, upsert=token is not None)
-        except PyMongoError as exc:
-            raise _failure("rewind", stream_id, exc) from exc
-
-    def _conditional(
-        self,
-        stream_id: str,
-        query: dict[str, Any],
-        update: dict[str, Any],
-        token: ResumeToken,
-        epoch: int,
-        slot: str,
-    ) -> SaveResult:
-        for _ in range(_CONFLICT_ATTEMPTS):
-            try:
-                self.collection.update_one(query, update, upsert=True)
-                return SaveResult.STORED
-            except DuplicateKeyError:
-                result = _conflict_result(self.load(stream_id), stream_id, token, epoch, slot)
-                if result is not None:
-                    return result
-            except PyMongoError as exc:
-                raise _failure("save", stream_id, exc) from exc
-        raise _gave_up(stream_id)
+        _run(self.collection, _rewind(stream_id, token))
 
     def __repr__(self) -> str:
         return f"MongoCheckpointStore({self.collection.full_name!r})"
-
-
-# -- asyncio ----------------------------------------------------------------------------------------
 
 
 class AsyncMongoCheckpointStore:
@@ -321,79 +394,27 @@ class AsyncMongoCheckpointStore:
         self.collection: Any = database.get_collection(collection, **_collection_options(write_concern))
 
     async def load(self, stream_id: str) -> Checkpoint | None:
-        try:
-            document = await self.collection.find_one({F_ID: stream_id})
-        except PyMongoError as exc:
-            raise _failure("load", stream_id, exc) from exc
-        except InvalidBSON as exc:
-            raise _undecodable(stream_id, exc) from exc
-        return _read(document)
+        return await _run_async(self.collection, _load(stream_id))
 
     async def save(self, checkpoint: Checkpoint) -> SaveResult:
-        query, update = _save_write(checkpoint)
-        assert checkpoint.last_processed_token is not None
-        return await self._conditional(
-            checkpoint.stream_id,
-            query,
-            update,
-            checkpoint.last_processed_token,
-            checkpoint.epoch,
-            F_PROCESSED_TOKEN,
-        )
+        return await _run_async(self.collection, _save(checkpoint))
 
     async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        query, update = _seen_write(stream_id, token, epoch)
-        return await self._conditional(stream_id, query, update, token, epoch, F_SEEN_TOKEN)
+        write = _seen_write(stream_id, token, epoch)
+        return await _run_async(self.collection, _conditional(stream_id, write, token, epoch, F_SEEN_TOKEN))
 
     async def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        query, update = _batch_end_write(stream_id, token, epoch)
-        return await self._conditional(stream_id, query, update, token, epoch, F_BATCH_END)
+        write = _batch_end_write(stream_id, token, epoch)
+        return await _run_async(self.collection, _conditional(stream_id, write, token, epoch, F_BATCH_END))
 
     async def delete(self, stream_id: str) -> bool:
-        try:
-            result = await self.collection.delete_one({F_ID: stream_id})
-        except PyMongoError as exc:
-            raise _failure("delete", stream_id, exc) from exc
-        return bool(result.deleted_count == 1)
+        return await _run_async(self.collection, _delete(stream_id))
 
     async def list(self) -> builtins.list[Checkpoint]:
-        documents: builtins.list[Mapping[str, Any]] = []
-        try:
-            async for document in self.collection.find({}, sort=[(F_ID, 1)]):
-                documents.append(document)
-        except PyMongoError as exc:
-            raise _failure("list", None, exc) from exc
-        except InvalidBSON as exc:
-            raise _undecodable(None, exc) from exc
-        return [Checkpoint.from_document(document) for document in documents]
+        return await _run_async(self.collection, _list())
 
     async def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
-        query, update = _rewind_write(stream_id, token)
-        try:
-            await self.collection.update_one(query, update, upsert=token is not None)
-        except PyMongoError as exc:
-            raise _failure("rewind", stream_id, exc) from exc
-
-    async def _conditional(
-        self,
-        stream_id: str,
-        query: dict[str, Any],
-        update: dict[str, Any],
-        token: ResumeToken,
-        epoch: int,
-        slot: str,
-    ) -> SaveResult:
-        for _ in range(_CONFLICT_ATTEMPTS):
-            try:
-                await self.collection.update_one(query, update, upsert=True)
-                return SaveResult.STORED
-            except DuplicateKeyError:
-                result = _conflict_result(await self.load(stream_id), stream_id, token, epoch, slot)
-                if result is not None:
-                    return result
-            except PyMongoError as exc:
-                raise _failure("save", stream_id, exc) from exc
-        raise _gave_up(stream_id)
+        await _run_async(self.collection, _rewind(stream_id, token))
 
     def __repr__(self) -> str:
         return f"AsyncMongoCheckpointStore({self.collection.full_name!r})"
