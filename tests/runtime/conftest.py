@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pymongo
+import pytest
 
 from flowwarden import Connector
 
@@ -76,3 +77,33 @@ def run_connector(uri: str, db: str, log: Path, **env: str) -> subprocess.Popen[
 def handled(log: Path) -> list[str]:
     """The lines cli_handlers.py wrote: one ``_id`` per handled event ("blocked" for a hung one)."""
     return log.read_text().split() if log.exists() else []
+
+
+class FailCommand:
+    """MongoDB's ``failCommand`` fail point, for the connector's commands only (its client's
+    appName is "flowwarden"): ``fail_command(["getMore"], mode={"times": 1}, errorCode=6)``."""
+
+    def __init__(self, client: pymongo.MongoClient[Any]) -> None:
+        self._admin = client.admin
+
+    def __call__(self, commands: list[str], *, mode: Any, **data: Any) -> None:
+        self._admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode=mode,
+            data={"failCommands": commands, "appName": "flowwarden", **data},
+        )
+
+    def off(self) -> int:
+        """Switch the fail point off; returns how many times it fired."""
+        return int(self._admin.command("configureFailPoint", "failCommand", mode="off")["count"])
+
+
+@pytest.fixture
+def fail_command(client: pymongo.MongoClient[Any]) -> Iterator[FailCommand]:
+    """A :class:`FailCommand`, switched off after the test however it ended."""
+    fail_point = FailCommand(client)
+    try:
+        yield fail_point
+    finally:
+        fail_point.off()

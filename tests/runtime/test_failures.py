@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 
 import pymongo
 import pytest
 from bson.codec_options import TypeDecoder, TypeRegistry
 from bson.decimal128 import Decimal128
 from bson.errors import InvalidBSON
+from pymongo import monitoring
 
 from flowwarden import (
     ChangeEvent,
@@ -35,26 +39,26 @@ from .handlers import recording_handler
 # history lost
 
 
-def _lose_history(strategy: OnHistoryLost):
-    """Run once, stop, write past the oplog's window, restart with ``strategy``."""
-    rs = EmbeddedReplicaSet(oplog_max_events=20)
-    rs.start()
-    client = pymongo.MongoClient(rs.uri)
-    orders = client.shop.orders
-    first, _ = recording_handler("shop", on_history_lost=strategy)
-    with running(rs.uri, [first]):
-        wait_until(lambda: checkpoint_doc(client, "shop", "orders"), what="initial checkpoint")
-        orders.insert_many([{"_id": i} for i in range(3)])
-        wait_until(lambda: (checkpoint_doc(client, "shop", "orders") or {}).get("eventsProcessed") == 3)
-    stored = checkpoint_doc(client, "shop", "orders")
-    orders.insert_many([{"_id": i} for i in range(3, 40)])  # 37 entries: the window keeps 20
-    return rs, client, stored
+@contextmanager
+def _lost_history(strategy: OnHistoryLost) -> Iterator[tuple[EmbeddedReplicaSet, pymongo.MongoClient, dict]]:
+    """A replica set whose oplog keeps 20 entries, a stream that ran once and stopped, and 37
+    writes since: the stream's checkpoint is no longer in the oplog."""
+    with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient(rs.uri) as client:
+        orders = client.shop.orders
+        first, _ = recording_handler("shop", on_history_lost=strategy)
+        with running(rs.uri, [first]):
+            wait_until(lambda: checkpoint_doc(client, "shop", "orders"), what="initial checkpoint")
+            orders.insert_many([{"_id": i} for i in range(3)])
+            wait_until(lambda: (checkpoint_doc(client, "shop", "orders") or {}).get("eventsProcessed") == 3)
+        stored = checkpoint_doc(client, "shop", "orders")
+        assert stored is not None
+        orders.insert_many([{"_id": i} for i in range(3, 40)])  # 37 entries: the window keeps 20
+        yield rs, client, stored
 
 
 @pytest.mark.embedded_only
 def test_history_lost_fail_names_the_window_and_leaves_the_checkpoint():
-    rs, client, stored = _lose_history(OnHistoryLost.FAIL)
-    try:
+    with _lost_history(OnHistoryLost.FAIL) as (rs, client, stored):
         handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.FAIL)
         with running(rs.uri, [handler]) as connector:
             wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
@@ -66,32 +70,27 @@ def test_history_lost_fail_names_the_window_and_leaves_the_checkpoint():
         assert seen == []
         after = checkpoint_doc(client, "shop", "orders")
         assert after["lastProcessedToken"] == stored["lastProcessedToken"]
-    finally:
-        client.close()
-        rs.stop()
 
 
 @pytest.mark.embedded_only
 def test_history_lost_resume_from_oplog_start_replays_what_is_left():
-    rs, client, _ = _lose_history(OnHistoryLost.RESUME_FROM_OPLOG_START)
-    try:
+    with _lost_history(OnHistoryLost.RESUME_FROM_OPLOG_START) as (rs, client, _):
         handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_OPLOG_START)
         with running(rs.uri, [handler]):
-            wait_until(lambda: len(seen) >= 20, what="the surviving oplog entries")
-            time.sleep(0.2)
-        assert seen == [("insert", i) for i in range(20, 40)]
+            wait_until(lambda: ("insert", 39) in seen, what="the surviving oplog entries")
+            # A marker after the last one (written only now: it pushes one entry out of the
+            # window): nothing is replayed twice before it.
+            client.shop.orders.insert_one({"_id": 100})
+            wait_until(lambda: ("insert", 100) in seen, what="the marker")
+        assert seen == [("insert", i) for i in range(20, 40)] + [("insert", 100)]
         audit = checkpoint_doc(client, "shop", "orders")["metadata"]["historyLost"]
         assert audit["strategy"] == "RESUME_FROM_OPLOG_START"
         assert audit["lostFrom"] is not None and audit["lostTo"] is not None
-    finally:
-        client.close()
-        rs.stop()
 
 
 @pytest.mark.embedded_only
 def test_history_lost_resume_from_now_skips_the_gap():
-    rs, client, _ = _lose_history(OnHistoryLost.RESUME_FROM_NOW)
-    try:
+    with _lost_history(OnHistoryLost.RESUME_FROM_NOW) as (rs, client, _):
         handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_NOW)
         with running(rs.uri, [handler]) as connector:
             wait_until(
@@ -100,13 +99,11 @@ def test_history_lost_resume_from_now_skips_the_gap():
             )
             assert connector.status()["orders"].state == StreamState.RUNNING
             client.shop.orders.insert_one({"_id": 100})
-            wait_until(lambda: seen, what="the next event")
+            # What is left of the gap comes before 100 in the stream: it would have arrived first.
+            wait_until(lambda: ("insert", 100) in seen, what="the next event")
         assert seen == [("insert", 100)]
         audit = checkpoint_doc(client, "shop", "orders")["metadata"]["historyLost"]
         assert audit["strategy"] == "RESUME_FROM_NOW"
-    finally:
-        client.close()
-        rs.stop()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -126,46 +123,39 @@ def test_dropped_connections_lose_nothing(rs, client, db_name):
     assert sorted({k for _, k in seen}) == list(range(60))
 
 
-def _fail_getmore(client, times: int, code: int, labels: list[str]) -> None:
-    client.admin.command(
-        "configureFailPoint",
-        "failCommand",
-        mode={"times": times},
-        data={"failCommands": ["getMore"], "errorCode": code, "errorLabels": labels, "appName": "flowwarden"},
-    )
-
-
-def test_resumable_getmore_error_is_resumed_by_the_driver(mongodb_uri, client, db_name):
+def test_resumable_getmore_error_is_resumed_by_the_driver(mongodb_uri, client, db_name, fail_command):
     orders = client[db_name]["orders"]
     handler, seen = recording_handler(db_name)
     with running(mongodb_uri, [handler]) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
-        _fail_getmore(client, 1, 6, ["ResumableChangeStreamError"])  # HostUnreachable
+        # HostUnreachable on the next getMore
+        fail_command(["getMore"], mode={"times": 1}, errorCode=6, errorLabels=["ResumableChangeStreamError"])
         orders.insert_many([{"_id": i} for i in range(10)])
-        wait_until(lambda: len(seen) >= 10, what="10 events")
-        assert connector.status()["orders"].restarts == 0
-    assert seen == [("insert", i) for i in range(10)]
+        wait_until(lambda: ("insert", 9) in seen, what="10 events")
+        # A getMore already waiting when the fail point was set may have brought all ten: the one
+        # bringing this later event comes after it, so by then the fail point has fired.
+        orders.insert_one({"_id": 10})
+        wait_until(lambda: ("insert", 10) in seen, what="the event after them")
+        assert fail_command.off() == 1
+        assert connector.status()["orders"].restarts == 0  # the driver resumed, not the stream
+    assert seen == [("insert", i) for i in range(11)]
 
 
-def test_non_resumable_error_reopens_from_the_checkpoint(mongodb_uri, client, db_name):
+def test_non_resumable_error_reopens_from_the_checkpoint(mongodb_uri, client, db_name, fail_command):
     orders = client[db_name]["orders"]
     handler, seen = recording_handler(
         db_name, stream={"restart_initial_delay_seconds": 0.05, "restart_max_delay_seconds": 0.1}
     )
-    try:
-        with running(mongodb_uri, [handler]) as connector:
-            orders.insert_many([{"_id": i} for i in range(5)])
-            wait_until(lambda: len(seen) >= 5)
-            _fail_getmore(client, 2, 2, [])  # BadValue, no resumable label: the driver gives up
-            # The next getMores fail (a getMore already in flight is past the fail point).
-            wait_until(lambda: connector.status()["orders"].restarts >= 1, what="a restart")
-            orders.insert_many([{"_id": i} for i in range(5, 10)])
-            wait_until(lambda: len({k for _, k in seen}) == 10, what="all events after the restart")
-            wait_until(
-                lambda: connector.status()["orders"].state == StreamState.RUNNING, what="RUNNING again"
-            )
-    finally:
-        client.admin.command("configureFailPoint", "failCommand", mode="off")
+    with running(mongodb_uri, [handler]) as connector:
+        orders.insert_many([{"_id": i} for i in range(5)])
+        wait_until(lambda: len(seen) >= 5)
+        # BadValue, no resumable label: the driver gives up. The next getMores fail (a getMore
+        # already in flight is past the fail point).
+        fail_command(["getMore"], mode={"times": 2}, errorCode=2)
+        wait_until(lambda: connector.status()["orders"].restarts >= 1, what="a restart")
+        orders.insert_many([{"_id": i} for i in range(5, 10)])
+        wait_until(lambda: len({k for _, k in seen}) == 10, what="all events after the restart")
+        wait_until(lambda: connector.status()["orders"].state == StreamState.RUNNING, what="RUNNING again")
     assert sorted({k for _, k in seen}) == list(range(10))
     assert seen[:5] == [("insert", i) for i in range(5)]
 
@@ -334,22 +324,16 @@ def test_undecodable_event_with_stop_fails_before_it(mongodb_uri, client, db_nam
     assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 5
 
 
-def test_a_failing_dead_letter_write_keeps_the_checkpoint_before_the_event(mongodb_uri, client, db_name):
+def test_a_failing_dead_letter_write_keeps_the_checkpoint_before_the_event(
+    mongodb_uri, client, db_name, fail_command
+):
     calls: list[int] = []
     handler = failing_handler(db_name, OnError.DEAD_LETTER, poison=3, calls=calls)
     with running(mongodb_uri, [handler]) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
-        client.admin.command(
-            "configureFailPoint",
-            "failCommand",
-            mode="alwaysOn",
-            data={"failCommands": ["insert"], "errorCode": 2, "appName": "flowwarden"},
-        )
-        try:
-            client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
-            wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
-        finally:
-            client.admin.command("configureFailPoint", "failCommand", mode="off")
+        fail_command(["insert"], mode="alwaysOn", errorCode=2)
+        client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
+        wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
     assert client[db_name]["_fw_dlq"].count_documents({}) == 0
     assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 3
 
@@ -378,7 +362,7 @@ def test_an_outage_longer_than_the_drivers_resume_reopens_and_loses_nothing(rs, 
 # nothing unfinished is ever passed by the lastSeen token
 
 
-def test_a_stop_during_a_batch_retry_leaves_the_batch_to_the_next_run(mongodb_uri, client, db_name):
+def test_a_stop_during_a_batch_retry_leaves_the_batch_to_the_next_run(mongodb_uri, client, db_name, caplog):
     calls: list[list[int]] = []
 
     @change_stream("orders", db_name, name="orders", max_await_time_ms=100)
@@ -393,29 +377,102 @@ def test_a_stop_during_a_batch_retry_leaves_the_batch_to_the_next_run(mongodb_ur
     with running(mongodb_uri, [Failing]):
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
         client[db_name].orders.insert_many([{"_id": i} for i in range(5)])
-        wait_until(lambda: calls, what="the first attempt")
-        time.sleep(0.5)  # now in its 30 s backoff; the stop interrupts it
+        wait_until(
+            lambda: any("(attempt 1 of 3), retrying in" in r.getMessage() for r in caplog.records),
+            what="the first attempt to fail and its backoff (about 30 s) to begin",
+        )
+        # The stop interrupts the backoff.
     again, seen = recording_handler(db_name)
     with running(mongodb_uri, [again]):
         wait_until(lambda: len(seen) >= 5, what="the batch again")
     assert seen[:5] == [("insert", i) for i in range(5)]
 
 
+class _EmptyGetMores(monitoring.CommandListener):
+    """Counts the getMores that came back without events (each gives the stream an empty read)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        pass
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if event.command_name == "getMore" and not event.reply["cursor"]["nextBatch"]:
+            self.count += 1
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
 def test_a_concurrent_handler_failing_under_stop_is_not_passed_by_last_seen(mongodb_uri, client, db_name):
+    """While order 3's handler runs, the read loop goes on: it reads an empty batch whose
+    post-batch token is past 3, and hands a later event to another handler. That token must not
+    become the stream's position; when 3 fails, a restart handles it again."""
+    started: list[int] = []
+    finished: list[int] = []
+    release = threading.Event()
+
     @change_stream("orders", db_name, name="orders", max_concurrency=4, max_await_time_ms=50)
     @checkpoint(save_every_n=1, save_interval_seconds=0.1)
     @retry_policy(max_attempts=1, on_exhausted=OnError.STOP)
     class FailsOnThree:
         @on_change
         def handle(self, event: ChangeEvent) -> None:
-            if event.document_key["_id"] == 3:
-                time.sleep(0.3)  # the read loop goes idle meanwhile
+            key = event.document_key["_id"]
+            started.append(key)
+            if key == 3:
+                release.wait(30)
                 raise ValueError("order 3 is broken")
+            finished.append(key)
 
-    with running(mongodb_uri, [FailsOnThree]) as connector:
-        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
-        client[db_name].orders.insert_many([{"_id": i} for i in range(4)])
-        wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
+    orders = client[db_name].orders
+    empty_reads = _EmptyGetMores()
+
+    async def run() -> Connector:
+        async_client = pymongo.AsyncMongoClient(mongodb_uri, event_listeners=[empty_reads])
+        connector = Connector(async_client, [FailsOnThree])
+        task = asyncio.create_task(connector.run_async())
+        try:
+            await wait_until_async(
+                lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint"
+            )
+            with client.start_session() as session:
+                orders.insert_many([{"_id": i} for i in range(4)], session=session)
+                written = session.operation_time.time
+                await wait_until_async(lambda: 3 in started, what="order 3's handler to start")
+                # Step the server's cluster time into the next second (writes to a collection the
+                # stream does not watch), so that any post-batch token read from now on is
+                # distinguishable from 3's time in status().last_seen_time.
+                probes = client[db_name].clock
+                while True:
+                    probes.insert_one({}, session=session)
+                    if session.operation_time.time > written:
+                        break
+                    await asyncio.sleep(0.02)
+            # Two empty getMores after that: the second one was sent after the probes.
+            reads = empty_reads.count
+            await wait_until_async(lambda: empty_reads.count >= reads + 2, what="two empty reads")
+            # A later event, read after those empty reads: once it is handled, the read loop has
+            # taken the empty reads (3 still running).
+            orders.insert_one({"_id": 4})
+            await wait_until_async(lambda: 4 in finished, what="order 4")
+            assert 3 not in finished
+            # The stream's seen position is still from before the probes: not past 3.
+            last_seen = connector.status()["orders"].last_seen_time
+            assert last_seen is not None and last_seen < datetime.fromtimestamp(written + 1, timezone.utc)
+            release.set()
+            await wait_until_async(
+                lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED"
+            )
+        finally:
+            release.set()
+            connector.stop()
+            await task
+            await async_client.close()
+        return connector
+
+    asyncio.run(run())
     again, seen = recording_handler(db_name)
     with running(mongodb_uri, [again]):
         wait_until(lambda: ("insert", 3) in seen, what="order 3 again")
