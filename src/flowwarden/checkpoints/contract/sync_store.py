@@ -1,102 +1,31 @@
-"""The checkpoint store contract, as importable pytest suites.
-
-Subclass :class:`CheckpointStoreContract` (sync stores) or :class:`AsyncCheckpointStoreContract`
-(async stores) in a test module, name the subclass ``Test...`` and implement ``make_store()``;
-every rule of the store SPI then runs against your store::
-
-    from flowwarden.checkpoints.contract import CheckpointStoreContract
-
-    class TestMyStore(CheckpointStoreContract):
-        def make_store(self):
-            return MyStore(self.backing)   # every call: a new store object on the same data
-
-``make_store()`` is called several times in one test (the racing tests play several application
-instances, one store object each); every store it returns within a test must see the same data,
-and each test must start from empty data (build the backing in an autouse fixture).
-The async suite marks its tests with ``pytest.mark.asyncio``, so it needs pytest-asyncio.
-
-This module needs pytest and is for tests only; nothing in flowwarden imports it.
-"""
+"""The contract of a blocking :class:`~flowwarden.checkpoints.CheckpointStore`, one test per rule."""
 
 from __future__ import annotations
 
 import abc
-import asyncio
 import threading
-from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from collections.abc import Callable
 from functools import partial
 from itertools import pairwise
-from typing import Any, TypeVar
 
 import pytest
 
+from flowwarden.checkpoints.contract.support import (
+    OWNERS,
+    RACE_TIMEOUT_SECONDS,
+    ROUNDS,
+    STREAM,
+    assert_utc,
+    owner_token,
+    processed_data,
+    race,
+    sample_token,
+    seen_data,
+)
 from flowwarden.checkpoints.model import Checkpoint, SaveResult
-from flowwarden.checkpoints.store import AsyncCheckpointStore, CheckpointStore
-from flowwarden.errors import CheckpointError, FencedError, UnreadableCheckpointError
+from flowwarden.checkpoints.store import CheckpointStore
+from flowwarden.errors import FencedError
 from flowwarden.events import token_data, token_datetime
-
-T = TypeVar("T")
-
-STREAM = "orders"
-
-_RACE_TIMEOUT_SECONDS = 60.0
-
-
-def sample_token(seconds: int, increment: int = 1) -> dict[str, Any]:
-    """A resume token shaped like the server's: KeyString cluster time, then the event's key bytes.
-
-    Tokens order by ``(seconds, increment)``, like events in the oplog.
-    """
-    return {"_data": f"82{seconds:08X}{increment:08X}2B042C0100296E5A1004463D2A5F3C4B"}
-
-
-def _processed(checkpoint: Checkpoint | None) -> str | None:
-    if checkpoint is None or checkpoint.last_processed_token is None:
-        return None
-    return token_data(checkpoint.last_processed_token)
-
-
-def _seen(checkpoint: Checkpoint | None) -> str | None:
-    if checkpoint is None or checkpoint.last_seen_token is None:
-        return None
-    return token_data(checkpoint.last_seen_token)
-
-
-def _assert_utc(value: datetime | None) -> None:
-    assert value is not None
-    assert value.tzinfo is not None and value.utcoffset() == timezone.utc.utcoffset(value)
-
-
-def _race(workers: Sequence[Callable[[], T]]) -> list[T | Exception]:
-    """Run the workers in threads released together by a barrier; collect results or errors."""
-    barrier = threading.Barrier(len(workers))
-    results: list[T | Exception | None] = [None] * len(workers)
-
-    def run(index: int) -> None:
-        barrier.wait()
-        try:
-            results[index] = workers[index]()
-        except Exception as exc:
-            results[index] = exc
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(workers))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(_RACE_TIMEOUT_SECONDS)
-        assert not thread.is_alive(), "a racing writer hung"
-    return [result for result in results if result is not None]
-
-
-# Owners racing with epochs: owner e saves tokens (round, e + 1) for round 0.., so within a round
-# the higher epoch has the newer token and the last round of the highest epoch is the newest.
-_OWNERS = 4
-_ROUNDS = 12
-
-
-def _owner_token(round_: int, epoch: int) -> dict[str, Any]:
-    return sample_token(2000 + round_, epoch + 1)
 
 
 class CheckpointStoreContract(abc.ABC):
@@ -140,8 +69,8 @@ class CheckpointStoreContract(abc.ABC):
         assert loaded.events_processed == 12
         assert loaded.epoch == 3
         assert loaded.metadata == metadata
-        _assert_utc(loaded.updated_at)
-        _assert_utc(loaded.last_processed_at)
+        assert_utc(loaded.updated_at)
+        assert_utc(loaded.last_processed_at)
         assert loaded.resume_token == token
 
     def test_a_newer_position_is_stored(self, store: CheckpointStore) -> None:
@@ -233,7 +162,7 @@ class CheckpointStoreContract(abc.ABC):
             store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(102), epoch=1))
         with pytest.raises(FencedError):
             store.save_seen(STREAM, sample_token(103), 1)
-        assert _processed(store.load(STREAM)) == token_data(sample_token(101))
+        assert processed_data(store.load(STREAM)) == token_data(sample_token(101))
 
     def test_an_equal_epoch_keeps_writing(self, store: CheckpointStore) -> None:
         store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), epoch=4))
@@ -263,9 +192,9 @@ class CheckpointStoreContract(abc.ABC):
         store.save_seen(STREAM, sample_token(300), 0)
         assert store.save_seen(STREAM, sample_token(300), 0) is SaveResult.IGNORED
         assert store.save_seen(STREAM, sample_token(299), 0) is SaveResult.IGNORED
-        assert _seen(store.load(STREAM)) == token_data(sample_token(300))
+        assert seen_data(store.load(STREAM)) == token_data(sample_token(300))
         assert store.save_seen(STREAM, sample_token(301), 0) is SaveResult.STORED
-        assert _seen(store.load(STREAM)) == token_data(sample_token(301))
+        assert seen_data(store.load(STREAM)) == token_data(sample_token(301))
 
     def test_save_seen_never_touches_the_processed_position(self, store: CheckpointStore) -> None:
         store.save(
@@ -306,7 +235,7 @@ class CheckpointStoreContract(abc.ABC):
         with pytest.raises(FencedError) as raised:
             store.save_seen(STREAM, sample_token(11), 2)
         assert raised.value.stored_epoch == 3
-        assert _seen(store.load(STREAM)) == token_data(sample_token(10))
+        assert seen_data(store.load(STREAM)) == token_data(sample_token(10))
 
     def test_save_seen_with_a_higher_epoch_takes_over(self, store: CheckpointStore) -> None:
         store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(10), epoch=1))
@@ -432,7 +361,7 @@ class CheckpointStoreContract(abc.ABC):
     def test_racing_first_inserts_leave_one_record_with_the_newest_token(self) -> None:
         stores = [self.make_store() for _ in range(8)]
         tokens = [sample_token(1000, 1 + (i * 5) % 8) for i in range(8)]
-        results = _race(
+        results = race(
             [
                 partial(s.save, Checkpoint(stream_id=STREAM, last_processed_token=t))
                 for s, t in zip(stores, tokens, strict=True)
@@ -443,7 +372,7 @@ class CheckpointStoreContract(abc.ABC):
         assert SaveResult.STORED in results
         records = [c for c in stores[0].list() if c.stream_id == STREAM]
         assert len(records) == 1
-        assert _processed(records[0]) == max(token_data(t) for t in tokens)
+        assert processed_data(records[0]) == max(token_data(t) for t in tokens)
 
     def test_racing_first_save_seen_and_save_leave_one_record_with_both(self) -> None:
         stores = [self.make_store() for _ in range(6)]
@@ -457,15 +386,15 @@ class CheckpointStoreContract(abc.ABC):
                         store.save, Checkpoint(stream_id=STREAM, last_processed_token=sample_token(2000, i))
                     )
                 )
-        results = _race(workers)
+        results = race(workers)
         assert all(isinstance(r, SaveResult) for r in results), results
         records = stores[0].list()
         assert len(records) == 1
-        assert _processed(records[0]) == token_data(sample_token(2000, 4))
-        assert _seen(records[0]) == token_data(sample_token(3000, 5))
+        assert processed_data(records[0]) == token_data(sample_token(2000, 4))
+        assert seen_data(records[0]) == token_data(sample_token(3000, 5))
 
     def test_racing_owners_never_regress_and_the_lower_epochs_get_fenced(self) -> None:
-        stores = [self.make_store() for _ in range(_OWNERS)]
+        stores = [self.make_store() for _ in range(OWNERS)]
         observed: list[tuple[int, str]] = []
         stop = threading.Event()
         observer_store = self.make_store()
@@ -473,19 +402,19 @@ class CheckpointStoreContract(abc.ABC):
         def observe() -> None:
             while not stop.is_set():
                 current = observer_store.load(STREAM)
-                data = _processed(current)
+                data = processed_data(current)
                 if current is not None and data is not None:
                     observed.append((current.epoch, data))
 
         def owner(epoch: int) -> list[SaveResult | FencedError]:
             outcomes: list[SaveResult | FencedError] = []
-            for round_ in range(_ROUNDS):
+            for round_ in range(ROUNDS):
                 try:
                     outcomes.append(
                         stores[epoch].save(
                             Checkpoint(
                                 stream_id=STREAM,
-                                last_processed_token=_owner_token(round_, epoch),
+                                last_processed_token=owner_token(round_, epoch),
                                 epoch=epoch,
                             )
                         )
@@ -497,10 +426,10 @@ class CheckpointStoreContract(abc.ABC):
         observer = threading.Thread(target=observe, daemon=True)
         observer.start()
         try:
-            results = _race([partial(owner, e) for e in range(_OWNERS)])
+            results = race([partial(owner, e) for e in range(OWNERS)])
         finally:
             stop.set()
-            observer.join(_RACE_TIMEOUT_SECONDS)
+            observer.join(RACE_TIMEOUT_SECONDS)
         assert not any(isinstance(r, Exception) for r in results), results
         for epoch, outcomes in enumerate(results):
             assert isinstance(outcomes, list)
@@ -513,301 +442,11 @@ class CheckpointStoreContract(abc.ABC):
         assert not any(isinstance(o, FencedError) for o in top), "the highest epoch was fenced"
         final = stores[0].load(STREAM)
         assert final is not None
-        assert final.epoch == _OWNERS - 1
-        assert final.last_processed_token == _owner_token(_ROUNDS - 1, _OWNERS - 1)
+        assert final.epoch == OWNERS - 1
+        assert final.last_processed_token == owner_token(ROUNDS - 1, OWNERS - 1)
         assert len(stores[0].list()) == 1
         for (e1, d1), (e2, d2) in pairwise(observed):
             assert d2 >= d1, "the stored position went backwards"
             assert e2 >= e1, "the stored epoch went backwards"
         with pytest.raises(FencedError):
             stores[0].save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(9999), epoch=0))
-
-
-class AsyncCheckpointStoreContract(abc.ABC):
-    """Every rule of :class:`~flowwarden.checkpoints.AsyncCheckpointStore`, one test each."""
-
-    pytestmark = [pytest.mark.asyncio]
-
-    @abc.abstractmethod
-    def make_store(self) -> AsyncCheckpointStore:
-        """A store on this test's data; called once per simulated application instance."""
-
-    @pytest.fixture
-    def store(self) -> AsyncCheckpointStore:
-        return self.make_store()
-
-    async def test_load_of_an_unknown_stream_returns_none(self, store: AsyncCheckpointStore) -> None:
-        assert await store.load(STREAM) is None
-        assert await store.list() == []
-
-    async def test_save_then_load_round_trips_every_field(self, store: AsyncCheckpointStore) -> None:
-        token = sample_token(1_700_000_000, 7)
-        metadata = {"schema": 2, "nested": {"ok": True, "tags": ["a", "b"]}}
-        checkpoint = Checkpoint(
-            stream_id=STREAM,
-            instance_id="host-1:42",
-            last_processed_token=token,
-            events_processed=12,
-            epoch=3,
-            metadata=metadata,
-        )
-        assert await store.save(checkpoint) is SaveResult.STORED
-        loaded = await store.load(STREAM)
-        assert loaded is not None
-        assert loaded.instance_id == "host-1:42"
-        assert loaded.last_processed_token == token
-        assert loaded.last_processed_at == token_datetime(token)
-        assert loaded.events_processed == 12
-        assert loaded.epoch == 3
-        assert loaded.metadata == metadata
-        _assert_utc(loaded.updated_at)
-
-    async def test_same_or_older_positions_are_ignored(self, store: AsyncCheckpointStore) -> None:
-        await store.save(
-            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(200), metadata={"v": 1})
-        )
-        before = await store.load(STREAM)
-        for token in (sample_token(200), sample_token(199)):
-            result = await store.save(
-                Checkpoint(stream_id=STREAM, last_processed_token=token, metadata={"v": 2}, epoch=1)
-            )
-            assert result is SaveResult.IGNORED
-        assert await store.load(STREAM) == before
-        assert await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(201))) is (
-            SaveResult.STORED
-        )
-
-    async def test_a_save_without_a_processed_token_is_rejected(self, store: AsyncCheckpointStore) -> None:
-        with pytest.raises(ValueError, match="last_processed_token"):
-            await store.save(Checkpoint(stream_id=STREAM))
-
-    async def test_a_lower_epoch_is_fenced_and_writes_nothing(self, store: AsyncCheckpointStore) -> None:
-        await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), epoch=2))
-        before = await store.load(STREAM)
-        with pytest.raises(FencedError) as raised:
-            await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(900), epoch=1))
-        assert (raised.value.epoch, raised.value.stored_epoch) == (1, 2)
-        with pytest.raises(FencedError):
-            await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), epoch=1))
-        with pytest.raises(FencedError):
-            await store.save_seen(STREAM, sample_token(901), 1)
-        assert await store.load(STREAM) == before
-
-    async def test_a_higher_epoch_takes_over(self, store: AsyncCheckpointStore) -> None:
-        await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), epoch=1))
-        assert await store.save_seen(STREAM, sample_token(150), 2) is SaveResult.STORED
-        with pytest.raises(FencedError):
-            await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(160), epoch=1))
-        loaded = await store.load(STREAM)
-        assert loaded is not None and loaded.epoch == 2
-
-    async def test_save_seen_creates_moves_forward_and_leaves_processed_alone(
-        self, store: AsyncCheckpointStore
-    ) -> None:
-        assert await store.save_seen(STREAM, sample_token(300), 0) is SaveResult.STORED
-        loaded = await store.load(STREAM)
-        assert loaded is not None and loaded.last_processed_token is None
-        assert await store.save_seen(STREAM, sample_token(299), 0) is SaveResult.IGNORED
-        await store.save(
-            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(100), events_processed=3)
-        )
-        assert await store.save_seen(STREAM, sample_token(301), 0) is SaveResult.STORED
-        loaded = await store.load(STREAM)
-        assert loaded is not None
-        assert loaded.last_seen_token == sample_token(301)
-        assert loaded.last_seen_at == token_datetime(sample_token(301))
-        assert loaded.last_processed_token == sample_token(100)
-        assert loaded.events_processed == 3
-        assert loaded.resume_token == sample_token(301)
-
-    async def test_save_never_touches_the_seen_position(self, store: AsyncCheckpointStore) -> None:
-        await store.save_seen(STREAM, sample_token(500), 0)
-        await store.save(
-            Checkpoint(
-                stream_id=STREAM, last_processed_token=sample_token(100), last_seen_token=sample_token(5)
-            )
-        )
-        loaded = await store.load(STREAM)
-        assert loaded is not None and loaded.last_seen_token == sample_token(500)
-
-    async def test_save_batch_end(self, store: AsyncCheckpointStore) -> None:
-        assert await store.save_batch_end(STREAM, sample_token(200), 1) is SaveResult.STORED
-        assert await store.save_batch_end(STREAM, sample_token(199), 1) is SaveResult.IGNORED
-        await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(150), epoch=1))
-        assert await store.save_batch_end(STREAM, sample_token(300), 1) is SaveResult.STORED
-        with pytest.raises(FencedError):
-            await store.save_batch_end(STREAM, sample_token(400), 0)
-        loaded = await store.load(STREAM)
-        assert loaded is not None
-        assert loaded.batch_end_token == sample_token(300)
-        assert loaded.last_processed_token == sample_token(150)
-        assert loaded.pending_batch_end == sample_token(300)
-        await store.rewind(STREAM, sample_token(100))
-        loaded = await store.load(STREAM)
-        assert loaded is not None and loaded.batch_end_token is None
-
-    async def test_delete_and_list(self, store: AsyncCheckpointStore) -> None:
-        for name in ("b", "a", "c"):
-            await store.save(Checkpoint(stream_id=name, last_processed_token=sample_token(1)))
-        assert [c.stream_id for c in await store.list()] == ["a", "b", "c"]
-        assert await store.delete("b") is True
-        assert await store.delete("b") is False
-        assert await store.load("b") is None
-        assert [c.stream_id for c in await store.list()] == ["a", "c"]
-
-    async def test_rewind(self, store: AsyncCheckpointStore) -> None:
-        await store.save(
-            Checkpoint(stream_id=STREAM, last_processed_token=sample_token(500), epoch=4, metadata={"m": 1})
-        )
-        await store.save_seen(STREAM, sample_token(600), 4)
-        await store.rewind(STREAM, sample_token(100))
-        loaded = await store.load(STREAM)
-        assert loaded is not None
-        assert loaded.last_processed_token == sample_token(100)
-        assert loaded.last_seen_token is None
-        assert (loaded.epoch, loaded.metadata) == (4, {"m": 1})
-        await store.rewind(STREAM, None)
-        loaded = await store.load(STREAM)
-        assert loaded is not None and loaded.resume_token is None and loaded.epoch == 4
-        await store.rewind("fresh", None)
-        assert await store.load("fresh") is None
-        await store.rewind("fresh", sample_token(7))
-        fresh = await store.load("fresh")
-        assert fresh is not None and fresh.resume_token == sample_token(7)
-
-    async def test_racing_first_inserts_leave_one_record_with_the_newest_token(self) -> None:
-        stores = [self.make_store() for _ in range(8)]
-        tokens = [sample_token(1000, 1 + (i * 5) % 8) for i in range(8)]
-        results = await asyncio.gather(
-            *(
-                s.save(Checkpoint(stream_id=STREAM, last_processed_token=t))
-                for s, t in zip(stores, tokens, strict=True)
-            ),
-            return_exceptions=True,
-        )
-        assert all(isinstance(r, SaveResult) for r in results), results
-        records = await stores[0].list()
-        assert len(records) == 1
-        assert _processed(records[0]) == max(token_data(t) for t in tokens)
-
-    async def test_racing_owners_never_regress_and_the_lower_epochs_get_fenced(self) -> None:
-        stores = [self.make_store() for _ in range(_OWNERS)]
-        observer_store = self.make_store()
-        observed: list[tuple[int, str]] = []
-        done = asyncio.Event()
-
-        async def observe() -> None:
-            while not done.is_set():
-                current = await observer_store.load(STREAM)
-                data = _processed(current)
-                if current is not None and data is not None:
-                    observed.append((current.epoch, data))
-                await asyncio.sleep(0)
-
-        async def owner(epoch: int) -> list[SaveResult | FencedError]:
-            outcomes: list[SaveResult | FencedError] = []
-            for round_ in range(_ROUNDS):
-                try:
-                    outcomes.append(
-                        await stores[epoch].save(
-                            Checkpoint(
-                                stream_id=STREAM,
-                                last_processed_token=_owner_token(round_, epoch),
-                                epoch=epoch,
-                            )
-                        )
-                    )
-                except FencedError as exc:
-                    outcomes.append(exc)
-            return outcomes
-
-        watcher = asyncio.ensure_future(observe())
-        try:
-            results = await asyncio.wait_for(
-                asyncio.gather(*(owner(e) for e in range(_OWNERS))), _RACE_TIMEOUT_SECONDS
-            )
-        finally:
-            done.set()
-            await watcher
-        for epoch, outcomes in enumerate(results):
-            for outcome in outcomes:
-                if isinstance(outcome, FencedError):
-                    assert outcome.epoch == epoch and outcome.stored_epoch > epoch
-        assert not any(isinstance(o, FencedError) for o in results[-1])
-        final = await stores[0].load(STREAM)
-        assert final is not None
-        assert final.epoch == _OWNERS - 1
-        assert final.last_processed_token == _owner_token(_ROUNDS - 1, _OWNERS - 1)
-        assert len(await stores[0].list()) == 1
-        for (e1, d1), (e2, d2) in pairwise(observed):
-            assert d2 >= d1 and e2 >= e1, "the stored checkpoint went backwards"
-
-
-# Stored records that cannot be checkpoints, as an operator or another program might leave them.
-# Each maps a name to (field, value); the field is set on an otherwise good record.
-DAMAGED_RECORDS: dict[str, tuple[str, Any]] = {
-    "token is not a document": ("lastProcessedToken", "8263A1B2C3"),
-    "token _data is not a string": ("lastProcessedToken", {"_data": 123}),
-    "token _data is not hex": ("lastProcessedToken", {"_data": "82zz00"}),
-    "token _data is too short": ("lastProcessedToken", {"_data": "82"}),
-    "seen token has no cluster time": ("lastSeenToken", {"_data": "0102030405060708090A"}),
-    "epoch is a string": ("epoch", "1"),
-    "events count is a float": ("eventsProcessed", 1.5),
-    "metadata is a list": ("metadata", [1, 2]),
-    "timestamp is a string that is no date": ("lastProcessedTimestamp", "yesterday"),
-}
-
-
-def damaged_record(field: str, value: Any) -> dict[str, Any]:
-    """A stored ``_fw_checkpoints`` document for :data:`STREAM` whose ``field`` holds ``value``."""
-    document = Checkpoint(
-        stream_id=STREAM, last_processed_token=sample_token(1_700_000_000), epoch=1
-    ).to_document()
-    document[field] = value
-    return document
-
-
-class UnreadableRecordContract(abc.ABC):
-    """What a store does with a stored record that cannot be a checkpoint.
-
-    For stores that keep documents (a database, a file): implement :meth:`make_store` and
-    :meth:`write_raw`. ``load`` and ``list`` must raise
-    :class:`~flowwarden.errors.UnreadableCheckpointError` naming the problem instead of
-    returning a guessed position, and the record must stay as it was.
-    """
-
-    @abc.abstractmethod
-    def make_store(self) -> CheckpointStore: ...
-
-    @abc.abstractmethod
-    def write_raw(self, document: dict[str, Any]) -> None:
-        """Store ``document`` as the record of ``document["_id"]``, bypassing every check."""
-
-    @abc.abstractmethod
-    def read_raw(self, stream_id: str) -> Any:
-        """The record stored for ``stream_id`` as the store holds it, for comparison."""
-
-    @pytest.mark.parametrize("damage", sorted(DAMAGED_RECORDS))
-    def test_a_damaged_record_is_refused_and_left_as_it_was(self, damage: str) -> None:
-        store = self.make_store()
-        field, value = DAMAGED_RECORDS[damage]
-        self.write_raw(damaged_record(field, value))
-        before = self.read_raw(STREAM)
-        with pytest.raises(UnreadableCheckpointError) as raised:
-            store.load(STREAM)
-        assert field in str(raised.value)
-        assert issubclass(type(raised.value), CheckpointError)
-        with pytest.raises(UnreadableCheckpointError):
-            store.list()
-        assert self.read_raw(STREAM) == before
-
-
-__all__ = [
-    "DAMAGED_RECORDS",
-    "STREAM",
-    "AsyncCheckpointStoreContract",
-    "CheckpointStoreContract",
-    "UnreadableRecordContract",
-    "damaged_record",
-    "sample_token",
-]
