@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 
 from flowwarden import StartPosition, StreamState, pipeline, token_cluster_time
@@ -37,9 +36,11 @@ def test_restart_after_clean_stop_redelivers_nothing(mongodb_uri, client, db_nam
     orders.insert_many([{"_id": i} for i in range(50, 80)])
     again, seen_again = recording_handler(db_name)
     with running(mongodb_uri, [again]):
-        wait_until(lambda: len(seen_again) >= 30, what="30 new events")
-        time.sleep(0.3)
-    assert seen_again == inserted(range(50, 80))
+        # A marker written after everything else: the stream is in order, so once it arrives any
+        # redelivered event would already have arrived before it.
+        orders.insert_one({"_id": "marker"})
+        wait_until(lambda: ("insert", "marker") in seen_again, what="the marker")
+    assert seen_again == [*inserted(range(50, 80)), ("insert", "marker")]
 
 
 def test_latest_ignores_the_checkpoint(mongodb_uri, client, db_name):
@@ -53,8 +54,9 @@ def test_latest_ignores_the_checkpoint(mongodb_uri, client, db_name):
         # RUNNING means the change stream is open: what is written from now on is delivered.
         wait_until(lambda: connector.status()["orders"].state == StreamState.RUNNING)
         orders.insert_one({"_id": 100})
-        wait_until(lambda: seen, what="the new event")
-        time.sleep(0.2)
+        # The ten written while stopped come before it in the stream: had the stream started at
+        # the checkpoint, they would have arrived first.
+        wait_until(lambda: ("insert", 100) in seen, what="the new event")
     assert seen == inserted([100])
 
 
@@ -69,15 +71,27 @@ def test_earliest_starts_at_the_oldest_oplog_entry(mongodb_uri, client, db_name)
 
 def test_at_time_starts_at_start_at(mongodb_uri, client, db_name):
     orders = client[db_name]["orders"]
-    orders.insert_many([{"_id": i} for i in range(3)])
-    # Cluster times count whole seconds: step into the next second before the cut.
-    time.sleep(1.05 - (time.time() % 1))
-    cut = datetime.now(timezone.utc)
+    with client.start_session() as session:
+        orders.insert_many([{"_id": i} for i in range(3)], session=session)
+        before = session.operation_time
+        # Cluster times count whole seconds (start_at is floored to its second): the cut is the
+        # server's next second, so wait until the server's own clock is there. The probe writes
+        # go to another collection, which the stream does not watch.
+        probes = client[db_name]["clock"]
+
+        def next_second() -> int | None:
+            probes.insert_one({}, session=session)
+            second = int(session.operation_time.time)
+            return second if second > before.time else None
+
+        cut_second = wait_until(next_second, what="the server's cluster time to reach the next second")
+    cut = datetime.fromtimestamp(cut_second, timezone.utc)
     orders.insert_many([{"_id": i} for i in range(3, 6)])
     handler, seen = recording_handler(db_name, start_position=StartPosition.AT_TIME, start_at=cut)
     with running(mongodb_uri, [handler]):
-        wait_until(lambda: len(seen) >= 3, what="events after start_at")
-        time.sleep(0.2)
+        # 0, 1 and 2 come before 3 in the oplog: had the stream started too early, they would
+        # have arrived first.
+        wait_until(lambda: ("insert", 5) in seen, what="the events after start_at")
     assert seen == inserted(range(3, 6))
 
 
