@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import random
+import contextlib
 import threading
 import time
 
@@ -20,48 +20,85 @@ from flowwarden import (
 from .conftest import checkpoint_doc, running, wait_until
 
 
+async def _wait(event: asyncio.Event | threading.Event, deadline: float) -> None:
+    """Wait in a handler for ``event``; give up at ``deadline``, so that a broken build fails the
+    test's assertions instead of hanging it."""
+    timeout = max(0.0, deadline - time.monotonic())
+    if isinstance(event, threading.Event):
+        await asyncio.to_thread(event.wait, timeout)
+        return
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
+
+
 def test_max_concurrency_runs_handlers_side_by_side_and_keeps_per_document_order(
     mongodb_uri, client, db_name
 ):
-    handled: list[tuple[int, int]] = []
+    completed: list[tuple[int, int]] = []
+    running_keys: set[int] = set()
+    overlapping: list[tuple[int, int]] = []
     active = {"now": 0, "peak": 0}
-    lock = threading.Lock()
-    rng = random.Random(7)
+    eight_at_once = asyncio.Event()  # used on the connector's event loop only
+    release_first = threading.Event()
+    deadline = time.monotonic() + 30
 
     @change_stream("orders", db_name, name="orders", max_concurrency=8, max_await_time_ms=50)
     @checkpoint(save_every_n=1, save_interval_seconds=0.1)
     class Concurrent:
         @on_change
         async def handle(self, event: ChangeEvent) -> None:
-            with lock:
-                active["now"] += 1
-                active["peak"] = max(active["peak"], active["now"])
-            await asyncio.sleep(rng.uniform(0, 0.02))  # completions arrive out of order
-            with lock:
-                active["now"] -= 1
-                handled.append((event.document_key["_id"], event.full_document["v"]))
+            key, v = event.document_key["_id"], event.full_document["v"]
+            if key in running_keys:
+                overlapping.append((key, v))
+            running_keys.add(key)
+            active["now"] += 1
+            active["peak"] = max(active["peak"], active["now"])
+            if active["peak"] >= 8:
+                eight_at_once.set()
+            if v == 0 and key < 8:
+                # The first eight events (eight documents) all wait until eight run at once.
+                await _wait(eight_at_once, deadline)
+            if (key, v) == (0, 0):
+                # The very first event finishes only when the test says so: everything of the
+                # other documents can finish before it, nothing of its own document.
+                await _wait(release_first, deadline)
+            active["now"] -= 1
+            running_keys.discard(key)
+            completed.append((key, v))
 
     orders = client[db_name]["orders"]
-    with running(mongodb_uri, [Concurrent]):
-        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
-        orders.insert_many([{"_id": k, "v": 0} for k in range(10)])
-        for v in range(1, 6):
-            for k in range(10):
-                orders.replace_one({"_id": k}, {"v": v})
-        wait_until(lambda: len(handled) == 60, what="60 events")
-        wait_until(
-            lambda: checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 60,
-            what="the checkpoint to reach the last event",
-        )
-    assert active["peak"] > 1
+    with running(mongodb_uri, [Concurrent]) as connector:
+        try:
+            wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+            orders.insert_many([{"_id": k, "v": 0} for k in range(10)])
+            for v in range(1, 6):
+                for k in range(10):
+                    orders.replace_one({"_id": k}, {"v": v})
+            # All 54 events of documents 1-9 finish while the first event of document 0 runs;
+            # the other five of document 0 wait behind it.
+            wait_until(lambda: connector.status()["orders"].events_processed >= 54, what="54 events")
+            assert [(key, v) for key, v in completed if key == 0] == []
+            # They finished out of stream order, yet the checkpoint holds only contiguous
+            # progress: nothing is saved past the unfinished first event.
+            assert checkpoint_doc(client, db_name, "orders").get("lastProcessedToken") is None
+            release_first.set()
+            wait_until(lambda: len(completed) == 60, what="60 events")
+            wait_until(
+                lambda: checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 60,
+                what="the checkpoint to reach the last event",
+            )
+        finally:
+            release_first.set()  # also when the test failed: the stop waits for handlers
+    assert active["peak"] == 8  # eight at once, never more
+    assert overlapping == []  # never two events of one document at once
     for k in range(10):
-        assert [v for key, v in handled if key == k] == [0, 1, 2, 3, 4, 5]
-    # out-of-order completion happened, yet the checkpoint only holds contiguous progress
-    assert [key for key, _ in handled] != sorted(key for key, _ in handled)
+        assert [v for key, v in completed if key == k] == [0, 1, 2, 3, 4, 5]
+    assert completed[-6:] == [(0, v) for v in range(6)]
 
 
 def test_on_batch_delivers_bounded_batches_and_commits_after_return(mongodb_uri, client, db_name):
     batches: list[list[int]] = []
+    saved_before: list[int] = []  # the stored eventsProcessed when each batch was handed over
 
     @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
     @checkpoint(save_every_n=1, save_interval_seconds=0.1)
@@ -69,18 +106,22 @@ def test_on_batch_delivers_bounded_batches_and_commits_after_return(mongodb_uri,
         @on_batch(max_events=40, max_wait_seconds=0.2)
         def handle(self, events: list[ChangeEvent], ctx: StreamContext) -> None:
             assert ctx.stream == "orders"
+            saved_before.append(checkpoint_doc(client, db_name, "orders").get("eventsProcessed", 0))
             batches.append([e.document_key["_id"] for e in events])
 
     orders = client[db_name]["orders"]
     with running(mongodb_uri, [Batches]):
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
         orders.insert_many([{"_id": i} for i in range(100)])
+        # 100 is not a multiple of 40 and nothing is written after the 100th event: they can all
+        # arrive only if a batch smaller than max_events is handed over at its max_wait deadline.
         wait_until(lambda: sum(map(len, batches)) == 100, what="100 events in batches")
         wait_until(lambda: checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 100)
     assert [i for batch in batches for i in batch] == list(range(100))
     assert max(map(len, batches)) <= 40
-    # the trailing partial batch was delivered by the max_wait deadline, not held back
-    assert len(batches[-1]) == 100 % 40 or len(batches) > 3
+    # Each batch was handed over with exactly the batches before it saved: a batch is committed
+    # after its method returned, and before the next one starts.
+    assert saved_before == [sum(map(len, batches[:n])) for n in range(len(batches))]
 
 
 def test_events_without_a_handler_still_advance_the_checkpoint(mongodb_uri, client, db_name):
@@ -113,13 +154,11 @@ def test_save_checkpoint_now_saves_right_after_the_call(mongodb_uri, client, db_
                 ctx.save_checkpoint_now()
 
     orders = client[db_name]["orders"]
-    with running(mongodb_uri, [Eager]):
+    with running(mongodb_uri, [Eager]) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
-        orders.insert_many([{"_id": i} for i in range(4)])
-        doc = wait_until(
-            lambda: (checkpoint_doc(client, db_name, "orders") or {}).get("eventsProcessed", 0) >= 3,
-            what="the requested save",
-        )
-        assert doc
-        time.sleep(0.2)
-        assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 3
+        orders.insert_many([{"_id": i} for i in range(5)])
+        # Once all five are handled, a save asked for by event 2 has been written (the stream
+        # waits for it before the next event), and no other trigger is due for 1000 events or
+        # an hour: the checkpoint is exactly after event 2.
+        wait_until(lambda: connector.status()["orders"].events_processed == 5, what="five events")
+        assert checkpoint_doc(client, db_name, "orders").get("eventsProcessed") == 3
