@@ -151,6 +151,18 @@ def is_io_error(error: BaseException) -> bool:
     return isinstance(error, (CheckpointError, PyMongoError, OSError, asyncio.TimeoutError))
 
 
+def is_retryable_save_error(error: BaseException) -> bool:
+    """Whether the checkpoint committer retries a failed save at its next trigger.
+
+    An error from the store or the network (a :class:`~flowwarden.errors.CheckpointError`, a
+    PyMongo error, an ``OSError`` or a timeout) that :func:`classify` does not call fatal: a
+    fenced write, credentials the server refuses or a checkpoint that cannot be read are never
+    retried. Anything else (TypeError, ValueError, ...) is a bug in the store or in what was
+    saved; retrying cannot fix it, so the committer fails at once.
+    """
+    return is_io_error(error) and not is_fatal(error)
+
+
 __all__ = [
     "FATAL_CODES",
     "TRANSIENT_CODES",
@@ -159,5 +171,6 @@ __all__ = [
     "classify",
     "is_fatal",
     "is_io_error",
+    "is_retryable_save_error",
     "is_transient",
 ]

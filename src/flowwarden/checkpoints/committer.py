@@ -25,6 +25,7 @@ from typing import Any
 
 from flowwarden.checkpoints.model import Checkpoint, SaveResult
 from flowwarden.checkpoints.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore
+from flowwarden.config import CheckpointOptions, validate_options
 from flowwarden.errors import (
     CheckpointSaveFailedError,
     CommitterClosedError,
@@ -32,7 +33,7 @@ from flowwarden.errors import (
     FencedError,
 )
 from flowwarden.events import ResumeToken, token_data
-from flowwarden.failures import is_fatal, is_io_error
+from flowwarden.failures import is_retryable_save_error
 
 logger = logging.getLogger("flowwarden.checkpoints")
 
@@ -40,18 +41,6 @@ SaveErrorCallback = Callable[[BaseException, int], None]
 """``on_save_error(error, consecutive_failures)``: called after every failed save."""
 
 _NEVER = sys.maxsize
-
-
-def is_retryable_save_error(error: BaseException) -> bool:
-    """The rule for which failed saves the committer retries at its next trigger.
-
-    An error from the store or the network (a :class:`~flowwarden.errors.CheckpointError`, a
-    PyMongo error, an ``OSError`` or a timeout) that :func:`flowwarden.failures.classify` does
-    not call fatal: a fenced write, credentials the server refuses or a checkpoint that cannot
-    be read are never retried. Anything else (TypeError, ValueError, ...) is a bug in the store
-    or in what was saved; retrying cannot fix it, so the committer fails at once.
-    """
-    return is_io_error(error) and not is_fatal(error)
 
 
 class CheckpointCommitter:
@@ -97,21 +86,13 @@ class CheckpointCommitter:
         max_consecutive_failures: int = 10,
     ) -> None:
         owner = f"CheckpointCommitter({stream_id!r})"
-        if isinstance(save_every_n, bool) or not isinstance(save_every_n, int) or save_every_n < 0:
-            raise ConfigurationError(
-                "must be an integer >= 0", owner=owner, option="save_every_n", value=save_every_n
-            )
-        if (
-            isinstance(save_interval_seconds, bool)
-            or not isinstance(save_interval_seconds, (int, float))
-            or not save_interval_seconds >= 0
-        ):
-            raise ConfigurationError(
-                "must be a number of seconds >= 0",
-                owner=owner,
-                option="save_interval_seconds",
-                value=save_interval_seconds,
-            )
+        # The two save options mean what they mean in @checkpoint, and are checked by its model.
+        validate_options(
+            CheckpointOptions,
+            owner,
+            {"save_every_n": save_every_n, "save_interval_seconds": save_interval_seconds},
+            label="",
+        )
         if max_consecutive_failures < 1:
             raise ConfigurationError(
                 "must be >= 1", owner=owner, option="max_consecutive_failures", value=max_consecutive_failures
