@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from flowwarden.checkpoints.model import Checkpoint, SaveResult
 from flowwarden.errors import FencedError
@@ -69,32 +70,35 @@ def apply_save_seen(
     current: Checkpoint | None, stream_id: str, token: ResumeToken, epoch: int, now: datetime
 ) -> tuple[SaveResult, Checkpoint]:
     """The record after ``save_seen(stream_id, token, epoch)``, and whether it changed."""
-    token_data(token)
-    check_epoch(current, stream_id, epoch)
-    if current is None:
-        return SaveResult.STORED, Checkpoint(
-            stream_id=stream_id, last_seen_token=dict(token), epoch=epoch, updated_at=now
-        )
-    if not is_newer(token, current.last_seen_token):
-        return SaveResult.IGNORED, current
-    return SaveResult.STORED, replace(
-        current, last_seen_token=dict(token), last_seen_at=None, epoch=epoch, updated_at=now
-    )
+    # last_seen_at=None: the new record derives it from the new token.
+    return _advance(current, stream_id, token, epoch, now, "last_seen_token", last_seen_at=None)
 
 
 def apply_save_batch_end(
     current: Checkpoint | None, stream_id: str, token: ResumeToken, epoch: int, now: datetime
 ) -> tuple[SaveResult, Checkpoint]:
     """The record after ``save_batch_end(stream_id, token, epoch)``, and whether it changed."""
+    return _advance(current, stream_id, token, epoch, now, "batch_end_token")
+
+
+def _advance(
+    current: Checkpoint | None,
+    stream_id: str,
+    token: ResumeToken,
+    epoch: int,
+    now: datetime,
+    slot: str,
+    **also: Any,
+) -> tuple[SaveResult, Checkpoint]:
+    """Move one forward-only token slot (creating the record if missing), fenced by ``epoch``."""
     token_data(token)
     check_epoch(current, stream_id, epoch)
+    changed: dict[str, Any] = {slot: dict(token), "epoch": epoch, "updated_at": now}
     if current is None:
-        return SaveResult.STORED, Checkpoint(
-            stream_id=stream_id, batch_end_token=dict(token), epoch=epoch, updated_at=now
-        )
-    if not is_newer(token, current.batch_end_token):
+        return SaveResult.STORED, Checkpoint(stream_id=stream_id, **changed)
+    if not is_newer(token, getattr(current, slot)):
         return SaveResult.IGNORED, current
-    return SaveResult.STORED, replace(current, batch_end_token=dict(token), epoch=epoch, updated_at=now)
+    return SaveResult.STORED, replace(current, **changed, **also)
 
 
 def apply_rewind(
