@@ -1,35 +1,74 @@
 """A connector process for the crash and signal tests.
 
-    python tests/runtime/worker.py URI DATABASE LOG_FILE SAVE_EVERY_N [single_leader INSTANCE]
+    python tests/runtime/worker.py URI DATABASE LOG_FILE SAVE_EVERY_N
+        [--single-leader INSTANCE] [--handle-seconds SECONDS] [--states STATE_FILE]
 
 Appends one line per handled event ("<instance> <_id>") to LOG_FILE, flushed at once, so the file
 holds every handling that finished even when the process is killed with SIGKILL.
+
+``--single-leader``: run the stream with a lease, as instance INSTANCE (default: every instance
+runs it, as "w"). ``--handle-seconds``: each event takes that long to handle, so that a test can
+kill the process while it is in the middle of what was written. ``--states``: append the stream's
+state to STATE_FILE each time it changes (RUNNING, STANDBY, ...), so a test can wait for it.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import threading
+import time
+from typing import TextIO
 
 from flowwarden import ChangeEvent, Connector, change_stream, checkpoint, on_change
 
 
+def report_states(connector: Connector, out: TextIO) -> None:
+    """Write the stream's state to ``out`` whenever it changes (a daemon thread)."""
+    last = None
+    while True:
+        state = connector.status()["orders"].state.value
+        if state != last:
+            out.write(f"{state}\n")
+            last = state
+        time.sleep(0.01)
+
+
 def main() -> int:
-    uri, database, log_path, save_every_n = sys.argv[1:5]
-    deployment = sys.argv[5] if len(sys.argv) > 5 else "all_instances"
-    instance = sys.argv[6] if len(sys.argv) > 6 else "w"
-    log = open(log_path, "a", buffering=1)  # line-buffered: each write reaches the OS at once
+    parser = argparse.ArgumentParser()
+    parser.add_argument("uri")
+    parser.add_argument("database")
+    parser.add_argument("log")
+    parser.add_argument("save_every_n", type=int)
+    parser.add_argument("--single-leader", metavar="INSTANCE")
+    parser.add_argument("--handle-seconds", type=float, default=0.0)
+    parser.add_argument("--states")
+    args = parser.parse_args()
+    instance = args.single_leader or "w"
+    handle_seconds = args.handle_seconds
+    log = open(args.log, "a", buffering=1)  # line-buffered: each write reaches the OS at once
 
     @change_stream(
-        "orders", database, name="orders", max_await_time_ms=50, deployment=deployment, lease_ttl_seconds=2
+        "orders",
+        args.database,
+        name="orders",
+        max_await_time_ms=50,
+        deployment="single_leader" if args.single_leader else "all_instances",
+        lease_ttl_seconds=2,
     )
-    @checkpoint(save_every_n=int(save_every_n), save_interval_seconds=0.5)
+    @checkpoint(save_every_n=args.save_every_n, save_interval_seconds=0.5)
     class Worker:
         @on_change
         def handle(self, event: ChangeEvent) -> None:
+            if handle_seconds:
+                time.sleep(handle_seconds)
             log.write(f"{instance} {event.document_key['_id']}\n")
 
+    connector = Connector(args.uri, [Worker], instance_id=instance)
+    if args.states:
+        states = open(args.states, "a", buffering=1)
+        threading.Thread(target=report_states, args=(connector, states), daemon=True).start()
     print("ready", flush=True)
-    Connector(uri, [Worker], instance_id=instance).run()
+    connector.run()
     log.close()
     return 0
 
