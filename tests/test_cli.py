@@ -315,5 +315,29 @@ def test_each_exit_code_is_documented_in_the_help_the_module_and_the_readme(caps
     assert re.search(rf"^\|? ?`?{int(code)}`? ", command_line_section(), flags=re.M)
 
 
-def test_demo_without_spark_delivers_every_change_once(tmp_path):
+def test_demo_without_spark_delivers_every_change_once(tmp_path, capsys):
     assert run_demo(events=300, output=str(tmp_path / "demo"), use_spark=False) == 0
+    # two runs of 300 inserts, 100 updates and 30 deletes, each change found by its id
+    assert "ok: every one of 860 changes delivered exactly once" in capsys.readouterr().out
+
+
+def test_the_demo_checks_changes_by_id_so_a_lost_one_is_not_hidden_by_a_repeated_one(
+    tmp_path, capsys, monkeypatch
+):
+    from flowwarden import ChangeEvent, change_stream, demo, on_change
+
+    def losing_one_and_repeating_another(delivered: list) -> type:
+        @change_stream(demo.COLLECTION, demo.DATABASE, name="orders-counter")
+        class LosesTheSecondRepeatsTheFirst:
+            @on_change
+            def record(self, event: ChangeEvent) -> None:
+                change = (event.operation_type, event.document_key["_id"])
+                delivered.append(delivered[0] if len(delivered) == 1 else change)
+
+        return LosesTheSecondRepeatsTheFirst
+
+    monkeypatch.setattr(demo, "_plain_handler", losing_one_and_repeating_another)
+    assert run_demo(events=30, output=str(tmp_path / "demo"), use_spark=False) == 1
+    mismatch = capsys.readouterr().err
+    assert "86 changes written, 86 delivered: 1 never delivered" in mismatch
+    assert "1 delivered more than once or never written" in mismatch
