@@ -85,18 +85,22 @@ class FailCommand:
 
     def __init__(self, client: pymongo.MongoClient[Any]) -> None:
         self._admin = client.admin
+        self._fired_before = 0
 
     def __call__(self, commands: list[str], *, mode: Any, **data: Any) -> None:
-        self._admin.command(
+        reply = self._admin.command(
             "configureFailPoint",
             "failCommand",
             mode=mode,
             data={"failCommands": commands, "appName": "flowwarden", **data},
         )
+        # ``count`` is how often the fail point fired during the server's life so far.
+        self._fired_before = int(reply["count"])
 
     def off(self) -> int:
-        """Switch the fail point off; returns how many times it fired."""
-        return int(self._admin.command("configureFailPoint", "failCommand", mode="off")["count"])
+        """Switch the fail point off; returns how many times it fired since it was set."""
+        reply = self._admin.command("configureFailPoint", "failCommand", mode="off")
+        return int(reply["count"]) - self._fired_before
 
 
 @pytest.fixture
