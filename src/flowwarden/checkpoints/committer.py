@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -66,7 +67,8 @@ class CheckpointCommitter:
     * one save at a time; commits that reach the count during a save wait for it, and one save
       of the frontier they reached covers them all;
     * a failed save keeps the frontier and is retried at the next trigger (timer or count).
-      ``on_save_error`` hears about every failure. After ``max_consecutive_failures`` in a row,
+      ``on_save_error`` hears about every failure (and ``on_saved`` how long each successful
+      write took). After ``max_consecutive_failures`` in a row,
       a FencedError, or an error :func:`is_retryable_save_error` rejects, the committer fails:
       :attr:`failed` resolves to the error and every later commit/flush raises it;
     * ``initial`` (the loaded checkpoint) continues its events count and metadata.
@@ -83,6 +85,7 @@ class CheckpointCommitter:
         instance_id: str | None = None,
         initial: Checkpoint | None = None,
         on_save_error: SaveErrorCallback | None = None,
+        on_saved: Callable[[float], None] | None = None,
         max_consecutive_failures: int = 10,
     ) -> None:
         owner = f"CheckpointCommitter({stream_id!r})"
@@ -117,6 +120,7 @@ class CheckpointCommitter:
         self.max_consecutive_failures = max_consecutive_failures
         self._store = store
         self._on_save_error = on_save_error
+        self._on_saved = on_saved
         self._calls = AwaitableStore(store)
 
         # Gap tracking: _frontier is the highest sequence with every lower one completed;
@@ -243,7 +247,7 @@ class CheckpointCommitter:
                 if self._failure is not None:
                     raise self._failure.with_traceback(None)
                 try:
-                    await self._calls.save_batch_end(self.stream_id, token, self.epoch)
+                    await self._timed(self._calls.save_batch_end(self.stream_id, token, self.epoch))
                 except Exception as exc:
                     self._record_failure(exc)
                     if self._failure is not None and self._failure is not exc:
@@ -525,10 +529,18 @@ class CheckpointCommitter:
             self._record_success()
 
     async def _store_save(self, checkpoint: Checkpoint) -> SaveResult:
-        return await self._calls.save(checkpoint)
+        return await self._timed(self._calls.save(checkpoint))
 
     async def _store_save_seen(self, token: ResumeToken) -> SaveResult:
-        return await self._calls.save_seen(self.stream_id, token, self.epoch)
+        return await self._timed(self._calls.save_seen(self.stream_id, token, self.epoch))
+
+    async def _timed(self, write: Awaitable[SaveResult]) -> SaveResult:
+        """A store write; ``on_saved`` hears how long it took when it succeeds."""
+        began = time.perf_counter()
+        result = await write
+        if self._on_saved is not None:
+            self._on_saved(time.perf_counter() - began)
+        return result
 
     def _record_success(self) -> None:
         self.saves += 1

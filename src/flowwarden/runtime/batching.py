@@ -17,7 +17,6 @@ may take seconds, and the event loop must keep renewing leases and saving heartb
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
@@ -25,9 +24,10 @@ from typing import Any
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import SchemaMode
 from flowwarden.events import ChangeEvent, ResumeToken, token_data
-from flowwarden.runtime.context import StreamContext
+from flowwarden.runtime.context import StreamContext, StreamLog
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
+from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import describe_token
 from flowwarden.spec import StreamSpec
 
@@ -45,7 +45,8 @@ class BatchDelivery:
         ctx: StreamContext,
         spark_provider: Callable[[], Any] | None,
         giving_up: GivingUp,
-        log: logging.Logger,
+        log: StreamLog,
+        metrics: StreamMetrics | None = None,
     ) -> None:
         method = spec.dataframe or spec.batch
         assert method is not None
@@ -62,6 +63,7 @@ class BatchDelivery:
         self._replay_end: str | None = None
         self._giving_up = giving_up
         self.log = log
+        self._metrics = metrics
         self._name = spec.name
 
     async def offer(
@@ -101,16 +103,24 @@ class BatchDelivery:
         last_sequence, last = items[-1][0], items[-1][1]["_id"]
         await committer.flush()
         await committer.save_batch_end(last)
+        outcome = "ok"
         try:
-            dropped = await self._hand_over(items)
+            calls, dropped = await self._hand_over(items)
+            outcome = "ok" if calls == 1 else "retried"
             if dropped:
                 await self._giving_up.park_malformed(dropped)
         except Exhausted as exhausted:
             await self._giving_up.give_up(
                 [change for _, change in items], exhausted.error, exhausted.attempts
             )
+            outcome = ""  # counted by giving_up
         except Interrupted:
             return 0
+        if self._metrics is not None:
+            self._metrics.batch_events.observe(len(items))
+            if outcome:
+                for _, change in items:
+                    self._metrics.handled(str(change.get("operationType", "")), outcome)
         await committer.commit_through(last_sequence, last)
         if self._ctx.take_save_request():
             await committer.flush()
@@ -161,19 +171,18 @@ class BatchDelivery:
             self._replay_end = None
         return items
 
-    async def _hand_over(self, items: list[Item]) -> list[tuple[MutableMapping[str, Any], Any]]:
+    async def _hand_over(self, items: list[Item]) -> tuple[int, list[tuple[MutableMapping[str, Any], Any]]]:
         """Hand the batch to the method (with its retry policy).
 
-        Returns the events a DROPMALFORMED DataFrame conversion left out, each with its
-        ``MalformedRow`` (field and error), for the caller to dead-letter; raises
+        Returns the calls it took, and the events a DROPMALFORMED DataFrame conversion left out,
+        each with its ``MalformedRow`` (field and error), for the caller to dead-letter; raises
         :class:`Exhausted` when the batch failed for good. An event of a DataFrame batch whose
         BSON cannot be decoded is given up on alone (on_exhausted at once: decoding again cannot
         help), and the rest of the batch is converted without it.
         """
         self._ctx.batch_id = str(items[0][1]["_id"]["_data"])
         if not self._dataframe:
-            await self._invoker([ChangeEvent(change) for _, change in items])
-            return []
+            return await self._invoker([ChangeEvent(change) for _, change in items]), []
         from flowwarden.spark import events_to_dataframe
         from flowwarden.spark.arrow import UndecodableEventError
 
@@ -193,10 +202,10 @@ class BatchDelivery:
                 await self._giving_up.undecodable(raws[error.index], error, in_batch=True)
                 del raws[error.index]
                 if not raws:
-                    return []
+                    return 1, []
             except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
                 raise Exhausted(error, 1) from error
-        await self._invoker(frame)
+        calls = await self._invoker(frame)
         if self._mode != SchemaMode.DROPMALFORMED:
-            return []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
-        return [(raws[m.index], m) for m in malformed]
+            return calls, []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
+        return calls, [(raws[m.index], m) for m in malformed]

@@ -26,10 +26,12 @@ from flowwarden.positions import maybe_await, reachable
 from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.lease import LOCKS_COLLECTION
+from flowwarden.runtime.metrics import COLLECTOR, StreamMetrics
+from flowwarden.runtime.observability import Observability
 from flowwarden.runtime.status import StreamState, StreamStatus
 from flowwarden.runtime.stream import StreamRunner
 
-log = logging.getLogger("flowwarden.connector")
+log = logging.getLogger(__name__)
 
 DEFAULT_CHECKPOINT_DATABASE = "flowwarden"
 _CLOSE_TIMEOUT_SECONDS = 2.0
@@ -57,6 +59,10 @@ class Connector:
     (:meth:`run_async`). ``checkpoint_store`` applies to every handler without its own
     ``@checkpoint(store=...)``; by default checkpoints live in ``_fw_checkpoints`` of the stream's
     database (``checkpoint_database`` for cluster streams).
+
+    ``metrics_port`` serves ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` on
+    ``metrics_host`` (127.0.0.1 by default; 0 picks a free port, see :attr:`metrics_address`).
+    ``progress_interval`` (seconds, 0 for none) logs one INFO progress line per stream.
     """
 
     def __init__(
@@ -71,6 +77,9 @@ class Connector:
         spark_master: str = "local[*]",
         spark_app_name: str = "flowwarden",
         spark_conf: Mapping[str, str] | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        progress_interval: float = 30.0,
     ) -> None:
         if isinstance(uri_or_client, str):
             self._uri: str | None = uri_or_client
@@ -106,6 +115,12 @@ class Connector:
         self._started = threading.Event()
         self._thread_error: BaseException | None = None
         self._stop_requested = False
+        self._observability = Observability(
+            self.runners,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+            progress_interval=progress_interval,
+        )
 
     # ------------------------------------------------------------------------------------------
     # running
@@ -144,7 +159,12 @@ class Connector:
         self._stop_event = asyncio.Event()
         if self._stop_requested:
             self._stop_event.set()
+        observability = self._observability
+        observability.serve()
+        if observability.exports_metrics:
+            COLLECTOR.add(self)
         client = self._given_client or _make_client(self._uri)
+        watching = asyncio.create_task(observability.run(client), name="flowwarden-observability")
         try:
             self._runners = [self._runner(spec, client) for spec in self.specs]
             log.info(
@@ -168,6 +188,10 @@ class Connector:
             stopper.cancel()
         finally:
             self._started.set()
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            COLLECTOR.discard(self)
+            observability.close()
             if self._given_client is None:
                 await _close_client(client)
         errors = self.stream_errors()
@@ -274,6 +298,21 @@ class Connector:
             }
         return {runner.name: runner.status() for runner in self._runners}
 
+    def runners(self) -> list[StreamRunner]:
+        """The running streams (empty before :meth:`run_async` started them)."""
+        return list(self._runners)
+
+    @property
+    def oplog_window_hours(self) -> float | None:
+        """Hours between the oldest and the newest oplog entry, when metrics are served and the
+        deployment lets the oplog be read."""
+        return self._observability.oplog_window_hours
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` of ``/metrics`` while it is served, else None."""
+        return self._observability.address
+
     def stream_errors(self) -> dict[str, BaseException]:
         """The error that ended each stream that did not stop gracefully: FAILED, or stopped by
         an invalidate (its namespace was dropped or renamed)."""
@@ -304,6 +343,7 @@ class Connector:
             locks_collection=db[LOCKS_COLLECTION],
             dead_letters=dead_letters,
             spark_provider=self._spark_session if spec.dataframe is not None else None,
+            metrics=StreamMetrics() if self._observability.exports_metrics else None,
         )
 
     def _spark_session(self) -> Any:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+StreamLog = logging.Logger | logging.LoggerAdapter[logging.Logger]
+"""A stream's logger: module loggers wrapped to put the stream's name on every record."""
+
 
 @dataclass
 class StreamContext:
@@ -15,7 +18,7 @@ class StreamContext:
     """
 
     stream: str
-    logger: logging.Logger
+    logger: StreamLog
     attempt: int = 1
     batch_id: str | None = None
     """For ``@on_batch``/``@on_dataframe`` calls: the ``_data`` of the batch's first event token.

@@ -12,7 +12,6 @@ failed committer, a failed handler task).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from datetime import datetime
 from typing import Any
@@ -27,9 +26,10 @@ from flowwarden.config import OnInvalidate
 from flowwarden.errors import StreamInvalidatedError
 from flowwarden.events import ChangeEvent, token_datetime
 from flowwarden.runtime.batching import BatchDelivery
-from flowwarden.runtime.context import StreamContext
+from flowwarden.runtime.context import StreamContext, StreamLog
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
+from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener
 from flowwarden.runtime.read_ahead import EmptyRead, FailedRead, ReadAhead
 from flowwarden.runtime.scheduling import KeyedScheduler
@@ -59,9 +59,11 @@ class EventDispatch:
         giving_up: GivingUp,
         stopping: asyncio.Event,
         spark_provider: Callable[[], Any] | None,
-        log: logging.Logger,
+        log: StreamLog,
+        metrics: StreamMetrics | None = None,
     ) -> None:
         self.spec = spec
+        self.metrics = metrics
         self.name = spec.name
         self.log = log
         self._opener = opener
@@ -81,6 +83,7 @@ class EventDispatch:
                 spark_provider=spark_provider,
                 giving_up=giving_up,
                 log=log,
+                metrics=metrics,
             )
         else:
             for operation, method in spec.event_handlers.items():
@@ -104,6 +107,7 @@ class EventDispatch:
             stopping=self._stopping,
             # Batch methods may run for seconds (Spark jobs): keep the loop free for heartbeats.
             threaded=self._concurrency > 1 or method.kind != "event",
+            observe=self.metrics.call_took if self.metrics is not None else None,
         )
 
     def _set_halt(self) -> None:
@@ -138,6 +142,7 @@ class EventDispatch:
         invokers = self._invokers
         fallback = self._fallback
         ctx = self.ctx
+        metrics = self.metrics
         inline = batch is None and self._scheduler is None
         items = reader.items
         read_once = False
@@ -183,6 +188,8 @@ class EventDispatch:
                     if save is not None:
                         await save
                     self.events_processed += 1
+                    if metrics is not None:
+                        metrics.handled(operation, "ok")
                     if ctx.save_requested:
                         ctx.save_requested = False
                         await committer.flush()
@@ -246,20 +253,26 @@ class EventDispatch:
 
         ``first_error``: the first attempt already ran inline and failed with it.
         """
-        invoker = self._invokers.get(change.get("operationType", ""), self._fallback)
+        operation = change.get("operationType", "")
+        invoker = self._invokers.get(operation, self._fallback)
         token = change["_id"]
+        outcome = "ok"
         if invoker is not None:
             try:
                 if first_error is None:
-                    await invoker(ChangeEvent(change))
+                    calls = await invoker(ChangeEvent(change))
                 else:
-                    await invoker.retry(ChangeEvent(change), first_error)
+                    calls = await invoker.retry(ChangeEvent(change), first_error)
+                outcome = "ok" if calls == 1 else "retried"
             except Exhausted as exhausted:
                 await self._giving_up.give_up([change], exhausted.error, exhausted.attempts)
+                outcome = ""  # counted by giving_up
             except Interrupted:
                 return  # stopping: this event stays unfinished, the checkpoint stays before it
         await committer.commit(sequence, token)
         self.events_processed += 1
+        if self.metrics is not None and outcome:
+            self.metrics.handled(operation, outcome)
         if self.ctx.take_save_request():
             await committer.flush()
 

@@ -9,7 +9,6 @@ up on counts in :attr:`GivingUp.failed`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -20,29 +19,46 @@ from pymongo.errors import PyMongoError
 
 from flowwarden.config import OnError
 from flowwarden.errors import HandlerError, SchemaMismatchError
+from flowwarden.runtime.context import StreamLog
 from flowwarden.runtime.dead_letter import DeadLetterWriter
+from flowwarden.runtime.metrics import StreamMetrics
 
 
 class GivingUp:
     """Applies one stream's ``on_exhausted`` and counts the events it gave up on."""
 
     def __init__(
-        self, name: str, policy: OnError, dead_letters: DeadLetterWriter | None, log: logging.Logger
+        self,
+        name: str,
+        policy: OnError,
+        dead_letters: DeadLetterWriter | None,
+        log: StreamLog,
+        metrics: StreamMetrics | None = None,
     ) -> None:
         self.name = name
         self._policy = policy
         self._dead_letters = dead_letters
         self.log = log
         self.failed = 0
+        self._metrics = metrics
+
+    def _count(self, changes: list[Mapping[str, Any]], outcome: str) -> None:
+        self.failed += len(changes)
+        if self._metrics is not None:
+            for change in changes:
+                self._metrics.handled(str(change.get("operationType", "")), outcome)
+            if outcome == "dead_lettered":
+                self._metrics.dead_letters += len(changes)
 
     async def give_up(self, changes: list[Mapping[str, Any]], error: BaseException, attempts: int) -> None:
         """Returns when the events may count as finished (skipped or dead-lettered); raises
         HandlerError when the stream must stop with the checkpoint still before them."""
         token = plain_token(changes[0].get("_id")) if changes else None
-        self.failed += len(changes)
         if self._policy == OnError.STOP:
+            self._count(changes, "failed")
             raise HandlerError(self.name, token=token, attempts=attempts, cause=error) from error
         if self._policy == OnError.SKIP:
+            self._count(changes, "skipped")
             self.log.warning(
                 "stream %s: skipping %d event(s) from %r after %d attempt(s): %s: %s",
                 self.name,
@@ -60,7 +76,9 @@ class GivingUp:
                     stream=self.name, event=change, token=change.get("_id"), error=error, attempts=attempts
                 )
         except PyMongoError as dlq_error:
+            self._count(changes, "failed")
             raise HandlerError(self.name, token=token, attempts=attempts, cause=error) from dlq_error
+        self._count(changes, "dead_lettered")
         self.log.warning(
             "stream %s: %d event(s) from %r dead-lettered after %d attempt(s): %s",
             self.name,
@@ -73,7 +91,6 @@ class GivingUp:
     async def park_malformed(self, dropped: list[tuple[MutableMapping[str, Any], Any]]) -> None:
         """Dead-letter the events DROPMALFORMED left out of a DataFrame; they count as failed."""
         assert self._dead_letters is not None
-        self.failed += len(dropped)
         for change, row in dropped:
             error = SchemaMismatchError(field=row.field, token=row.token, index=row.index, reason=row.error)
             try:
@@ -81,9 +98,11 @@ class GivingUp:
                     stream=self.name, event=change, token=change.get("_id"), error=error, attempts=1
                 )
             except PyMongoError as dlq_error:
+                self._count([change], "failed")
                 raise HandlerError(
                     self.name, token=plain_token(change.get("_id")), attempts=1, cause=error
                 ) from dlq_error
+        self._count([change for change, _ in dropped], "dead_lettered")
         self.log.warning(
             "stream %s: %d event(s) did not fit the DataFrame schema and were dead-lettered",
             self.name,

@@ -8,6 +8,7 @@ and ``BaseException``s that are not ``Exception`` (KeyboardInterrupt, SystemExit
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,8 +47,10 @@ class Invoker:
         policy: RetryPolicy,
         stopping: asyncio.Event,
         threaded: bool,
+        observe: Callable[[float], None] | None = None,
     ) -> None:
         self._bound = bound
+        self._observe = observe
         self._wants_ctx = wants_ctx
         self._ctx = ctx
         self._policy = policy
@@ -69,6 +72,8 @@ class Invoker:
         Returns None on success, else the error, for :meth:`retry` to take over.
         """
         self._ctx.attempt = 1
+        observe = self._observe
+        began = time.perf_counter() if observe is not None else 0.0
         try:
             if self._wants_ctx:
                 self._bound(arg, self._ctx)
@@ -76,33 +81,45 @@ class Invoker:
                 self._bound(arg)
         except Exception as error:  # handed to retry(), which applies the policy's rule
             return error
+        finally:
+            if observe is not None:
+                observe(time.perf_counter() - began)
         return None
 
-    async def __call__(self, arg: Any) -> None:
-        """Call until success; raise :class:`Exhausted` or :class:`Interrupted` otherwise."""
+    async def __call__(self, arg: Any) -> int:
+        """Call until success and return how many calls it took; raise :class:`Exhausted` or
+        :class:`Interrupted` otherwise."""
         if self.inline:
             error = self.call_inline(arg)
             if error is not None:
-                await self.retry(arg, error)
-            return
-        await self._attempts(arg, 1)
+                return await self.retry(arg, error)
+            return 1
+        return await self._attempts(arg, 1)
 
-    async def retry(self, arg: Any, error: BaseException) -> None:
-        """Go on after a failed first attempt, under the retry policy."""
+    async def retry(self, arg: Any, error: BaseException) -> int:
+        """Go on after a failed first attempt, under the retry policy; the calls it took in all."""
         await self._backoff_or_give_up(error, 1)
-        await self._attempts(arg, 2)
+        return await self._attempts(arg, 2)
 
-    async def _attempts(self, arg: Any, attempt: int) -> None:
+    async def _attempts(self, arg: Any, attempt: int) -> int:
         while True:
             self._ctx.attempt = attempt
+            began = time.perf_counter()
             try:
                 result = self._call_once(arg)
                 if not self.inline:
                     await result
-                return
             except Exception as error:  # the retry rule is RetryPolicy.should_retry(), below
+                self._took(began)
                 await self._backoff_or_give_up(error, attempt)
                 attempt += 1
+                continue
+            self._took(began)
+            return attempt
+
+    def _took(self, began: float) -> None:
+        if self._observe is not None:
+            self._observe(time.perf_counter() - began)
 
     async def _backoff_or_give_up(self, error: BaseException, attempt: int) -> None:
         policy = self._policy

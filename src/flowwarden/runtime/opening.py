@@ -17,7 +17,6 @@ Nothing here reads events or handles them; :class:`~flowwarden.runtime.stream.St
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -41,6 +40,7 @@ from flowwarden.positions import (
     refused_position,
     server_cluster_time,
 )
+from flowwarden.runtime.context import StreamLog
 from flowwarden.spec import StreamSpec
 
 INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
@@ -62,7 +62,7 @@ class StreamOpener:
         client: Any,
         store: AwaitableStore,
         instance_id: str,
-        log: logging.Logger,
+        log: StreamLog,
         batch_wait_seconds: float | None,
     ) -> None:
         self.spec = spec
@@ -91,7 +91,13 @@ class StreamOpener:
         forced, self.forced_start = self.forced_start, None
         if forced is not None:
             if "start_after" in forced:
-                return forced, False  # just after an invalidate event, which the committer holds
+                # Just after an invalidate event, which the committer holds.
+                self.log.info(
+                    "stream %s: opening after the invalidate event %s (on_invalidate=restart)",
+                    self.name,
+                    describe_token(forced["start_after"]),
+                )
+                return forced, False
             return {"resume_after": await self._token_of(forced)}, True
         options = self.spec.checkpoint
         position = options.start_position
@@ -101,7 +107,14 @@ class StreamOpener:
             await self._check_stored(stored)
             assert checkpoint is not None
             self.replay_end = checkpoint.pending_batch_end
+            self.log.info("stream %s: opening after %s", self.name, _why_stored(checkpoint))
             return {"resume_after": stored}, False
+        if ignore_checkpoint and checkpoint is not None and checkpoint.resume_token is not None:
+            self.log.info(
+                "stream %s: start_position LATEST: the stored position (%s) is ignored at process start",
+                self.name,
+                describe_token(checkpoint.resume_token),
+            )
         start: dict[str, Any] = {}
         if position == StartPosition.EARLIEST:
             oldest = await oplog_edge_async(self._client, 1)
@@ -299,8 +312,27 @@ class StreamOpener:
                 metadata={**metadata, "historyLost": self.history_audit},
             )
         )
-        self.log.info("stream %s: history-lost audit entry saved (%s)", self.name, saved)
+        self.log.info(
+            "stream %s: history lost, strategy %s: opened at %s, stored with the audit entry (%s)",
+            self.name,
+            self.history_audit["strategy"],
+            describe_token(token),
+            saved.value,
+        )
         self.history_audit = None
+
+
+def _why_stored(checkpoint: Checkpoint) -> str:
+    """Which stored token a stream resumes after, and why that one."""
+    processed, seen = checkpoint.last_processed_token, checkpoint.last_seen_token
+    if seen is not None and checkpoint.resume_token == seen:
+        if processed is None:
+            return f"lastSeen {describe_token(seen)} (stored when the stream first opened or last idled)"
+        return f"lastSeen {describe_token(seen)}, newer than lastProcessed {describe_token(processed)}"
+    extra = f", {checkpoint.events_processed} events processed so far"
+    if checkpoint.pending_batch_end is not None:
+        extra += f"; the next batch is formed again up to {describe_token(checkpoint.pending_batch_end)}"
+    return f"lastProcessed {describe_token(processed)}{extra}"
 
 
 def describe_token(token: Mapping[str, Any] | None) -> str:

@@ -11,7 +11,6 @@ naming both instances, when another one writes it.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from pymongo.errors import PyMongoError
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Deployment
+from flowwarden.runtime.context import StreamLog
 from flowwarden.runtime.lease import LeaseManager
 from flowwarden.spec import StreamSpec
 
@@ -34,7 +34,7 @@ class Ownership:
         locks_collection: Any,
         store: AwaitableStore,
         instance_id: str,
-        log: logging.Logger,
+        log: StreamLog,
         stopping: asyncio.Event,
     ) -> None:
         self.name = spec.name

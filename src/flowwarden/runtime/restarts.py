@@ -10,19 +10,19 @@ reads (:meth:`Restarts.reset`), so only errors that keep a stream from reading a
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
 from flowwarden.config import ChangeStreamOptions
 from flowwarden.errors import RestartsExhaustedError
 from flowwarden.failures import Failure, classify
+from flowwarden.runtime.context import StreamLog
 
 
 class Restarts:
     """One stream's restart rule and counters."""
 
     def __init__(
-        self, name: str, options: ChangeStreamOptions, log: logging.Logger, stopping: asyncio.Event
+        self, name: str, options: ChangeStreamOptions, log: StreamLog, stopping: asyncio.Event
     ) -> None:
         self.name = name
         self._options = options

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ from flowwarden.positions import HISTORY_LOST, reachable, refused_position
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch, Invalidated, Reopen
 from flowwarden.runtime.exhausted import GivingUp
+from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.runtime.ownership import Ownership
 from flowwarden.runtime.read_ahead import ReadAhead
@@ -81,6 +83,7 @@ class StreamRunner:
         dead_letters: DeadLetterWriter | None,
         spark_provider: Callable[[], Any] | None = None,
         logger: logging.Logger | None = None,
+        metrics: StreamMetrics | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -88,7 +91,9 @@ class StreamRunner:
         self._store = store
         self._instance_id = instance_id
         self._spark_provider = spark_provider
-        self.log = logger or logging.getLogger(f"flowwarden.stream.{spec.name}")
+        # Log records carry the stream's name (the JSON log format shows it as a field of its own).
+        self.log = logging.LoggerAdapter(logger or logging.getLogger(__name__), {"stream": spec.name})
+        self.metrics = metrics
         self._stopping = asyncio.Event()
         self._ownership = Ownership(
             spec,
@@ -98,7 +103,7 @@ class StreamRunner:
             log=self.log,
             stopping=self._stopping,
         )
-        self._giving_up = GivingUp(self.name, spec.retry.on_exhausted, dead_letters, self.log)
+        self._giving_up = GivingUp(self.name, spec.retry.on_exhausted, dead_letters, self.log, metrics)
         batch_method = spec.batch or spec.dataframe
         self._opener = StreamOpener(
             spec,
@@ -115,6 +120,7 @@ class StreamRunner:
             stopping=self._stopping,
             spark_provider=spark_provider,
             log=self.log,
+            metrics=metrics,
         )
         self._restarts = Restarts(self.name, spec.stream, self.log, self._stopping)
         self._reader: ReadAhead | None = None
@@ -126,6 +132,8 @@ class StreamRunner:
         self.error: BaseException | None = None
         self._committer: CheckpointCommitter | None = None
         self._last_processed_time: datetime | None = None
+        self.opened: tuple[float, int] | None = None
+        """When (``time.monotonic()``) the stream last opened, and its events count then."""
         if self._dispatch.batch is not None and not hasattr(store.store, "save_batch_end"):
             raise ConfigurationError(
                 f"{type(store.store).__name__} has no save_batch_end(stream_id, token, epoch), which "
@@ -156,6 +164,11 @@ class StreamRunner:
         leave the status saying RUNNING while a stop waits for it."""
         if self.state not in (StreamState.STOPPED, StreamState.FAILED):
             self.state = StreamState.STOPPING
+
+    @property
+    def holds_lease(self) -> bool:
+        """Whether this instance holds the stream's single-leader lease right now."""
+        return self._ownership.epoch is not None and not self._ownership.lost
 
     @property
     def events_processed(self) -> int:
@@ -250,8 +263,12 @@ class StreamRunner:
             if self.error is None:
                 self.reason = self.reason or "stopped"
                 self.log.info(
-                    "stream %s stopped gracefully; checkpoint saved at %s", self.name, self._describe_saved()
+                    "stream %s stopped gracefully; checkpoint saved at %s", self.name, self.saved_position()
                 )
+
+    def _save_failed(self, error: BaseException, failures: int) -> None:
+        if self.metrics is not None:
+            self.metrics.save_failed()
 
     def _standing_by(self, error: str | None) -> None:
         self.state = StreamState.STANDBY
@@ -293,7 +310,8 @@ class StreamRunner:
         the client already knows no server it could write to."""
         return _STOP_IO_TIMEOUT_SECONDS if reachable(self._client) else 0.2
 
-    def _describe_saved(self) -> str:
+    def saved_position(self) -> str:
+        """The position this run saved last, for a log line."""
         committer = self._committer
         if committer is None:
             return "no position (never opened)"
@@ -364,6 +382,8 @@ class StreamRunner:
             epoch=epoch if epoch is not None else (checkpoint.epoch if checkpoint else 0),
             instance_id=self._instance_id,
             initial=checkpoint,
+            on_saved=self.metrics.saved if self.metrics is not None else None,
+            on_save_error=self._save_failed if self.metrics is not None else None,
         )
         self._committer = committer
         opener = self._opener
@@ -371,6 +391,7 @@ class StreamRunner:
             if opener.history_audit is not None:
                 committer.set_metadata("historyLost", opener.history_audit)
             self._dispatch.events_processed = checkpoint.events_processed if checkpoint else 0
+            self.opened = (time.monotonic(), self._dispatch.events_processed)
             if checkpoint is not None:
                 self._last_processed_time = checkpoint.last_processed_at
                 self._dispatch.last_seen_time = checkpoint.last_seen_at

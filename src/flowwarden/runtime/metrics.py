@@ -1,0 +1,271 @@
+"""What the connector tells Prometheus, and its health probes.
+
+Each stream counts into a :class:`StreamMetrics`: plain integers and bucket lists that only the
+stream's event loop writes, so counting costs the hot path a dict update and no lock. A
+scrape reads them (and the streams' status) from the HTTP server's thread through one collector
+registered in ``prometheus_client.REGISTRY``; handler code adds its own metrics to that same
+registry (``prometheus_client.Counter(...)`` registers there by default) and they are served
+beside flowwarden's.
+
+:class:`MetricsServer` serves, on 127.0.0.1 unless told otherwise:
+
+- ``/metrics``: the registry in the Prometheus text format;
+- ``/healthz``: 200 while the connector's event loop turns (a handler holding the loop makes it
+  fail), 503 otherwise;
+- ``/readyz``: 200 when every stream is RUNNING, else 503 with a JSON body naming the streams that
+  are not and their state.
+
+Every flowwarden metric is named ``flowwarden_*`` and labelled by ``stream``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from flowwarden.runtime.status import StreamState
+
+if TYPE_CHECKING:
+    from flowwarden.runtime.stream import StreamRunner
+
+# Seconds: a sync handler's call takes microseconds, a DataFrame batch's seconds.
+DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+BATCH_BUCKETS = (1, 10, 100, 1000, 10_000, 100_000)
+SAVE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+OUTCOMES = ("ok", "retried", "skipped", "dead_lettered", "failed")
+# /healthz fails when the event loop has not turned for this long.
+STALL_SECONDS = 10.0
+
+
+class Buckets:
+    """A histogram's state: counts per upper bound (the last one +Inf), the sum, the count."""
+
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        buckets, running = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            running += count
+            buckets.append((bound, float(running)))
+        return buckets
+
+
+class StreamMetrics:
+    """One stream's counters and histograms; written only on the stream's event loop."""
+
+    def __init__(self) -> None:
+        self.events: dict[tuple[str, str], int] = {}
+        """(operation type, outcome) -> events."""
+        self.handler_seconds = Buckets(DURATION_BUCKETS)
+        self.batch_events = Buckets(BATCH_BUCKETS)
+        self.save_seconds = Buckets(SAVE_BUCKETS)
+        self.saves = 0
+        self.save_failures = 0
+        self.dead_letters = 0
+
+    def handled(self, operation: str, outcome: str, count: int = 1) -> None:
+        key = (operation, outcome)
+        self.events[key] = self.events.get(key, 0) + count
+
+    def call_took(self, seconds: float) -> None:
+        self.handler_seconds.observe(seconds)
+
+    def saved(self, seconds: float) -> None:
+        self.saves += 1
+        self.save_seconds.observe(seconds)
+
+    def save_failed(self) -> None:
+        self.save_failures += 1
+
+
+class FlowwardenCollector:
+    """The one collector of this process's connectors (registered once in REGISTRY)."""
+
+    def __init__(self) -> None:
+        self._connectors: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def add(self, connector: Any) -> None:
+        self._connectors.add(connector)
+
+    def discard(self, connector: Any) -> None:
+        self._connectors.discard(connector)
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names come and go with connectors; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        runners: list[StreamRunner] = [r for c in list(self._connectors) for r in c.runners()]
+        oplog_hours = [h for c in list(self._connectors) if (h := c.oplog_window_hours) is not None]
+        yield from _families(runners)
+        if oplog_hours:
+            window = GaugeMetricFamily(
+                "flowwarden_oplog_window_hours", "Hours between the oldest and the newest oplog entry."
+            )
+            window.add_metric([], oplog_hours[-1])
+            yield window
+
+
+def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
+    events = CounterMetricFamily(
+        "flowwarden_events",
+        "Events handled, by operation type and outcome (ok, retried, skipped, dead_lettered, failed).",
+        labels=["stream", "operation", "outcome"],
+    )
+    durations = HistogramMetricFamily(
+        "flowwarden_handler_duration_seconds", "Seconds one handler call took.", labels=["stream"]
+    )
+    batches = HistogramMetricFamily(
+        "flowwarden_batch_events", "Events per batch handed to @on_batch/@on_dataframe.", labels=["stream"]
+    )
+    saves = CounterMetricFamily(
+        "flowwarden_checkpoint_saves", "Checkpoint writes that succeeded.", labels=["stream"]
+    )
+    failures = CounterMetricFamily(
+        "flowwarden_checkpoint_save_failures", "Checkpoint writes that failed.", labels=["stream"]
+    )
+    save_seconds = HistogramMetricFamily(
+        "flowwarden_checkpoint_save_duration_seconds", "Seconds one checkpoint write took.", labels=["stream"]
+    )
+    behind = GaugeMetricFamily(
+        "flowwarden_seconds_behind",
+        "Now minus the cluster time of the newest event handled with nothing unfinished before it.",
+        labels=["stream"],
+    )
+    seen_behind = GaugeMetricFamily(
+        "flowwarden_seen_seconds_behind",
+        "Now minus the cluster time of the last seen position.",
+        labels=["stream"],
+    )
+    restarts = CounterMetricFamily("flowwarden_restarts", "Re-opens after errors.", labels=["stream"])
+    state = GaugeMetricFamily(
+        "flowwarden_stream_state", "1 for the stream's current state.", labels=["stream", "state"]
+    )
+    lease = GaugeMetricFamily(
+        "flowwarden_lease_held",
+        "1 while this instance holds the stream's single-leader lease.",
+        labels=["stream"],
+    )
+    dead_letters = CounterMetricFamily(
+        "flowwarden_dead_letters", "Events written to the dead-letter collection.", labels=["stream"]
+    )
+    now = time.time()
+    for runner in runners:
+        name = runner.name
+        metrics = runner.metrics
+        if metrics is None:
+            continue
+        status = runner.status()
+        for (operation, outcome), count in sorted(metrics.events.items()):
+            events.add_metric([name, operation, outcome], count)
+        durations.add_metric([name], metrics.handler_seconds.cumulative(), metrics.handler_seconds.total)
+        batches.add_metric([name], metrics.batch_events.cumulative(), metrics.batch_events.total)
+        save_seconds.add_metric([name], metrics.save_seconds.cumulative(), metrics.save_seconds.total)
+        saves.add_metric([name], metrics.saves)
+        failures.add_metric([name], metrics.save_failures)
+        dead_letters.add_metric([name], metrics.dead_letters)
+        restarts.add_metric([name], status.restarts)
+        for each in StreamState:
+            state.add_metric([name, each.value], 1.0 if status.state == each else 0.0)
+        lease.add_metric([name], 1.0 if runner.holds_lease else 0.0)
+        if status.last_processed_time is not None:
+            behind.add_metric([name], max(0.0, now - status.last_processed_time.timestamp()))
+        if status.last_seen_time is not None:
+            seen_behind.add_metric([name], max(0.0, now - status.last_seen_time.timestamp()))
+    yield from (events, durations, batches, saves, failures, save_seconds, behind, seen_behind)
+    yield from (restarts, state, lease, dead_letters)
+
+
+COLLECTOR = FlowwardenCollector()
+REGISTRY.register(COLLECTOR)
+
+
+class MetricsServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` over HTTP, in a thread of its own.
+
+    ``alive()`` says whether the connector's loop turns; ``not_ready()`` maps each stream that is
+    not RUNNING to its state.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        alive: Callable[[], bool],
+        not_ready: Callable[[], Mapping[str, str]],
+    ) -> None:
+        handler = _handler(alive, not_ready)
+        self._server = ThreadingHTTPServer((host, port), handler)  # OSError when the port is taken
+        self._server.daemon_threads = True
+        self.host, self.port = self._server.server_address[:2]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="flowwarden-metrics", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def _handler(
+    alive: Callable[[], bool], not_ready: Callable[[], Mapping[str, str]]
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._answer(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                ok = alive()
+                self._answer(200 if ok else 503, b"ok\n" if ok else b"the event loop is not turning\n")
+            elif path == "/readyz":
+                waiting = dict(not_ready())
+                body = json.dumps({"ready": not waiting, "not_ready": waiting}).encode() + b"\n"
+                self._answer(503 if waiting else 200, body, "application/json")
+            else:
+                self._answer(404, b"not found: /metrics, /healthz and /readyz are served here\n")
+
+        def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Scrapes every few seconds are not worth a log line each."""
+
+    return Handler
+
+
+__all__ = [
+    "COLLECTOR",
+    "OUTCOMES",
+    "STALL_SECONDS",
+    "Buckets",
+    "MetricsServer",
+    "StreamMetrics",
+]

@@ -1,0 +1,163 @@
+"""How a running connector is seen from outside: metrics and probes, progress lines, the oplog window.
+
+Started by :class:`~flowwarden.runtime.connector.Connector` when it runs:
+
+- with a metrics port, a :class:`~flowwarden.runtime.metrics.MetricsServer` (``/metrics``,
+  ``/healthz``, ``/readyz``), a heartbeat that ``/healthz`` reads (so a handler holding the event
+  loop shows as unhealthy), and the oplog's window in hours, read once a minute where the
+  deployment lets it be read;
+- with a progress interval, one INFO line per stream per interval: events per second, seconds
+  behind, and the position saved last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from flowwarden.errors import ConfigurationError
+from flowwarden.positions import oplog_edge_async
+from flowwarden.runtime.metrics import STALL_SECONDS, MetricsServer
+from flowwarden.runtime.status import StreamState
+
+if TYPE_CHECKING:
+    from flowwarden.runtime.stream import StreamRunner
+
+log = logging.getLogger(__name__)
+
+OPLOG_WINDOW_REFRESH_SECONDS = 60.0
+_BEAT_SECONDS = 1.0
+
+
+class Observability:
+    """One connector's metrics endpoint, heartbeat, oplog window and progress lines."""
+
+    def __init__(
+        self,
+        runners: Callable[[], list[StreamRunner]],
+        *,
+        metrics_host: str,
+        metrics_port: int | None,
+        progress_interval: float,
+    ) -> None:
+        self._runners = runners
+        self.metrics_host = metrics_host
+        self.metrics_port = metrics_port
+        self.progress_interval = progress_interval
+        self.oplog_window_hours: float | None = None
+        self._beat = time.monotonic()
+        self._server: MetricsServer | None = None
+
+    @property
+    def exports_metrics(self) -> bool:
+        return self.metrics_port is not None
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """Where ``/metrics`` is served (the port chosen when 0 was asked for), or None."""
+        server = self._server
+        return (str(server.host), int(server.port)) if server is not None else None
+
+    def serve(self) -> None:
+        """Start the HTTP server; a port that cannot be bound is a ConfigurationError."""
+        if self.metrics_port is None:
+            return
+        try:
+            self._server = MetricsServer(
+                self.metrics_host, self.metrics_port, alive=self.alive, not_ready=self.not_ready
+            )
+        except OSError as error:
+            reason = error.strerror or error
+            raise ConfigurationError(
+                f"cannot serve metrics on {self.metrics_host}:{self.metrics_port} ({reason}); "
+                "choose another port, or stop the process that holds it",
+                owner="Connector",
+                option="metrics_port",
+                value=self.metrics_port,
+            ) from None
+        log.info("metrics, /healthz and /readyz served on http://%s:%s", *self._server_address())
+
+    def _server_address(self) -> tuple[Any, Any]:
+        assert self._server is not None
+        return self._server.host, self._server.port
+
+    async def run(self, client: Any) -> None:
+        """The tasks behind the probes and the progress lines; cancelled when the connector ends."""
+        tasks = [asyncio.create_task(self._heartbeat(), name="flowwarden-heartbeat")]
+        if self.exports_metrics:
+            tasks.append(asyncio.create_task(self._oplog_window(client), name="flowwarden-oplog-window"))
+        if self.progress_interval > 0:
+            tasks.append(asyncio.create_task(self._progress(), name="flowwarden-progress"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    # -- probes ----------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        """The event loop turned within the last STALL_SECONDS (called from the server's thread)."""
+        return time.monotonic() - self._beat < STALL_SECONDS
+
+    def not_ready(self) -> dict[str, str]:
+        """Each stream that is not RUNNING, with its state (called from the server's thread)."""
+        runners = self._runners()
+        if not runners:
+            return {"connector": "STARTING"}
+        return {r.name: r.state.value for r in runners if r.state != StreamState.RUNNING}
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(_BEAT_SECONDS)
+
+    async def _oplog_window(self, client: Any) -> None:
+        while True:
+            oldest = await oplog_edge_async(client, 1)
+            newest = await oplog_edge_async(client, -1)
+            if oldest is not None and newest is not None:
+                self.oplog_window_hours = (newest.time - oldest.time) / 3600
+            await asyncio.sleep(OPLOG_WINDOW_REFRESH_SECONDS)
+
+    # -- progress lines --------------------------------------------------------------------------
+
+    async def _progress(self) -> None:
+        last: dict[str, tuple[float, int]] = {}
+        while True:
+            await asyncio.sleep(self.progress_interval)
+            now = time.monotonic()
+            for runner in self._runners():
+                status = runner.status()
+                if runner.name in last:
+                    began, before = last[runner.name]
+                elif runner.opened is not None:
+                    began, before = runner.opened
+                else:
+                    began, before = now, status.events_processed
+                rate = (status.events_processed - before) / max(now - began, 1e-9)
+                last[runner.name] = (now, status.events_processed)
+                behind = (
+                    f"{status.lag_seconds:.1f} s behind" if status.lag_seconds is not None else "not running"
+                )
+                runner.log.info(
+                    "stream %s: %s, %.0f events/s, %d handled in all, %s; saved at %s",
+                    runner.name,
+                    status.state.value,
+                    rate,
+                    status.events_processed,
+                    behind,
+                    runner.saved_position(),
+                )
+
+
+__all__ = ["OPLOG_WINDOW_REFRESH_SECONDS", "Observability"]
