@@ -6,7 +6,8 @@ right after a write, before the checkpoint moves past the batch.
 KIND is ``batch`` (``@on_batch``) or ``dataframe`` (``@on_dataframe``). Each batch's document ids
 go to OUTPUT/<batch_id>.json, replacing what an earlier run wrote under the same id (the
 idempotent write the README recommends). With KILL_AT > 0 the process SIGKILLs itself right
-after writing its KILL_AT-th batch. No heartbeat saves: the stored position moves only as
+after writing its KILL_AT-th batch. It prints "ready" when its connector is about to start, then
+one line per batch written: its document ids as a JSON list. No heartbeat saves: the stored position moves only as
 batches and the SAVE_EVERY_N count (0: none) move it.
 """
 
@@ -33,6 +34,7 @@ def main() -> int:
         part = out / f".{batch_id}.tmp"
         part.write_text(json.dumps(ids))
         os.replace(part, out / f"{batch_id}.json")
+        print(json.dumps(ids), flush=True)
         written.append(batch_id)
         if len(written) == int(kill_at):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -7,11 +7,14 @@ Configured by environment variables (the command line names only the class):
   it holds every handling that finished even when the process is killed with SIGKILL;
 - ``FW_TEST_BLOCK_ON``: an ``_id`` whose handler never returns (a hung handler);
 - ``FW_TEST_SAVE_EVERY_N`` (default 1000) and ``FW_TEST_SAVE_INTERVAL`` (default 60 seconds);
-- ``FW_TEST_CONCURRENCY`` (default 1): above 1, the handler runs in worker threads.
+- ``FW_TEST_CONCURRENCY`` (default 1): above 1, the handler runs in worker threads;
+- ``FW_TEST_LOG_SERVER_SELECTION``: set, the driver logs its server selections to stderr (a test
+  waits for "Waiting for suitable server" to know the connector is waiting for a server).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -20,6 +23,8 @@ from flowwarden import ChangeEvent, change_stream, checkpoint, on_change
 _log = open(os.environ["FW_TEST_LOG"], "a", buffering=1)
 _block_on = os.environ.get("FW_TEST_BLOCK_ON")
 _never = threading.Event()
+if os.environ.get("FW_TEST_LOG_SERVER_SELECTION"):
+    logging.getLogger("pymongo.serverSelection").setLevel(logging.DEBUG)
 
 
 @change_stream(

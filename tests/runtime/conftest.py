@@ -6,11 +6,12 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pymongo
 import pytest
@@ -72,6 +73,43 @@ def run_connector(uri: str, db: str, log: Path, **env: str) -> subprocess.Popen[
         text=True,
         env=environment,
     )
+
+
+class ChildLog:
+    """What a child process writes to a pipe (its stderr, say), read as it is written: a test
+    waits for a line instead of sleeping, and a chatty child never blocks on a full pipe."""
+
+    def __init__(self, pipe: IO[str] | None) -> None:
+        assert pipe is not None, "start the child with the pipe set to subprocess.PIPE"
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self._lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self._lines)
+
+    def lines(self) -> list[str]:
+        return list(self._lines)
+
+    def mark(self) -> int:
+        """Where the log ends now: ``wait_for(..., after=mark)`` waits for a line written later."""
+        return len(self._lines)
+
+    def wait_for(self, fragment: str, timeout: float = 20.0, after: int = 0) -> None:
+        wait_until(
+            lambda: any(fragment in line for line in self._lines[after:]),
+            timeout=timeout,
+            what=f"{fragment!r} in the log",
+        )
+
+    def finish(self, timeout: float = 10.0) -> str:
+        """Everything the child wrote, once it has exited."""
+        self._reader.join(timeout)
+        return self.text()
 
 
 def handled(log: Path) -> list[str]:

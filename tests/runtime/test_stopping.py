@@ -14,7 +14,7 @@ import pytest
 from flowwarden import ChangeEvent, Connector, StreamState, change_stream, checkpoint, on_change
 from flowwarden.testing import EmbeddedReplicaSet
 
-from .conftest import checkpoint_doc, handled, run_connector, wait_until
+from .conftest import ChildLog, checkpoint_doc, handled, run_connector, wait_until
 from .handlers import recording_handler
 
 
@@ -92,12 +92,13 @@ def test_a_second_signal_stops_at_once_without_passing_the_hung_event(
         FW_TEST_SAVE_EVERY_N="1",
         FW_TEST_CONCURRENCY=concurrency,
     )
+    child_log = ChildLog(child.stderr)
     try:
         wait_until(lambda: _opened(client, db_name), what="the stream to open")
         client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
         wait_until(lambda: "blocked" in handled(log), what="the handler of event 3 to hang")
         child.send_signal(signal.SIGINT)
-        time.sleep(1.0)
+        child_log.wait_for("stopping gracefully")
         assert child.poll() is None, "a graceful stop waits for handlers in flight"
         child.send_signal(signal.SIGINT)
         code = child.wait(timeout=10)
@@ -105,7 +106,7 @@ def test_a_second_signal_stops_at_once_without_passing_the_hung_event(
         if child.poll() is None:
             child.kill()
     assert code == 130
-    assert "stopped at once" in child.stderr.read()
+    assert "stopped at once" in child_log.finish()
     first_run = handled(log)
     assert "blocked" in first_run and "3" not in first_run
     # Event 3 was never finished: a restart handles it (and whatever came after it) again.
@@ -121,14 +122,16 @@ def test_a_second_signal_stops_at_once_without_passing_the_hung_event(
 def test_a_stop_does_not_wait_for_an_unreachable_deployment(tmp_path):
     rs = EmbeddedReplicaSet().start()
     log = tmp_path / "handled.log"
-    child = run_connector(rs.uri, "shop", log, FW_TEST_SAVE_EVERY_N="1")
+    child = run_connector(rs.uri, "shop", log, FW_TEST_SAVE_EVERY_N="1", FW_TEST_LOG_SERVER_SELECTION="1")
+    child_log = ChildLog(child.stderr)
     try:
         with pymongo.MongoClient(rs.uri) as client:
             wait_until(lambda: _opened(client, "shop"), what="the stream to open")
             client.shop.orders.insert_one({"_id": 1})
             wait_until(lambda: handled(log) == ["1"], what="the first event")
+        before_stop = child_log.mark()
         rs.stop()
-        time.sleep(1.0)  # the connector now waits for a server that is gone
+        child_log.wait_for("Waiting for suitable server", after=before_stop)
         started = time.monotonic()
         child.send_signal(signal.SIGINT)
         code = child.wait(timeout=20)
@@ -145,6 +148,7 @@ def test_run_exits_non_zero_when_the_watched_collection_is_dropped(mongodb_uri, 
     log = tmp_path / "handled.log"
     client[db_name].orders.insert_one({"_id": 0})
     child = run_connector(mongodb_uri, db_name, log, FW_TEST_SAVE_EVERY_N="1")
+    child_log = ChildLog(child.stderr)
     try:
         wait_until(lambda: _opened(client, db_name), what="the stream to open")
         client[db_name].orders.drop()
@@ -153,4 +157,4 @@ def test_run_exits_non_zero_when_the_watched_collection_is_dropped(mongodb_uri, 
         if child.poll() is None:
             child.kill()
     assert code == 1
-    assert "orders" in child.stderr.read()
+    assert "orders" in child_log.finish()
