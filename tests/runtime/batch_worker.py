@@ -7,8 +7,8 @@ KIND is ``batch`` (``@on_batch``) or ``dataframe`` (``@on_dataframe``). Each bat
 go to OUTPUT/<batch_id>.json, replacing what an earlier run wrote under the same id (the
 idempotent write the README recommends). With KILL_AT > 0 the process SIGKILLs itself right
 after writing its KILL_AT-th batch. It prints "ready" when its connector is about to start, then
-one line per batch written: its document ids as a JSON list. No heartbeat saves: the stored position moves only as
-batches and the SAVE_EVERY_N count (0: none) move it.
+one line per batch written: its document ids as a JSON list. No heartbeat saves: the stored
+position moves only as batches and the SAVE_EVERY_N count (0: none) move it.
 """
 
 from __future__ import annotations

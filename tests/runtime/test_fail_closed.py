@@ -283,10 +283,16 @@ def test_a_second_instance_writing_the_same_checkpoint_is_named_in_a_warning(
 def test_one_instance_after_another_is_not_mistaken_for_two_writers(mongodb_uri, client, db_name, caplog):
     store = InMemoryCheckpointStore()
     handler, seen = recording_handler(db_name, save_every_n=1, save_interval_seconds=0.2)
-    caplog.set_level(logging.WARNING, logger="flowwarden")
+    caplog.set_level(logging.DEBUG, logger="flowwarden")
+
+    def checked_after_saving(instance: str) -> bool:
+        check = f"checked for other writers; last saved by {instance!r}"
+        return any(check in r.getMessage() for r in caplog.records)
+
     for instance in ("east", "west"):
         with running(mongodb_uri, [handler], instance_id=instance, checkpoint_store=store):
             client[db_name].orders.insert_one({"_id": instance})
             wait_until(lambda instance=instance: ("insert", instance) in seen)
-            time.sleep(0.6)  # a few heartbeats, each of which looks for another writer
+            # Its own save found by its own check: the check ran after this instance took over.
+            wait_until(lambda instance=instance: checked_after_saving(instance), what=f"{instance}'s check")
     assert not [r for r in caplog.records if "also writes" in r.getMessage()]

@@ -136,6 +136,7 @@ class Ownership:
             except Exception:  # the committer reports a store in trouble
                 continue
             other = stored.instance_id if stored is not None else None
+            self.log.debug("stream %s: checked for other writers; last saved by %r", self.name, other)
             if other is None or other == self._instance_id or other in self._warned:
                 continue
             self._warned.add(other)
