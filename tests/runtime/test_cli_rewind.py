@@ -3,9 +3,6 @@ record by accident, the old and the new position printed."""
 
 from __future__ import annotations
 
-import time
-from datetime import datetime, timezone
-
 import pytest
 
 from flowwarden import StreamState
@@ -14,7 +11,7 @@ from flowwarden.checkpoints.contract import sample_token
 from flowwarden.cli import ExitCode, main
 from flowwarden.testing import EmbeddedReplicaSet
 
-from .conftest import running, wait_until
+from .conftest import next_server_second, running, wait_until
 from .handlers import recording_handler
 
 PAST = sample_token(1_700_000_000, 3)
@@ -100,8 +97,7 @@ def test_a_time_becomes_the_servers_position_for_it(capsys, mongodb_uri, client,
     handler, seen = recording_handler(db_name)
     with running(mongodb_uri, [handler]):
         orders.insert_one({"_id": "before"})
-        time.sleep(1.05 - time.time() % 1)  # the next write lands in a later second
-        moment = datetime.fromtimestamp(int(time.time()), tz=timezone.utc)
+        moment = next_server_second(client, db_name)
         orders.insert_one({"_id": "after"})
         wait_until(lambda: len(seen) == 2)
     assert rewind(mongodb_uri, db_name, "--to-time", moment.isoformat()) == 0

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 from flowwarden import StartPosition, StreamState, pipeline, token_cluster_time
 
-from .conftest import checkpoint_doc, running, wait_until
+from .conftest import checkpoint_doc, next_server_second, running, wait_until
 from .handlers import recording_handler
 
 
@@ -71,21 +69,8 @@ def test_earliest_starts_at_the_oldest_oplog_entry(mongodb_uri, client, db_name)
 
 def test_at_time_starts_at_start_at(mongodb_uri, client, db_name):
     orders = client[db_name]["orders"]
-    with client.start_session() as session:
-        orders.insert_many([{"_id": i} for i in range(3)], session=session)
-        before = session.operation_time
-        # Cluster times count whole seconds (start_at is floored to its second): the cut is the
-        # server's next second, so wait until the server's own clock is there. The probe writes
-        # go to another collection, which the stream does not watch.
-        probes = client[db_name]["clock"]
-
-        def next_second() -> int | None:
-            probes.insert_one({}, session=session)
-            second = int(session.operation_time.time)
-            return second if second > before.time else None
-
-        cut_second = wait_until(next_second, what="the server's cluster time to reach the next second")
-    cut = datetime.fromtimestamp(cut_second, timezone.utc)
+    orders.insert_many([{"_id": i} for i in range(3)])
+    cut = next_server_second(client, db_name)  # start_at is floored to its second
     orders.insert_many([{"_id": i} for i in range(3, 6)])
     handler, seen = recording_handler(db_name, start_position=StartPosition.AT_TIME, start_at=cut)
     with running(mongodb_uri, [handler]):
