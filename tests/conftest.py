@@ -11,8 +11,10 @@ tests are deselected and the run's summary says how many; every other test runs 
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import pymongo
@@ -90,3 +92,29 @@ def db_name(mongodb_uri: str) -> Iterator[str]:
     yield name
     with pymongo.MongoClient(mongodb_uri, serverSelectionTimeoutMS=10_000) as c:
         c.drop_database(name)
+
+
+@pytest.fixture
+def next_server_second(client: pymongo.MongoClient, db_name: str) -> Callable[[], datetime]:
+    """``next_server_second()``: the start of a second of the server's clock that comes after
+    every write made so far.
+
+    Cluster times count whole seconds, so a cut between two writes needs the server's clock to
+    move to its next second. The probe writes that wait for it go to a ``clock`` collection that
+    no stream in the tests watches; the server's clock, not this machine's, decides.
+    """
+    probes = client[db_name]["clock"]
+
+    def wait() -> datetime:
+        with client.start_session() as session:
+            probes.insert_one({}, session=session)
+            last = session.operation_time.time
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                probes.insert_one({}, session=session)
+                if session.operation_time.time > last:
+                    return datetime.fromtimestamp(session.operation_time.time, tz=timezone.utc)
+                time.sleep(0.02)
+        raise AssertionError("the server's cluster time did not reach its next second in 20s")
+
+    return wait

@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,27 +43,6 @@ def running(uri: str, handlers: list[type], **kwargs: Any) -> Iterator[Connector
 def checkpoint_doc(client: pymongo.MongoClient[Any], db: str, stream: str) -> dict[str, Any] | None:
     doc: dict[str, Any] | None = client[db]["_fw_checkpoints"].find_one({"_id": stream})
     return doc
-
-
-def next_server_second(client: pymongo.MongoClient[Any], db: str) -> datetime:
-    """The start of a second of the server's clock that comes after every write made so far.
-
-    Cluster times count whole seconds, so a cut between two writes needs the server's clock to
-    move to its next second; the probe writes that wait for it go to a ``clock`` collection
-    that no stream in the tests watches.
-    """
-    probes = client[db]["clock"]
-    with client.start_session() as session:
-        probes.insert_one({}, session=session)
-        last = session.operation_time.time
-
-        def later() -> int | None:
-            probes.insert_one({}, session=session)
-            second: int = session.operation_time.time
-            return second if second > last else None
-
-        second = wait_until(later, what="the server's cluster time to reach its next second")
-    return datetime.fromtimestamp(second, tz=timezone.utc)
 
 
 async def wait_until_async(

@@ -11,7 +11,7 @@ from flowwarden.checkpoints.contract import sample_token
 from flowwarden.cli import ExitCode, main
 from flowwarden.testing import EmbeddedReplicaSet
 
-from .conftest import next_server_second, running, wait_until
+from .conftest import running, wait_until
 from .handlers import recording_handler
 
 PAST = sample_token(1_700_000_000, 3)
@@ -92,12 +92,12 @@ def test_to_start_forgets_the_position(capsys, mongodb_uri, db_name, store):
     assert store.load("orders").resume_token is None
 
 
-def test_a_time_becomes_the_servers_position_for_it(capsys, mongodb_uri, client, db_name):
+def test_a_time_becomes_the_servers_position_for_it(capsys, mongodb_uri, client, db_name, next_server_second):
     orders = client[db_name].orders
     handler, seen = recording_handler(db_name)
     with running(mongodb_uri, [handler]):
         orders.insert_one({"_id": "before"})
-        moment = next_server_second(client, db_name)
+        moment = next_server_second()
         orders.insert_one({"_id": "after"})
         wait_until(lambda: len(seen) == 2)
     assert rewind(mongodb_uri, db_name, "--to-time", moment.isoformat()) == 0

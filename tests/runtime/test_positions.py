@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flowwarden import StartPosition, StreamState, pipeline, token_cluster_time
 
-from .conftest import checkpoint_doc, next_server_second, running, wait_until
+from .conftest import checkpoint_doc, running, wait_until
 from .handlers import recording_handler
 
 
@@ -67,10 +67,10 @@ def test_earliest_starts_at_the_oldest_oplog_entry(mongodb_uri, client, db_name)
     assert seen[:5] == inserted(range(5))
 
 
-def test_at_time_starts_at_start_at(mongodb_uri, client, db_name):
+def test_at_time_starts_at_start_at(mongodb_uri, client, db_name, next_server_second):
     orders = client[db_name]["orders"]
     orders.insert_many([{"_id": i} for i in range(3)])
-    cut = next_server_second(client, db_name)  # start_at is floored to its second
+    cut = next_server_second()  # start_at is floored to its second
     orders.insert_many([{"_id": i} for i in range(3, 6)])
     handler, seen = recording_handler(db_name, start_position=StartPosition.AT_TIME, start_at=cut)
     with running(mongodb_uri, [handler]):

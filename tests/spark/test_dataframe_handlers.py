@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -48,7 +49,14 @@ class Item(BaseModel):
     sku: str
 
 
-def test_dataframe_batches_carry_the_events_and_checkpoint_after_return(spark, mongodb_uri, client, db_name):
+def test_dataframe_batches_carry_the_events_and_checkpoint_after_return(
+    spark, mongodb_uri, client, db_name, caplog
+):
+    caplog.set_level(logging.DEBUG, logger="flowwarden.checkpoints")
+
+    def heartbeats() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "heartbeat; no event finished" in r.getMessage()]
+
     rows: list[Any] = []
     release = threading.Event()
     entered = threading.Event()
@@ -68,8 +76,9 @@ def test_dataframe_batches_carry_the_events_and_checkpoint_after_return(spark, m
         wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
         client[db_name].orders.insert_many([{"_id": i, "qty": i, "sku": f"s{i}"} for i in range(5)])
         assert entered.wait(30)
-        time.sleep(0.3)
-        # the method has not returned: the checkpoint must not have moved past the batch
+        # Heartbeats come and go while the method runs; none may move the processed position.
+        ticks = len(heartbeats())
+        wait_until(lambda: len(heartbeats()) >= ticks + 2, what="two heartbeats while the method runs")
         assert checkpoint_doc(client, db_name).get("eventsProcessed", 0) == 0
         release.set()
         wait_until(lambda: checkpoint_doc(client, db_name).get("eventsProcessed") == 5, what="the save")
@@ -179,8 +188,8 @@ def test_orders_to_parquet_example(spark, tmp_path):
 def test_a_crash_between_write_and_checkpoint_redelivers_the_batch_and_batch_id_overwrites_it(
     spark, mongodb_uri, client, db_name, tmp_path
 ):
+    # Every write of this test's database comes at or after the server's time now.
     start = client.admin.command("ping")["operationTime"]
-    time.sleep(1.05 - (time.time() % 1))
     client[db_name].orders.insert_many([{"_id": i} for i in range(250)])
     out, marker = tmp_path / "out", tmp_path / "crashed"
     worker = [sys.executable, str(ROOT / "tests/spark/dataframe_worker.py"), mongodb_uri, db_name]

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -228,11 +229,15 @@ def test_a_filter_on_the_looked_up_document_plans_the_events_it_reads(
         reader.stop()
 
 
-def test_start_positions(client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str) -> None:
+def test_start_positions(
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    next_server_second: Callable[[], dt.datetime],
+) -> None:
     collection = client[db_name]["orders"]
     collection.insert_many([{"n": n} for n in range(3)])
-    time.sleep(1.1)  # the next inserts land in a later cluster-time second
-    after = dt.datetime.now(dt.timezone.utc)
+    after = next_server_second()
     collection.insert_many([{"n": n} for n in range(3, 6)])
 
     timed = reader_for(mongodb_uri, db_name, start_position="AT_TIME", start_at=after.isoformat())

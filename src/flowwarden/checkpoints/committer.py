@@ -422,6 +422,12 @@ class CheckpointCommitter:
                 return
             if not ticked and self._frontier < self._save_at:
                 continue  # a trigger already covered by the save that just finished
+            if ticked and self._frontier == self._saved_sequence:
+                logger.debug(
+                    "stream %r: heartbeat; no event finished since the last save (%d events processed)",
+                    self.stream_id,
+                    self._events_base + self._frontier,
+                )
             async with self._save_lock:
                 try:
                     await self._save_pending()
