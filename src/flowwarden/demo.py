@@ -6,25 +6,39 @@ connector until every change is in parquet, stops it, writes more, and starts it
 second run resumes exactly after the first one's checkpoint. It checks the claim by identity:
 every change written (its operation type and document ``_id``) must arrive exactly once, so a lost
 change is never hidden by one delivered twice.
+
+While a run goes, a live panel on stderr shows what the connector reports (changes written and
+delivered, events/s, seconds behind, batches, the stored checkpoint) and where its Prometheus
+endpoint is; a table on stdout sums the runs up. Spark's own log goes to a file beside the output.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pymongo
 from bson import json_util
+from rich.console import Console, Group
+from rich.live import Live
+from rich.logging import RichHandler
+from rich.table import Table
+from rich.text import Text
 
 from flowwarden.decorators import change_stream, checkpoint, on_batch, on_dataframe
 from flowwarden.events import ChangeEvent
-from flowwarden.runtime import Connector, StreamContext
+from flowwarden.runtime import Connector, StreamContext, StreamState
 
 DATABASE = "shop"
 COLLECTION = "orders"
@@ -33,45 +47,43 @@ Change = tuple[str, Any]
 """A change as the demo identifies it: ``(operationType, documentKey._id)``; each is written once."""
 
 
-def _write_orders(client: pymongo.MongoClient[Any], count: int, seed: int) -> list[Change]:
-    """Insert ``count`` orders, update a third and delete a tenth; returns the changes written."""
-    rng = random.Random(seed)
-    coll = client[DATABASE][COLLECTION]
-    docs = [
-        {
-            "customer": f"c{rng.randrange(100):03d}",
-            "amount": round(rng.uniform(5, 500), 2),
-            "status": "new",
-            "createdAt": datetime.now(timezone.utc),
-        }
-        for _ in range(count)
-    ]
-    ids = coll.insert_many(docs).inserted_ids
-    updated = ids[: count // 3]
-    for _id in updated:
-        coll.update_one({"_id": _id}, {"$set": {"status": "paid"}})
-    deleted = ids[-(count // 10) :] if count >= 10 else []
-    for _id in deleted:
-        coll.delete_one({"_id": _id})
-    return (
-        [("insert", _id) for _id in ids]
-        + [("update", _id) for _id in updated]
-        + [("delete", _id) for _id in deleted]
-    )
+class _Writer(threading.Thread):
+    """Writes ``count`` orders, updates a third and deletes a tenth, in a thread of its own so the
+    connector is seen catching up while the writes go on. ``changes`` grows as they are written."""
 
+    def __init__(self, client: pymongo.MongoClient[Any], count: int, seed: int) -> None:
+        super().__init__(name="demo-writer", daemon=True)
+        self._orders = client[DATABASE][COLLECTION]
+        self._count = count
+        self._rng = random.Random(seed)
+        self.changes: list[Change] = []
+        self.error: BaseException | None = None
 
-def _wait_for(connector: Connector, stream: str, processed: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = connector.status()[stream]
-        if status.events_processed >= processed:
-            return
-        if status.last_error and status.state.value == "FAILED":
-            raise RuntimeError(f"demo stream failed: {status.last_error}")
-        time.sleep(0.1)
-    raise TimeoutError(
-        f"the connector processed {connector.status()[stream].events_processed} of {processed}"
-    )
+    def run(self) -> None:
+        try:
+            self._write()
+        except BaseException as error:  # reported by the demo, which stops waiting for changes
+            self.error = error
+
+    def _write(self) -> None:
+        rng, count = self._rng, self._count
+        docs = [
+            {
+                "customer": f"c{rng.randrange(100):03d}",
+                "amount": round(rng.uniform(5, 500), 2),
+                "status": "new",
+                "createdAt": datetime.now(timezone.utc),
+            }
+            for _ in range(count)
+        ]
+        ids = self._orders.insert_many(docs).inserted_ids
+        self.changes += [("insert", _id) for _id in ids]
+        for _id in ids[: count // 3]:
+            self._orders.update_one({"_id": _id}, {"$set": {"status": "paid"}})
+            self.changes.append(("update", _id))
+        for _id in ids[-(count // 10) :] if count >= 10 else []:
+            self._orders.delete_one({"_id": _id})
+            self.changes.append(("delete", _id))
 
 
 def _spark_handler(output: Path) -> type:
@@ -122,53 +134,184 @@ def _mismatch(written: list[Change], delivered: list[Change]) -> str | None:
     )
 
 
+@dataclass
+class _Run:
+    """One run of the connector as the panel and the summary show it."""
+
+    number: int
+    opened_from: str
+    written: int = 0
+    delivered: int = 0
+    seconds: float = 0.0
+    behind: float | None = None
+    batches: int = 0
+    saved: str = "-"
+
+    @property
+    def rate(self) -> float:
+        return self.delivered / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class _Demo:
+    rs_uri: str
+    client: pymongo.MongoClient[Any]
+    handler: type
+    spark: Any
+    runs: list[_Run] = field(default_factory=list)
+    written: list[Change] = field(default_factory=list)
+    metrics: str = ""
+
+    def run_once(self, number: int, events: int, live: Live | None, timeout: float = 120.0) -> None:
+        stream = Connector(self.rs_uri, [self.handler]).specs[0].name
+        run = _Run(number, self._opened_from(stream))
+        self.runs.append(run)
+        connector = Connector(
+            self.rs_uri, [self.handler], spark=self.spark, metrics_port=0, progress_interval=0
+        )
+        connector.start()
+        try:
+            address = connector.metrics_address
+            self.metrics = f"http://{address[0]}:{address[1]}/metrics" if address else ""
+            writer = _Writer(self.client, events, seed=number)
+            started = time.perf_counter()
+            writer.start()
+            deadline = time.monotonic() + timeout
+            while True:
+                writing = writer.is_alive()  # before the count: a write can end between the two
+                status = connector.status()[stream]
+                run.written = len(writer.changes)
+                run.delivered = status.events_processed - self._processed_before()
+                run.seconds = time.perf_counter() - started
+                run.behind = status.lag_seconds
+                run.batches = sum(r.metrics.batch_events.count for r in connector.runners() if r.metrics)
+                run.saved = self._saved(stream)
+                if live is not None:
+                    live.update(self.panel())
+                if writer.error is not None:
+                    raise RuntimeError(f"writing the demo's orders failed: {writer.error}") from writer.error
+                if not writing and run.delivered >= run.written:
+                    break
+                if status.state == StreamState.FAILED:
+                    raise RuntimeError(f"the demo's stream failed: {status.last_error}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the connector delivered {run.delivered} of {run.written} changes")
+                time.sleep(0.1)
+        finally:
+            connector.stop()
+        run.saved = self._saved(stream)
+        if live is not None:
+            live.update(self.panel())
+        self.written += writer.changes
+
+    def _processed_before(self) -> int:
+        return sum(run.delivered for run in self.runs[:-1])
+
+    def _checkpoint(self, stream: str) -> dict[str, Any] | None:
+        doc: dict[str, Any] | None = self.client[DATABASE]["_fw_checkpoints"].find_one({"_id": stream})
+        return doc
+
+    def _opened_from(self, stream: str) -> str:
+        doc = self._checkpoint(stream)
+        if doc is None:
+            return "no: new"
+        return f"after {doc.get('eventsProcessed', 0):,}"
+
+    def _saved(self, stream: str) -> str:
+        doc = self._checkpoint(stream)
+        if doc is None or doc.get("lastProcessedTimestamp") is None:
+            return "opening position"
+        at = doc["lastProcessedTimestamp"].strftime("%H:%M:%S")
+        return f"{doc.get('eventsProcessed', 0):,} @ {at}"
+
+    def panel(self) -> Group:
+        lines = [Text(f"metrics: {self.metrics}", style="dim")] if self.metrics else []
+        lines += [Text(self.line(run)) for run in self.runs]
+        return Group(*lines)
+
+    @staticmethod
+    def line(run: _Run) -> str:
+        behind = "-" if run.behind is None else f"{run.behind:.1f}s"
+        return (
+            f"run {run.number}: {run.written:,} written, {run.delivered:,} delivered, "
+            f"{run.rate:,.0f}/s, {behind} behind, {run.batches} batch{'' if run.batches == 1 else 'es'}, "
+            f"checkpoint {run.saved}"
+        )
+
+    def summary(self) -> Table:
+        table = Table(title="two runs, one checkpoint")
+        table.add_column("run", justify="right")
+        table.add_column("resumed")
+        table.add_column("changes", justify="right")
+        table.add_column("per second", justify="right")
+        table.add_column("batches", justify="right")
+        table.add_column("checkpoint")
+        for run in self.runs:
+            table.add_row(
+                str(run.number),
+                run.opened_from,
+                f"{run.delivered:,}",
+                f"{run.rate:,.0f}",
+                str(run.batches),
+                run.saved,
+            )
+        return table
+
+
+@contextmanager
+def _logs_above(console: Console) -> Iterator[None]:
+    """Log lines print above the live panel instead of through it (and return afterwards)."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers = [RichHandler(console=console, show_path=False, markup=False)]
+    try:
+        yield
+    finally:
+        root.handlers = saved
+
+
 def run_demo(*, events: int = 2000, output: str = "out/demo", use_spark: bool = True) -> int:
     from flowwarden.testing import EmbeddedReplicaSet
 
     out = Path(output)
     shutil.rmtree(out, ignore_errors=True)
+    parquet = out / "orders"
     delivered: list[Change] = []
+    err = Console(stderr=True)
     spark = None
     if use_spark:
         from flowwarden.spark import get_or_create_session
 
-        print("starting local Spark ...", file=sys.stderr)
+        spark_log = out / "spark.log"
+        err.print(f"starting local Spark (its log: {spark_log}) ...")
         spark = get_or_create_session(
             app_name="flowwarden-demo",
             conf={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+            jvm_log=spark_log,
         )
         spark.sparkContext.setLogLevel("ERROR")
-        handler = _spark_handler(out)
+        handler = _spark_handler(parquet)
     else:
         handler = _plain_handler(delivered)
-    stream = ""
     rs = EmbeddedReplicaSet()
     client: pymongo.MongoClient[Any]
     with rs, pymongo.MongoClient(rs.uri) as client:
-        print(f"EmbeddedReplicaSet (test double) at {rs.uri}", file=sys.stderr)
-        written: list[Change] = []
-        for run in (1, 2):
-            connector = Connector(rs.uri, [handler], spark=spark)
-            stream = connector.specs[0].name
-            connector.start()
-            started = time.perf_counter()
-            changes = _write_orders(client, events, seed=run)
-            written += changes
-            _wait_for(connector, stream, len(written))
-            elapsed = time.perf_counter() - started
-            connector.stop()
-            status = connector.status()[stream]
-            print(
-                f"run {run}: {len(changes)} changes written and delivered in {elapsed:.2f}s; "
-                f"checkpoint: {status.events_processed} events processed in total"
-            )
-        cp = client[DATABASE]["_fw_checkpoints"].find_one({"_id": stream})
-        assert cp is not None
-        print(f"checkpoint document: lastProcessedTimestamp={cp.get('lastProcessedTimestamp')}")
+        err.print(f"EmbeddedReplicaSet (a test double) at {rs.uri}")
+        demo = _Demo(rs.uri, client, handler, spark)
+        if err.is_terminal:  # a live panel, with the log lines printed above it
+            with _logs_above(err), Live(demo.panel(), console=err, refresh_per_second=8) as live:
+                for number in (1, 2):
+                    demo.run_once(number, events, live)
+        else:  # a log file or a pipe: one line per run
+            for number in (1, 2):
+                demo.run_once(number, events, None)
+                err.print(demo.line(demo.runs[-1]), soft_wrap=True)
+    Console().print(demo.summary())
+    written = demo.written
     if spark is not None:
-        delivered = _parquet_changes(spark, out)
+        delivered = _parquet_changes(spark, parquet)
         summary = ", ".join(f"{op}={n}" for op, n in sorted(Counter(op for op, _ in delivered).items()))
-        print(f"parquet at {out}: {len(delivered)} change rows ({summary})")
+        print(f"parquet at {parquet}: {len(delivered)} change rows ({summary})")
     problem = _mismatch(written, delivered)
     if problem is not None:
         print(f"MISMATCH: {problem}", file=sys.stderr)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -30,3 +32,23 @@ def test_python_workers_import_flowwarden(spark: SparkSession) -> None:
     executable, module = spark.sparkContext.parallelize([0], 1).map(probe).first()
     assert executable == sys.executable
     assert module == "flowwarden.spark.arrow"
+
+
+@pytest.mark.slow
+def test_jvm_log_takes_the_jvms_output_and_leaves_this_process_stderr_as_it_was(tmp_path: Path) -> None:
+    # A JVM of its own, so in a process of its own (this run's JVM is already up).
+    log = tmp_path / "logs" / "spark.log"
+    script = f"""
+import sys
+from flowwarden.spark import get_or_create_session
+spark = get_or_create_session("local[1]", conf={{"spark.ui.enabled": "false"}}, jvm_log={str(log)!r})
+print("python still writes to stderr", file=sys.stderr)
+assert spark.range(3).count() == 3
+spark.sparkContext._jvm.System.err.println("the JVM writes to its log")
+spark.stop()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "python still writes to stderr"
+    jvm = log.read_text()
+    assert "log4j" in jvm and "the JVM writes to its log" in jvm

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flowwarden.spark._extra import require
@@ -32,12 +34,19 @@ def get_or_create_session(
     master: str = "local[*]",
     app_name: str = "flowwarden",
     conf: Mapping[str, Any] | None = None,
+    jvm_log: str | Path | None = None,
 ) -> SparkSession:
     """Return the active SparkSession, or build one for ``master``.
 
     As with ``SparkSession.builder.getOrCreate()``, an already running session is returned
     (with ``conf`` applied to it where Spark allows changing a setting at runtime); ``master``
     and ``app_name`` only matter when a new session starts.
+
+    ``jvm_log``: a file that gets what the JVM this call starts writes to its stderr (Spark's
+    log4j console lines, the JVM's start-up warnings), appended, instead of this process's
+    stderr. Only the JVM is redirected, for its whole life; this process's own stderr is as it
+    was once the call returns (a line another thread writes during the call lands in the file
+    too). Ignored when the JVM already runs.
     """
     sql = require("pyspark.sql", "a Spark session")
     if master.startswith("local"):
@@ -49,5 +58,27 @@ def get_or_create_session(
     builder = sql.SparkSession.builder.master(master).appName(app_name)
     for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
-    session: SparkSession = builder.getOrCreate()
+    with _stderr_to(jvm_log):
+        session: SparkSession = builder.getOrCreate()
     return session
+
+
+@contextmanager
+def _stderr_to(path: str | Path | None) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` while the block runs: a JVM started in the block
+    inherits it. Python's ``sys.stderr`` writes to the same descriptor, so it is flushed first."""
+    if path is None:
+        yield
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with target.open("ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
