@@ -12,7 +12,9 @@ same start time:
 - a Connector with a no-op ``@on_change`` handler, save_every_n=1000, run as ``run()`` runs it: on
   the process's main thread, timed from before it starts to its handler seeing the last event;
 - the same with save_every_n=0 (heartbeat saves only): what the awaited count saves cost;
-- the same with save_every_n=1 (on the first 20,000 events, once: each waits for its own save).
+- the same with save_every_n=1 (on the first 20,000 events, once: each waits for its own save);
+- the save_every_n=1000 connector with ``metrics_port`` set: what counting for Prometheus costs
+  (nothing scrapes it during the run; a scrape reads the counters on the server's own thread).
 
 The measurements take turns for ``--rounds`` rounds and each one's best run counts, so a busy
 moment of the machine (or of the server's garbage collector) weighs on all rows alike. It prints
@@ -84,7 +86,9 @@ def child_raw_async(uri: str, start: Timestamp, events: int) -> dict[str, Any]:
     return asyncio.run(main())
 
 
-def child_connector(uri: str, start: Timestamp, events: int, save_every_n: int) -> dict[str, Any]:
+def child_connector(
+    uri: str, start: Timestamp, events: int, save_every_n: int, metrics: bool = False
+) -> dict[str, Any]:
     """The connector as ``run()`` runs it (and the CLI): on the process's main thread, nothing
     else in the process. The clock starts before the connector does (its client connects, the
     stream opens, like the raw loops' ``watch()``) and stops when the handler has seen the last
@@ -114,7 +118,7 @@ def child_connector(uri: str, start: Timestamp, events: int, save_every_n: int) 
                 connector.stop()
 
     baseline = _rss_mb()
-    connector = Connector(uri, [NoOp])
+    connector = Connector(uri, [NoOp], metrics_port=0 if metrics else None)
     began = time.perf_counter()
     asyncio.run(connector.run_async())
     status = connector.status()[name]
@@ -180,7 +184,8 @@ def main() -> None:
         elif args.child == "raw-async":
             result = child_raw_async(args.uri, start, args.events)
         else:
-            result = child_connector(args.uri, start, args.events, args.save_every_n)
+            metrics = args.child == "connector-metrics"
+            result = child_connector(args.uri, start, args.events, args.save_every_n, metrics)
         print(json.dumps(result))
         return
 
@@ -209,6 +214,7 @@ def main() -> None:
             "raw PyMongo watch() loop, AsyncMongoClient": ("raw-async", 0),
             "Connector, no-op @on_change, save_every_n=1000": ("connector", 1000),
             "Connector, no-op @on_change, save_every_n=0 (heartbeat only)": ("connector", 0),
+            "Connector, no-op @on_change, save_every_n=1000, metrics_port set": ("connector-metrics", 1000),
             "(reference) raw MongoClient loop, default codec (naive datetimes)": ("raw-sync-naive", 0),
         }
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in variants}

@@ -107,7 +107,7 @@ class EventDispatch:
             stopping=self._stopping,
             # Batch methods may run for seconds (Spark jobs): keep the loop free for heartbeats.
             threaded=self._concurrency > 1 or method.kind != "event",
-            observe=self.metrics.call_took if self.metrics is not None else None,
+            observe=self.metrics.handler_seconds.observe if self.metrics is not None else None,
         )
 
     def _set_halt(self) -> None:
@@ -142,7 +142,7 @@ class EventDispatch:
         invokers = self._invokers
         fallback = self._fallback
         ctx = self.ctx
-        metrics = self.metrics
+        ok = self.metrics.ok if self.metrics is not None else None
         inline = batch is None and self._scheduler is None
         items = reader.items
         read_once = False
@@ -188,8 +188,8 @@ class EventDispatch:
                     if save is not None:
                         await save
                     self.events_processed += 1
-                    if metrics is not None:
-                        metrics.handled(operation, "ok")
+                    if ok is not None:
+                        ok[operation] = ok.get(operation, 0) + 1
                     if ctx.save_requested:
                         ctx.save_requested = False
                         await committer.flush()

@@ -20,11 +20,11 @@ Every flowwarden metric is named ``flowwarden_*`` and labelled by ``stream``.
 
 from __future__ import annotations
 
-import bisect
 import json
 import threading
 import time
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -48,20 +48,23 @@ STALL_SECONDS = 10.0
 
 
 class Buckets:
-    """A histogram's state: counts per upper bound (the last one +Inf), the sum, the count."""
+    """A histogram's state: counts per upper bound (the last one +Inf) and the sum."""
 
-    __slots__ = ("bounds", "count", "counts", "total")
+    __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
-        self.count = 0
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.count += 1
+        # Once per handler call, so the count is not kept: it is the sum of the buckets.
+        self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
 
     def cumulative(self) -> list[tuple[str, float]]:
         buckets, running = [], 0
@@ -75,8 +78,10 @@ class StreamMetrics:
     """One stream's counters and histograms; written only on the stream's event loop."""
 
     def __init__(self) -> None:
+        self.ok: dict[str, int] = {}
+        """operation type -> events handled on the first call (the hot path counts here)."""
         self.events: dict[tuple[str, str], int] = {}
-        """(operation type, outcome) -> events."""
+        """(operation type, outcome) -> events, for every outcome but "ok"."""
         self.handler_seconds = Buckets(DURATION_BUCKETS)
         self.batch_events = Buckets(BATCH_BUCKETS)
         self.save_seconds = Buckets(SAVE_BUCKETS)
@@ -85,11 +90,15 @@ class StreamMetrics:
         self.dead_letters = 0
 
     def handled(self, operation: str, outcome: str, count: int = 1) -> None:
-        key = (operation, outcome)
-        self.events[key] = self.events.get(key, 0) + count
+        if outcome == "ok":
+            self.ok[operation] = self.ok.get(operation, 0) + count
+        else:
+            key = (operation, outcome)
+            self.events[key] = self.events.get(key, 0) + count
 
-    def call_took(self, seconds: float) -> None:
-        self.handler_seconds.observe(seconds)
+    def outcomes(self) -> dict[tuple[str, str], int]:
+        """(operation type, outcome) -> events, every outcome together."""
+        return {**{(operation, "ok"): n for operation, n in self.ok.items()}, **self.events}
 
     def saved(self, seconds: float) -> None:
         self.saves += 1
@@ -176,7 +185,7 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
         if metrics is None:
             continue
         status = runner.status()
-        for (operation, outcome), count in sorted(metrics.events.items()):
+        for (operation, outcome), count in sorted(metrics.outcomes().items()):
             events.add_metric([name, operation, outcome], count)
         durations.add_metric([name], metrics.handler_seconds.cumulative(), metrics.handler_seconds.total)
         batches.add_metric([name], metrics.batch_events.cumulative(), metrics.batch_events.total)
