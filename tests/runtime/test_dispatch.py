@@ -162,3 +162,42 @@ def test_save_checkpoint_now_saves_right_after_the_call(mongodb_uri, client, db_
         # an hour: the checkpoint is exactly after event 2.
         wait_until(lambda: connector.status()["orders"].events_processed == 5, what="five events")
         assert checkpoint_doc(client, db_name, "orders").get("eventsProcessed") == 3
+
+
+def test_the_stream_reads_the_next_batch_while_a_method_works_and_stores_its_end_only_after(
+    mongodb_uri, client, db_name
+):
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50, batch_size=2)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Batches:
+        @on_batch(max_events=10, max_wait_seconds=60)
+        def handle(self, events: list[ChangeEvent]) -> None:
+            batches.append([e.document_key["_id"] for e in events])
+            if len(batches) == 1:
+                release.wait(30)
+
+    orders = client[db_name]["orders"]
+    try:
+        with running(mongodb_uri, [Batches]) as connector:
+            wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="the opening position")
+            with orders.watch() as own:
+                orders.insert_many([{"_id": i} for i in range(20)])
+                tokens = [own.next()["_id"] for _ in range(20)]
+            wait_until(lambda: len(batches) == 1, what="the first batch in its method")
+            # With getMores of 2 events the reader holds at most 4 ahead: 10 waiting means the
+            # stream went on reading into the next batch while the method works.
+            wait_until(lambda: connector.status()["orders"].events_waiting >= 10, what="the next batch read")
+            doc = checkpoint_doc(client, db_name, "orders")
+            assert doc.get("eventsProcessed", 0) == 0
+            assert doc["batchEndToken"] == tokens[9]  # the batch in flight's end, not the next one's
+            release.set()
+            wait_until(lambda: connector.status()["orders"].events_processed == 20, what="both batches")
+            wait_until(lambda: checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 20)
+    finally:
+        release.set()
+    assert batches == [list(range(10)), list(range(10, 20))]
+    doc = checkpoint_doc(client, db_name, "orders")
+    assert doc["lastProcessedToken"] == tokens[19]

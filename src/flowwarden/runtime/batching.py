@@ -10,8 +10,16 @@ first batch is formed to end exactly there, whatever ``max_events`` and ``max_wa
 say, so a batch the method may have half-written comes back with the same events and the same
 ``ctx.batch_id``.
 
+Batches are pipelined: while the method works on one batch, the stream goes on reading and the
+next batch forms. The next batch is handed over only after the one before it returned and was
+committed, so batches still run one at a time, in stream order, and the checkpoint moves past a
+batch only once its method returned. While a batch is in flight, the batch forming behind it
+reads ahead by at most ``max_events`` events and, for DataFrame streams (whose events arrive as
+raw BSON), :data:`READ_AHEAD_BYTES` bytes; then reading waits for the method.
+
 Sync batch methods, and the Arrow conversion of DataFrame batches, run in a worker thread: they
-may take seconds, and the event loop must keep renewing leases and saving heartbeats meanwhile.
+may take seconds, and the event loop must keep reading, renewing leases and saving heartbeats
+meanwhile.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import asyncio
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
+
+from bson.raw_bson import RawBSONDocument
 
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import SchemaMode
@@ -32,6 +42,10 @@ from flowwarden.runtime.opening import describe_token
 from flowwarden.spec import StreamSpec
 
 Item = tuple[int, MutableMapping[str, Any]]
+
+READ_AHEAD_BYTES = 64 * 1024 * 1024
+"""While a DataFrame batch is in flight, the raw BSON the batch behind it may hold before reading
+waits for the method."""
 
 
 class BatchDelivery:
@@ -46,6 +60,8 @@ class BatchDelivery:
         spark_provider: Callable[[], Any] | None,
         giving_up: GivingUp,
         log: StreamLog,
+        delivered: Callable[[int], None],
+        failed: Callable[[], None],
         metrics: StreamMetrics | None = None,
     ) -> None:
         method = spec.dataframe or spec.batch
@@ -59,7 +75,13 @@ class BatchDelivery:
         self._ctx = ctx
         self._spark_provider = spark_provider
         self._items: list[Item] = []
+        self._bytes = 0
         self._first_at = 0.0
+        self._in_flight: asyncio.Task[None] | None = None
+        self._delivered = delivered
+        self._failed = failed
+        self.failure: BaseException | None = None
+        """The error the batch in flight ended with, once it did (the read loop raises it)."""
         self._replay_end: str | None = None
         self._giving_up = giving_up
         self.log = log
@@ -68,10 +90,9 @@ class BatchDelivery:
 
     async def offer(
         self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter
-    ) -> int:
+    ) -> None:
         """Add an event (ending a batch being formed again first, when the event lies past its
-        stored end) and deliver the batch once it is due; the number of events delivered."""
-        delivered = 0
+        stored end) and hand the batch over once it is due."""
         if self.replaying and self.past_replay_end(change):
             # The stored batch's last event did not come back (the pipeline changed since): the
             # batch formed again ends before this event.
@@ -81,25 +102,65 @@ class BatchDelivery:
                 self._name,
                 describe_token({"_data": self._replay_end}),
             )
-            delivered = await self.deliver(committer)
+            await self.deliver(committer)
             self.stop_replay()
         self.add(sequence, change)
         if self.due():
-            delivered += await self.deliver(committer)
-        return delivered
+            await self.deliver(committer)
+        elif self._bytes >= READ_AHEAD_BYTES:
+            await self.settle()  # read no further ahead until the method returns
 
-    async def deliver(self, committer: CheckpointCommitter) -> int:
-        """Plan the pending batch durably, hand it to the method, then commit it as one; the
-        number of events delivered (0 when the stream stopped meanwhile, or nothing was pending).
+    async def deliver(self, committer: CheckpointCommitter) -> None:
+        """Hand the pending batch over as soon as the batch in flight (if any) is done.
+
+        Returns once the batch is on its way, not when its method returned: the stream reads on
+        meanwhile. Raises what the batch before it failed with.
+        """
+        await self.settle()
+        items = self.take()
+        if items:
+            self._in_flight = asyncio.get_running_loop().create_task(
+                self._deliver(items, committer), name=f"flowwarden-batch[{self._name}]"
+            )
+            self._in_flight.add_done_callback(self._ended)
+
+    async def deliver_all(self, committer: CheckpointCommitter) -> None:
+        """Hand the pending batch over and wait until its method returned and it is committed."""
+        await self.deliver(committer)
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Wait for the batch in flight to be done; raise what it failed with."""
+        task, self._in_flight = self._in_flight, None
+        if task is not None:
+            await task
+
+    async def wait_in_flight(self) -> None:
+        """Wait for the batch in flight to be done, without raising (:attr:`failure` says how it
+        ended)."""
+        task, self._in_flight = self._in_flight, None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    def reset(self) -> None:
+        """Forget what an earlier run of the stream left: its events come again from the checkpoint."""
+        self.take()
+        self._in_flight = None
+        self.failure = None
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.failure = task.exception()
+            self._failed()
+
+    async def _deliver(self, items: list[Item], committer: CheckpointCommitter) -> None:
+        """Plan the batch durably, hand it to the method, then commit it as one.
 
         Before the method runs, the position before the batch (the previous batch's end) is
         saved and the batch's last token stored as its end: after a crash the batch is formed
         again from exactly the same events, so ``ctx.batch_id`` names the same events and
         writes keyed by it replace what the interrupted run wrote.
         """
-        items = self.take()
-        if not items:
-            return 0
         last_sequence, last = items[-1][0], items[-1][1]["_id"]
         await committer.flush()
         await committer.save_batch_end(last)
@@ -115,24 +176,32 @@ class BatchDelivery:
             )
             outcome = ""  # counted by giving_up
         except Interrupted:
-            return 0
+            return  # stopping: the batch stays unfinished, the checkpoint stays before it
         if self._metrics is not None:
             self._metrics.batch_events.observe(len(items))
             if outcome:
                 for _, change in items:
                     self._metrics.handled(str(change.get("operationType", "")), outcome)
         await committer.commit_through(last_sequence, last)
+        self._delivered(len(items))
         if self._ctx.take_save_request():
             await committer.flush()
-        return len(items)
 
     def add(self, sequence: int, change: MutableMapping[str, Any]) -> None:
         if not self._items:
             self._first_at = time.monotonic()
         self._items.append((sequence, change))
+        if isinstance(change, RawBSONDocument):
+            self._bytes += len(change.raw)
 
-    def empty(self) -> bool:
-        return not self._items
+    @property
+    def pending(self) -> int:
+        """Events in the batch being formed."""
+        return len(self._items)
+
+    def idle(self) -> bool:
+        """No event waits in a batch and no batch is in flight."""
+        return not self._items and self._in_flight is None
 
     def replay_until(self, end: ResumeToken | None) -> None:
         """Form the next batch to end exactly at ``end`` (a stored batch end), or not (None)."""
@@ -167,6 +236,7 @@ class BatchDelivery:
     def take(self) -> list[Item]:
         """The pending events, now a batch of their own; a batch formed again is then over."""
         items, self._items = self._items, []
+        self._bytes = 0
         if items:
             self._replay_end = None
         return items

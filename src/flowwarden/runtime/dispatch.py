@@ -83,6 +83,8 @@ class EventDispatch:
                 spark_provider=spark_provider,
                 giving_up=giving_up,
                 log=log,
+                delivered=self._count_delivered,
+                failed=self._set_halt,
                 metrics=metrics,
             )
         else:
@@ -113,10 +115,19 @@ class EventDispatch:
     def _set_halt(self) -> None:
         self.halt = True
 
+    def waiting(self) -> int:
+        """Events gathered in the batch being formed (0 outside batch streams)."""
+        return self.batch.pending if self.batch is not None else 0
+
+    def _count_delivered(self, events: int) -> None:
+        self.events_processed += events
+
     @property
     def handler_error(self) -> BaseException | None:
-        """The error a concurrently run handler task failed with, if one did."""
-        return self._scheduler.error if self._scheduler is not None else None
+        """The error a concurrently run handler task, or the batch in flight, failed with."""
+        if self._scheduler is not None and self._scheduler.error is not None:
+            return self._scheduler.error
+        return self.batch.failure if self.batch is not None else None
 
     # -- one open stream -----------------------------------------------------------------------
 
@@ -136,7 +147,7 @@ class EventDispatch:
         self._scheduler = KeyedScheduler(self._concurrency, self._set_halt) if self._concurrency > 1 else None
         batch = self.batch
         if batch is not None:
-            batch.take()  # left by an earlier run: those events come again from the checkpoint
+            batch.reset()
             batch.replay_until(self._opener.replay_end)
         committer.failed.add_done_callback(lambda _: self._set_halt())
         invokers = self._invokers
@@ -165,7 +176,7 @@ class EventDispatch:
             if kind is EmptyRead:
                 token = change.token
                 if batch is not None and not self.halt and batch.due(token):
-                    self.events_processed += await batch.deliver(committer)
+                    await batch.deliver(committer)
                 if not change.alive:
                     # The server closed the stream after an invalidate event.
                     return
@@ -202,15 +213,17 @@ class EventDispatch:
                 return
 
     async def wait_in_flight(self) -> None:
-        """Let handlers running concurrently finish."""
+        """Let handlers running concurrently, and the batch in flight, finish."""
         if self._scheduler is not None:
             await self._scheduler.wait_all()
+        if self.batch is not None:
+            await self.batch.wait_in_flight()
 
     async def _dispatch(self, change: MutableMapping[str, Any], committer: CheckpointCommitter) -> None:
         """Give the next event its sequence number and hand it to the stream's delivery mode."""
         self._sequence += 1
         if self.batch is not None:
-            self.events_processed += await self.batch.offer(self._sequence, change, committer)
+            await self.batch.offer(self._sequence, change, committer)
         elif self._scheduler is not None:
 
             async def handle(sequence: int, event: MutableMapping[str, Any]) -> None:
@@ -228,7 +241,7 @@ class EventDispatch:
         """
         if self.halt or (self._scheduler is not None and self._scheduler.busy()):
             return False
-        return self.batch is None or self.batch.empty()
+        return self.batch is None or self.batch.idle()
 
     async def _on_invalidate(self, change: Mapping[str, Any], halted: Callable[[], None]) -> None:
         await self.wait_in_flight()
@@ -327,7 +340,7 @@ class EventDispatch:
     ) -> None:
         await self.wait_in_flight()
         if self.batch is not None:
-            self.events_processed += await self.batch.deliver(committer)
+            await self.batch.deliver_all(committer)
         event = await self._giving_up.undecodable(data, error, in_batch=False)
         self._sequence += 1
         await committer.commit(self._sequence, event["_id"])

@@ -33,3 +33,6 @@ class StreamStatus:
     restarts: int
     last_error: str | None
     reason: str | None
+    events_waiting: int = 0
+    """Events read from the stream and not yet handed to a method: read ahead, and gathered in
+    the batch being formed while the one before it is in flight."""

@@ -203,6 +203,7 @@ class StreamRunner:
             restarts=self.restarts,
             last_error=self.last_error,
             reason=self.reason,
+            events_waiting=self._dispatch.waiting() + (len(reader.items) if (reader := self._reader) else 0),
         )
 
     # ------------------------------------------------------------------------------------------
