@@ -67,6 +67,7 @@ class GivingUp:
                 attempts,
                 type(error).__name__,
                 error,
+                extra={"token": token},
             )
             return
         assert self._dead_letters is not None
@@ -86,6 +87,7 @@ class GivingUp:
             token,
             attempts,
             error,
+            extra={"token": token},
         )
 
     async def park_malformed(self, dropped: list[tuple[MutableMapping[str, Any], Any]]) -> None:

@@ -39,6 +39,7 @@ from flowwarden.errors import (
 )
 from flowwarden.events import token_datetime
 from flowwarden.failures import Failure, classify
+from flowwarden.logs import StreamLogger
 from flowwarden.positions import HISTORY_LOST, reachable, refused_position
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch, Invalidated, Reopen
@@ -92,7 +93,7 @@ class StreamRunner:
         self._instance_id = instance_id
         self._spark_provider = spark_provider
         # Log records carry the stream's name (the JSON log format shows it as a field of its own).
-        self.log = logging.LoggerAdapter(logger or logging.getLogger(__name__), {"stream": spec.name})
+        self.log = StreamLogger(logger or logging.getLogger(__name__), {"stream": spec.name})
         self.metrics = metrics
         self._stopping = asyncio.Event()
         self._ownership = Ownership(

@@ -22,11 +22,12 @@ from pymongo.errors import OperationFailure
 from flowwarden import cli
 from flowwarden.checkpoints import Checkpoint, MongoCheckpointStore
 from flowwarden.checkpoints.contract import sample_token
-from flowwarden.cli import ExitCode, main
+from flowwarden.cli import ExitCode, local, main
+from flowwarden.cli.common import mongo_client
 from flowwarden.demo import run_demo
 from flowwarden.errors import CheckpointError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_error_line(stderr: str) -> str:
@@ -151,8 +152,8 @@ def test_refused_credentials_exit_3(capsys, monkeypatch, mongodb_uri):
 
 
 def test_one_shot_commands_wait_10_seconds_for_mongodb_unless_the_uri_says(closed_port):
-    plain = cli._mongo_client(f"mongodb://127.0.0.1:{closed_port}/", connect=False)
-    own = cli._mongo_client(f"mongodb://127.0.0.1:{closed_port}/?serverSelectionTimeoutMS=200", connect=False)
+    plain = mongo_client(f"mongodb://127.0.0.1:{closed_port}/", connect=False)
+    own = mongo_client(f"mongodb://127.0.0.1:{closed_port}/?serverSelectionTimeoutMS=200", connect=False)
     with plain, own:
         assert plain.options.server_selection_timeout == 10
         assert own.options.server_selection_timeout == 0.2
@@ -167,7 +168,7 @@ def test_a_uri_pymongo_refuses_is_a_usage_error_that_keeps_the_password(capsys, 
     assert main([*args, "--uri", uri]) == ExitCode.USAGE
 
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("flowwarden: PyMongo refused --uri mongodb://app:***@db1/")
+    assert line.startswith("flowwarden: PyMongo refused the URI mongodb://app:***@db1/")
     assert "hunter2" not in line and "123" not in line
 
 
@@ -281,17 +282,23 @@ def test_a_port_in_use_prints_no_traceback_in_a_real_process(tmp_path, busy_port
     assert "already in use" in one_error_line(done.stderr)
 
 
-def test_bad_usage_is_one_line_and_exit_2(capsys):
+def test_bad_usage_is_one_line_and_exit_2(capsys, monkeypatch):
     assert main(["checkpoints", "list"]) == ExitCode.USAGE
     line = one_error_line(capsys.readouterr().err)
-    assert "--uri" in line and "flowwarden checkpoints --help" in line
+    assert "--database" in line and "flowwarden checkpoints --help" in line
+    monkeypatch.delenv("FLOWWARDEN_URI", raising=False)
+    monkeypatch.delenv("FLOWWARDEN_URI_FILE", raising=False)
+    monkeypatch.delenv("FLOWWARDEN_CONFIG", raising=False)
+    assert main(["checkpoints", "list", "--database", "shop"]) == ExitCode.USAGE
+    line = one_error_line(capsys.readouterr().err)
+    assert "no MongoDB URI" in line and "FLOWWARDEN_URI" in line
 
 
 def test_an_interrupt_exits_130(capsys, monkeypatch):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_cmd_demo", interrupted)
+    monkeypatch.setattr(local, "demo", interrupted)
     assert main(["demo", "--no-spark"]) == ExitCode.INTERRUPTED
     assert one_error_line(capsys.readouterr().err) == "flowwarden: interrupted"
 

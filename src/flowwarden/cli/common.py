@@ -1,0 +1,170 @@
+"""What every ``flowwarden`` command shares: exit codes, the one-line error report, the parser that
+keeps usage errors to one line, and the MongoDB client of the commands that do one thing and exit.
+
+A command ends a failure it knows of by raising :class:`CommandError`; :func:`report` turns the
+errors a command did not catch (MongoDB out of reach, credentials refused, a URI PyMongo cannot
+parse, a :class:`~flowwarden.errors.FlowWardenError`) into the same one line. No line ever quotes a
+URI's password: URIs go through :func:`flowwarden.redaction.redact_uri` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import re
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from flowwarden.errors import FlowWardenError
+from flowwarden.redaction import quotes_secret, redact_uri
+
+if TYPE_CHECKING:
+    import pymongo
+
+
+class ExitCode(enum.IntEnum):
+    """The ``flowwarden`` command's exit status; :data:`EXIT_CODE_MEANINGS` says what each means."""
+
+    CLEAN_STOP = 0
+    FAILED = 1
+    USAGE = 2
+    MONGODB_UNAVAILABLE = 3
+    INTERRUPTED = 130
+
+
+EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.CLEAN_STOP: "clean stop",
+    ExitCode.FAILED: "a stream failed or ended with an error (run), or a document could not be read "
+    "(checkpoints list, status, dlq)",
+    ExitCode.USAGE: "usage or configuration error: bad arguments, settings or config file, a handler "
+    "that cannot be imported, an invalid token, JSON or URI, a port that cannot be used, a start-up "
+    "error, a command MongoDB refused for a reason other than the credentials; for status: a stream "
+    "whose position has left the oplog",
+    ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached or refused the credentials "
+    "(checkpoints, status, dlq)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C), or run stopped at once by a second SIGINT/SIGTERM",
+}
+
+# The one-shot commands do one thing and exit: better to say at once that MongoDB is out of reach
+# than to wait PyMongo's default 30 s. A serverSelectionTimeoutMS in the URI still wins.
+ONE_SHOT_SERVER_SELECTION_TIMEOUT_MS = 10_000
+_URI_SETS_SERVER_SELECTION_TIMEOUT = re.compile(r"[?&;]serverSelectionTimeoutMS=", re.IGNORECASE)
+
+# OperationFailure codes meaning the credentials were refused: Unauthorized, AuthenticationFailed.
+_CREDENTIALS_REFUSED = frozenset({13, 18})
+
+
+class CommandError(Exception):
+    """Ends the command: ``message`` goes to stderr as one line, ``code`` is the exit status."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def say(message: str) -> None:
+    """One ``flowwarden:`` line on stderr, whatever line breaks the message carried."""
+    print(f"flowwarden: {' '.join(message.split())}", file=sys.stderr)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``flowwarden:`` line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"flowwarden: {message} (see `{self.prog} --help`)\n")
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give a number from 1 to 65535")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+def mongo_client(uri: str, *, connect: bool = True) -> pymongo.MongoClient[dict[str, Any]]:
+    """A client for the one-shot commands; a URI PyMongo refuses ends the command (exit 2)."""
+    import pymongo
+    from pymongo.errors import ConfigurationError
+
+    options: dict[str, Any] = {"tz_aware": True, "connect": connect, "appname": "flowwarden-cli"}
+    if not _URI_SETS_SERVER_SELECTION_TIMEOUT.search(uri):
+        options["serverSelectionTimeoutMS"] = ONE_SHOT_SERVER_SELECTION_TIMEOUT_MS
+    try:
+        return pymongo.MongoClient(uri, **options)
+    except (ConfigurationError, ValueError, TypeError) as error:
+        raise uri_refused(uri, error) from None
+
+
+def uri_refused(uri: str, error: Exception) -> CommandError:
+    # PyMongo quotes pieces of a URI it cannot parse, and a misplaced '@' or ':' can put a piece of
+    # the password in them: such a message is withheld.
+    message = str(error)
+    if quotes_secret(message, uri):
+        message = "its message is withheld because it may quote the password"
+    return CommandError(
+        ExitCode.USAGE,
+        f"PyMongo refused the URI {redact_uri(uri)}: {type(error).__name__}: {message}. Fix the URI; "
+        "a user name or password must be escaped with urllib.parse.quote_plus",
+    )
+
+
+def mongodb_unavailable(error: BaseException, uri: str) -> CommandError | None:
+    """The exit-3 report if ``error`` (or what caused it) means MongoDB was out of reach or refused
+    the credentials; None for any other error."""
+    from pymongo.errors import ConnectionFailure, OperationFailure
+
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConnectionFailure):
+            # A server selection timeout appends the whole topology description; the first part
+            # (each host and why it could not be reached) is what the operator can act on.
+            detail = str(cause).split(", Topology Description:")[0]
+            return CommandError(
+                ExitCode.MONGODB_UNAVAILABLE,
+                f"cannot reach MongoDB at {redact_uri(uri)}: {type(cause).__name__}: {detail}. Check "
+                "that the deployment is running and reachable from here, and that the URI names it",
+            )
+        if isinstance(cause, OperationFailure) and cause.code in _CREDENTIALS_REFUSED:
+            return CommandError(
+                ExitCode.MONGODB_UNAVAILABLE,
+                f"MongoDB at {redact_uri(uri)} refused the credentials: {type(cause).__name__}: "
+                f"{cause}. Check the user name, password and authSource in the URI, and that the "
+                "user may read and write the collections the command uses",
+            )
+        cause = cause.__cause__
+    return None
+
+
+def report(error: Exception, uri: str | None) -> ExitCode:
+    """Report an error a command did not handle itself, or raise it again if it is not one we know."""
+    from pymongo.errors import ConfigurationError, PyMongoError
+
+    unavailable = mongodb_unavailable(error, uri) if uri is not None else None
+    if unavailable is not None:
+        say(unavailable.message)
+        return unavailable.code
+    if isinstance(error, ConfigurationError) and uri is not None:
+        refused = uri_refused(uri, error)
+        say(refused.message)
+        return refused.code
+    if isinstance(error, FlowWardenError):
+        say(str(error))
+        return ExitCode.USAGE
+    if isinstance(error, PyMongoError) and uri is not None:
+        say(f"MongoDB at {redact_uri(uri)} refused the command: {type(error).__name__}: {error}")
+        return ExitCode.USAGE
+    raise error

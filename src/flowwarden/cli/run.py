@@ -1,0 +1,138 @@
+"""``flowwarden run``: import handler classes and run them until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from flowwarden.cli.common import CommandError, ExitCode, Parser, mongo_client, say
+from flowwarden.cli.settings import Settings
+
+
+def load_handler(path: str) -> type:
+    """The class ``package.module:ClassName`` names; a name that cannot be imported ends the
+    command with what to fix."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise CommandError(ExitCode.USAGE, f"handler {path!r} must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except SyntaxError as error:
+        raise CommandError(
+            ExitCode.USAGE,
+            f"cannot import handler module {module_name!r}: {type(error).__name__} in "
+            f"{error.filename}, line {error.lineno}: {error.msg}. Fix the module and run again",
+        ) from None
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name + ".").startswith(error.name + "."):
+            raise CommandError(
+                ExitCode.USAGE,
+                f"cannot import handler module {module_name!r}: {type(error).__name__}: {error}. Check "
+                "the name, and run flowwarden from the folder that holds the package (or add that "
+                "folder to PYTHONPATH)",
+            ) from None
+        raise _import_failed(module_name, error) from None
+    except Exception as error:
+        # Whatever the module's own code raised: the handler cannot run, and the module's error
+        # (not ours) is what the operator must fix.
+        raise _import_failed(module_name, error) from None
+    try:
+        handler: type = getattr(module, attr)
+    except AttributeError:
+        raise CommandError(
+            ExitCode.USAGE, f"module {module_name!r} has no attribute {attr!r}; name a class it defines"
+        ) from None
+    return handler
+
+
+def _import_failed(module_name: str, error: Exception) -> CommandError:
+    return CommandError(
+        ExitCode.USAGE,
+        f"cannot import handler module {module_name!r}: importing it raised {type(error).__name__}: "
+        f"{error}. Fix the module; `python -c 'import {module_name}'` shows the traceback",
+    )
+
+
+def run(args: argparse.Namespace, settings: Settings) -> ExitCode:
+    from flowwarden.runtime import Connector, ForcedStop
+
+    uri = settings.mongodb_uri()
+    # The connector builds its client once it runs; a URI PyMongo cannot parse is refused here,
+    # before anything starts, with a message that cannot quote the password.
+    mongo_client(uri, connect=False).close()
+    if "." not in sys.path:
+        sys.path.insert(0, ".")
+    handlers = [load_handler(h) for h in args.handlers]
+    try:
+        connector = Connector(
+            uri,
+            handlers,
+            instance_id=settings.instance_id,
+            checkpoint_database=settings.checkpoint_database,
+            metrics_port=settings.metrics_port,
+            metrics_host=settings.metrics_host,
+            progress_interval=settings.progress_interval,
+        )
+        connector.run()
+    except ForcedStop as stop:
+        say(
+            f"stopped at once by a second {stop.signal_name}; the events of the handlers it abandoned "
+            "stay unprocessed and are handled again after a restart"
+        )
+        # Not SystemExit: a handler stuck in a worker thread would keep the interpreter from
+        # exiting, which is what the second signal asked for.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ExitCode.INTERRUPTED)
+    errors = connector.stream_errors()
+    for name, error in errors.items():
+        say(f"stream {name!r} failed: {type(error).__name__}: {error}")
+    return ExitCode.FAILED if errors else ExitCode.CLEAN_STOP
+
+
+RUN_SETTINGS = ("instance_id", "checkpoint_database", "metrics_port", "metrics_host", "progress_interval")
+"""The settings only ``run`` has flags for."""
+
+
+def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "run",
+        parents=[connection],
+        help="run handler classes until SIGINT/SIGTERM",
+        description="Run handler classes until SIGINT or SIGTERM asks for a graceful stop (handlers in "
+        "flight finish, checkpoints are saved); a second signal stops at once. Settings come from "
+        "the flags, then FLOWWARDEN_* environment variables, then the --config file, then defaults.",
+    )
+    parser.add_argument("handlers", nargs="+", metavar="module:Class", help="a handler class to run")
+    parser.add_argument(
+        "--instance-id",
+        default=None,
+        help="this process's name in checkpoints and leases (default: generated)",
+    )
+    parser.add_argument(
+        "--checkpoint-database",
+        default=None,
+        help="where streams over a whole deployment keep their checkpoints (default: flowwarden)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port; 0 picks a free one",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=None,
+        help="the address the metrics port listens on (default: 127.0.0.1, this machine only)",
+    )
+    parser.add_argument(
+        "--progress-interval",
+        type=float,
+        default=None,
+        help="seconds between the INFO progress lines of each stream; 0 for none (default: 30)",
+    )
+    return parser

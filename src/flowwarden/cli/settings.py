@@ -1,0 +1,206 @@
+"""The command's settings: command-line flags, then ``FLOWWARDEN_*`` environment variables, then a
+TOML file, then defaults (pydantic-settings merges them, in that order of precedence).
+
+The TOML file is ``--config PATH`` or ``FLOWWARDEN_CONFIG``; its keys are the field names below,
+at the top level::
+
+    uri_file = "/run/secrets/mongodb-uri"
+    instance_id = "orders-1"
+    metrics_port = 9464
+    log_format = "json"
+
+The URI may come from a file (``FLOWWARDEN_URI_FILE``, or ``uri_file`` in the TOML file), for
+secrets mounted as files; one trailing newline is stripped. A source that sets both ``uri`` and
+``uri_file`` is refused, as are unknown keys in the TOML file and values a field does not accept:
+:func:`load` raises :class:`~flowwarden.cli.common.CommandError` (exit 2) with one line that
+names the setting, where it can be set, and what it accepts. A URI never appears in such a line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from flowwarden.cli.common import CommandError, ExitCode
+from flowwarden.logs import LogFormat, LogLevel
+from flowwarden.runtime.connector import DEFAULT_CHECKPOINT_DATABASE
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
+
+ENV_PREFIX = "FLOWWARDEN_"
+CONFIG_ENV = "FLOWWARDEN_CONFIG"
+
+
+class Settings(BaseSettings):
+    """Where the command connects, and how ``flowwarden run`` runs and reports."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    uri: SecretStr | None = Field(
+        None, description="MongoDB URI of a replica set or sharded cluster (kept out of every log line)"
+    )
+    uri_file: Path | None = Field(None, description="a file holding the URI (a mounted secret)")
+    instance_id: str | None = Field(
+        None, description="this process's name in checkpoints and leases (default: generated)"
+    )
+    checkpoint_database: str = Field(
+        DEFAULT_CHECKPOINT_DATABASE,
+        description="where streams over a whole deployment keep their checkpoints",
+        min_length=1,
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve /metrics, /healthz and /readyz on this port (0: any free one)",
+    )
+    metrics_host: str = Field("127.0.0.1", description="the address the metrics port listens on")
+    log_level: LogLevel = Field("INFO", description="flowwarden's log level: DEBUG, INFO, WARNING or ERROR")
+    log_format: LogFormat = Field("text", description="text, or json (one object per line)")
+    progress_interval: float = Field(
+        30.0, ge=0, allow_inf_nan=False, description="seconds between progress lines per stream (0: none)"
+    )
+
+    # Set per load() on a subclass: the TOML file to read, if any.
+    _toml_file: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [
+            init_settings,
+            _UriFromFile(env_settings, f"the environment ({ENV_PREFIX}URI and {ENV_PREFIX}URI_FILE)"),
+        ]
+        toml_file = cls.__private_attributes__["_toml_file"].default
+        if toml_file is not None:
+            toml = TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+            sources.append(_UriFromFile(toml, f"{toml_file} (uri and uri_file)"))
+        return tuple(sources)
+
+    def mongodb_uri(self) -> str:
+        """The URI, or the error that says where to give one."""
+        if self.uri is None:
+            raise CommandError(
+                ExitCode.USAGE,
+                f"no MongoDB URI: give --uri, set {ENV_PREFIX}URI or {ENV_PREFIX}URI_FILE, or set uri or "
+                "uri_file in the config file (--config)",
+            )
+        return self.uri.get_secret_value()
+
+
+class _UriFromFile(PydanticBaseSettingsSource):
+    """A source whose ``uri_file`` is replaced by the URI read from that file."""
+
+    def __init__(self, source: PydanticBaseSettingsSource, where: str) -> None:
+        super().__init__(source.settings_cls)
+        self._source = source
+        self._where = where
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = dict(self._source())
+        path = values.pop("uri_file", None)
+        if path is None:
+            return values
+        if values.get("uri") is not None:
+            raise CommandError(
+                ExitCode.USAGE, f"{self._where} sets both the URI and a URI file; keep one of them"
+            )
+        try:
+            values["uri"] = Path(path).read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise CommandError(
+                ExitCode.USAGE, f"cannot read the URI file {path} named by {self._where}: {reason}"
+            ) from None
+        if not values["uri"].strip():
+            raise CommandError(ExitCode.USAGE, f"the URI file {path} named by {self._where} is empty")
+        return values
+
+
+FLAGS = {
+    "uri": "--uri",
+    "instance_id": "--instance-id",
+    "checkpoint_database": "--checkpoint-database",
+    "metrics_port": "--metrics-port",
+    "metrics_host": "--metrics-host",
+    "log_level": "--log-level",
+    "log_format": "--log-format",
+    "progress_interval": "--progress-interval",
+}
+
+
+def load(flags: dict[str, Any], config: str | None = None) -> Settings:
+    """The settings, with ``flags`` (the command-line values given; None for those not given) over
+    the environment over the TOML file (``config``, else ``FLOWWARDEN_CONFIG``) over defaults."""
+    path = config or os.environ.get(CONFIG_ENV) or None
+    toml_file = _check_config(Path(path), "--config" if config else CONFIG_ENV) if path else None
+    given = {name: value for name, value in flags.items() if value is not None}
+    loaded_from = type("Settings", (Settings,), {"_toml_file": toml_file})
+    try:
+        settings: Settings = loaded_from(**given)
+    except ValidationError as error:
+        raise CommandError(ExitCode.USAGE, _explain(error, toml_file)) from None
+    return settings
+
+
+def _check_config(path: Path, named_by: str) -> Path:
+    """The TOML file, once it exists and parses (pydantic-settings skips a missing file silently)."""
+    try:
+        with path.open("rb") as file:
+            tomllib.load(file)
+    except OSError as error:
+        raise CommandError(
+            ExitCode.USAGE, f"cannot read the config file {path} ({named_by}): {error.strerror or error}"
+        ) from None
+    except tomllib.TOMLDecodeError as error:
+        raise CommandError(ExitCode.USAGE, f"the config file {path} is not valid TOML: {error}") from None
+    return path
+
+
+def _explain(error: ValidationError, toml_file: Path | None) -> str:
+    """One line for the first problem: which setting, where it is set, what it accepts."""
+    problem = error.errors()[0]
+    name = str(problem["loc"][0]) if problem["loc"] else "?"
+    known = ", ".join(Settings.model_fields)
+    if problem["type"] == "extra_forbidden":
+        return f"the config file {toml_file} has an unknown key {name!r}; the keys it may set are: {known}"
+    field = Settings.model_fields.get(name)
+    where = ", ".join(
+        part
+        for part in (FLAGS.get(name), f"{ENV_PREFIX}{name.upper()}", f"{name} in the config file")
+        if part
+    )
+    value = "" if name in ("uri", "uri_file") else f" {problem.get('input')!r}"
+    accepts = f" ({field.description})" if field is not None and field.description else ""
+    return f"setting {name}{value} is refused: {problem['msg']}{accepts}. It is set by {where}"
+
+
+def described() -> list[tuple[str, str, str, str]]:
+    """(field, flag, environment variable, description) of every setting, for help texts and docs."""
+    return [
+        (name, FLAGS.get(name, ""), f"{ENV_PREFIX}{name.upper()}", field.description or "")
+        for name, field in Settings.model_fields.items()
+    ]

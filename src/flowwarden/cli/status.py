@@ -1,0 +1,161 @@
+"""``flowwarden status``: every stream of a checkpoint collection, as the deployment sees it now.
+
+Times are compared with the cluster's own time (the operationTime of a ping), not this machine's
+clock. A stream whose resume position is older than the oplog's oldest entry cannot resume: its
+history is lost, and the command exits 2 so that scripts and alerts notice. Where the oplog cannot
+be read (mongos, or a user without read on ``local``) the command says so and judges nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from typing import Any
+
+from bson import Timestamp
+from rich.console import Console
+from rich.table import Table
+
+from flowwarden.cli.checkpoints import read_checkpoints, unreadable_report
+from flowwarden.cli.common import ExitCode, Parser, mongo_client, say
+from flowwarden.cli.settings import Settings
+
+
+def status(args: argparse.Namespace, settings: Settings) -> ExitCode:
+    from flowwarden.positions import cluster_time_of, oplog_edge
+    from flowwarden.runtime.lease import LOCKS_COLLECTION
+
+    with mongo_client(settings.mongodb_uri()) as client:
+        database = client[args.database]
+        now = cluster_time_of(client.admin.command("ping"))
+        oldest = oplog_edge(client, 1)
+        leases = {doc["_id"]: doc for doc in database[LOCKS_COLLECTION].find({})}
+        rows = [
+            _row(stream, checkpoint, reason, now, oldest, leases.get(stream))
+            for stream, checkpoint, reason in read_checkpoints(database[args.collection])
+        ]
+        collection = database[args.collection]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(rows, collection.full_name, oldest)
+    lost = [row["stream"] for row in rows if row["inOplog"] is False]
+    unreadable = sum(1 for row in rows if row["unreadable"])
+    if lost:
+        say(
+            f"the position of {', '.join(map(repr, lost))} is older than the oplog's oldest entry: "
+            "that history is lost. The stream's on_history_lost decides what it does at its next "
+            "start; `flowwarden checkpoints rewind` moves it by hand"
+        )
+        return ExitCode.USAGE
+    if unreadable:
+        say(unreadable_report(unreadable, collection))
+        return ExitCode.FAILED
+    return ExitCode.CLEAN_STOP
+
+
+def _row(
+    stream: Any,
+    checkpoint: Any,
+    reason: str | None,
+    now: Timestamp | None,
+    oldest: Timestamp | None,
+    lease: dict[str, Any] | None,
+) -> dict[str, Any]:
+    from flowwarden.events import token_cluster_time
+
+    row: dict[str, Any] = {
+        "stream": stream,
+        "lastProcessed": None,
+        "lastSeen": None,
+        "secondsBehind": None,
+        "eventsProcessed": None,
+        "instanceId": None,
+        "leaseHolder": _holder(lease, now),
+        "inOplog": None,
+        "unreadable": reason,
+    }
+    if checkpoint is None:
+        return row
+    row.update(
+        lastProcessed=_iso(checkpoint.last_processed_at),
+        lastSeen=_iso(checkpoint.last_seen_at),
+        eventsProcessed=checkpoint.events_processed,
+        instanceId=checkpoint.instance_id,
+    )
+    token = checkpoint.resume_token
+    if token is not None:
+        at = token_cluster_time(token)
+        if now is not None:
+            row["secondsBehind"] = max(0, now.time - at.time)
+        if oldest is not None:
+            # Resuming after a token needs the oplog to still hold the entry at its time.
+            row["inOplog"] = at >= oldest
+    return row
+
+
+def _holder(lease: dict[str, Any] | None, now: Timestamp | None) -> str | None:
+    """Who holds the stream's single-leader lease, if anyone does now."""
+    if lease is None or lease.get("owner") is None:
+        return None
+    expires = lease.get("expiresAt")
+    if isinstance(expires, datetime) and now is not None and expires.timestamp() <= now.time:
+        return None
+    return str(lease["owner"])
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp | None) -> None:
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # a pipe or a file: one row per line, never wrapped
+    table = Table(title=f"streams in {collection}", title_justify="left")
+    for column, justify in (
+        ("stream", "left"),
+        ("last processed", "left"),
+        ("behind (s)", "right"),
+        ("last seen", "left"),
+        ("events", "right"),
+        ("instance", "left"),
+        ("lease holder", "left"),
+        ("in oplog", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        if row["unreadable"]:
+            table.add_row(str(row["stream"]), f"unreadable: {row['unreadable']}", *[""] * 6)
+            continue
+        table.add_row(
+            str(row["stream"]),
+            row["lastProcessed"] or "-",
+            "-" if row["secondsBehind"] is None else f"{row['secondsBehind']:,}",
+            row["lastSeen"] or "-",
+            f"{row['eventsProcessed']:,}",
+            row["instanceId"] or "-",
+            row["leaseHolder"] or "-",
+            {True: "yes", False: "NO: history lost", None: "?"}[row["inOplog"]],
+        )
+    console.print(table)
+    if oldest is None:
+        console.print("the oplog cannot be read here (mongos, or no read on local): 'in oplog' is unknown")
+
+
+def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "status",
+        parents=[connection],
+        help="every stream's position, lag and lease, as the deployment sees it now",
+        description="Print every stream of a checkpoint collection: when its last processed and last "
+        "seen events happened, how many seconds its resume position is behind the cluster's "
+        "current time, events processed, the instance that saved it, the holder of its lease, and "
+        "whether its position is still in the oplog. Exits 2 when a position has left the oplog "
+        "(its history is lost), 1 when a document cannot be read.",
+    )
+    parser.add_argument("--database", required=True, help="the database holding the checkpoint collection")
+    parser.add_argument("--collection", default="_fw_checkpoints", help="default: _fw_checkpoints")
+    parser.add_argument("--json", action="store_true", help="a JSON list instead of the table, for scripts")
+    return parser
