@@ -10,6 +10,7 @@ tests are deselected and the run's summary says how many; every other test runs 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -118,3 +119,14 @@ def next_server_second(client: pymongo.MongoClient, db_name: str) -> Callable[[]
         raise AssertionError("the server's cluster time did not reach its next second in 20s")
 
     return wait
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was() -> Iterator[None]:
+    """``flowwarden.cli.main`` configures logging for its process; run in a test, it would leave
+    its handler and levels to every later test. They are put back after each test."""
+    root, ours = logging.getLogger(), logging.getLogger("flowwarden")
+    handlers, level = root.handlers[:], ours.level
+    yield
+    root.handlers[:] = handlers
+    ours.setLevel(level)

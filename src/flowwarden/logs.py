@@ -59,14 +59,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes, so that a stderr replaced later
+    (by a test runner, by a live terminal display) is followed rather than written past."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure(level: LogLevel = "INFO", fmt: LogFormat = "text") -> None:
     """Send log records to stderr in ``fmt``: flowwarden's from ``level`` up, other libraries'
-    from WARNING up. Replaces the handlers the root logger had."""
-    handler = logging.StreamHandler(sys.stderr)
+    from WARNING up (the root logger's default). Replaces the handler an earlier call installed
+    and leaves any other handler alone."""
+    handler = _Stderr()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
-    root.handlers = [handler]
-    root.setLevel(logging.WARNING)
+    for old in [h for h in root.handlers if isinstance(h, _Stderr)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
     logging.getLogger("flowwarden").setLevel(level)
 
 

@@ -16,6 +16,8 @@ def load_handler(path: str) -> type:
     """The class ``package.module:ClassName`` names; a name that cannot be imported ends the
     command with what to fix."""
     module_name, _, attr = path.partition(":")
+    if "." not in sys.path:
+        sys.path.insert(0, ".")  # handler modules are found from the working folder, as with python -m
     if not module_name or not attr:
         raise CommandError(ExitCode.USAGE, f"handler {path!r} must look like 'package.module:ClassName'")
     try:
@@ -63,8 +65,6 @@ def run(args: argparse.Namespace, settings: Settings) -> ExitCode:
     # The connector builds its client once it runs; a URI PyMongo cannot parse is refused here,
     # before anything starts, with a message that cannot quote the password.
     mongo_client(uri, connect=False).close()
-    if "." not in sys.path:
-        sys.path.insert(0, ".")
     handlers = [load_handler(h) for h in args.handlers]
     try:
         connector = Connector(

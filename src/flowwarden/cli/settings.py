@@ -188,11 +188,8 @@ def _explain(error: ValidationError, toml_file: Path | None) -> str:
     if problem["type"] == "extra_forbidden":
         return f"the config file {toml_file} has an unknown key {name!r}; the keys it may set are: {known}"
     field = Settings.model_fields.get(name)
-    where = ", ".join(
-        part
-        for part in (FLAGS.get(name), f"{ENV_PREFIX}{name.upper()}", f"{name} in the config file")
-        if part
-    )
+    places = [part for part in (FLAGS.get(name), f"{ENV_PREFIX}{name.upper()}") if part]
+    where = f"{', '.join(places)} or {name} in the config file"
     value = "" if name in ("uri", "uri_file") else f" {problem.get('input')!r}"
     accepts = f" ({field.description})" if field is not None and field.description else ""
     return f"setting {name}{value} is refused: {problem['msg']}{accepts}. It is set by {where}"
