@@ -187,3 +187,13 @@ def test_help_of_every_command_is_plain_text():
         assert done.returncode == 0, done.stderr
         assert "``" not in done.stdout and ":class:" not in done.stdout and ":func:" not in done.stdout
         assert "exit codes:" in done.stdout
+
+
+def test_docs_cli_lists_every_setting_with_its_flag_and_variable():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    for name, flag, variable, _ in described():
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"docs/cli.md has no row for {name}"
+        assert f"`{variable}`" in row and (not flag or f"`{flag}`" in row), row
