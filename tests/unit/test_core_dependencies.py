@@ -110,3 +110,13 @@ def test_the_commands_on_the_test_double_say_what_to_install(tmp_path: Path) -> 
         assert done.returncode == 2, (args, done.stderr)
         (line,) = done.stderr.splitlines()
         assert line.startswith("flowwarden: ") and line.endswith(PIP_LINE), line
+
+
+def test_the_version_has_one_source() -> None:
+    import importlib.metadata
+
+    import flowwarden
+
+    assert importlib.metadata.version("flowwarden") == flowwarden.__version__
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and 'attr = "flowwarden.__version__"' in pyproject
