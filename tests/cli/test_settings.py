@@ -197,3 +197,23 @@ def test_docs_cli_lists_every_setting_with_its_flag_and_variable():
         row = next((line for line in page.splitlines() if line.startswith(f"| `{name}` |")), None)
         assert row is not None, f"docs/cli.md has no row for {name}"
         assert f"`{variable}`" in row and (not flag or f"`{flag}`" in row), row
+
+
+def test_every_command_and_option_has_help_text():
+    import argparse
+
+    from flowwarden.cli import build_parser
+
+    def undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += undocumented(sub, f"{path} {name}")
+                    if not sub.description:
+                        found.append(f"{path} {name} (no description)")
+            elif not action.help:
+                found.append(f"{path} {action.dest}")
+        return found
+
+    assert undocumented(build_parser(), "flowwarden") == []
