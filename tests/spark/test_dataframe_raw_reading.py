@@ -13,10 +13,10 @@ import pymongo
 import pytest
 from bson import Decimal128
 from bson.codec_options import TypeDecoder, TypeRegistry
-from bson.raw_bson import RawBSONDocument
 
 import flowwarden.spark
 from flowwarden import Connector, OnError, StreamState, change_stream, checkpoint, on_dataframe, retry_policy
+from flowwarden.raw_events import RawEvent
 from flowwarden.spark.arrow import UndecodableEventError
 
 pytestmark = pytest.mark.spark
@@ -75,7 +75,7 @@ def test_a_dataframe_stream_converts_the_bytes_the_server_sent(
     finally:
         connector.stop()
     events = [event for batch in conversions for event in batch]
-    assert events and all(type(event) is RawBSONDocument for event in events)
+    assert events and all(type(event) is RawEvent for event in events)
     assert [r["operation_type"] for r in rows] == ["insert"] * 4 + ["update"]
     assert rows[0]["full_document"] == '{"_id":{"$numberInt":"0"},"amount":{"$numberDecimal":"0.5"}}'
     assert rows[4]["updated_fields"] == '{"amount":{"$numberDecimal":"9.25"}}'
@@ -126,7 +126,7 @@ def test_type_decoders_of_the_client_do_not_change_the_columns(
         spark, client, db_name, pymongo.AsyncMongoClient(mongodb_uri, type_registry=registry), rows
     )
     events = [event for batch in conversions for event in batch]
-    assert len(events) == 1 and type(events[0]) is RawBSONDocument
+    assert len(events) == 1 and type(events[0]) is RawEvent
     assert [r["full_document"] for r in rows] == [
         '{"_id":{"$numberInt":"1"},"amount":{"$numberDecimal":"1.5"}}'
     ]

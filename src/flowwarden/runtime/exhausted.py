@@ -9,7 +9,7 @@ up on counts in :attr:`GivingUp.failed`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
 import bson
@@ -90,7 +90,7 @@ class GivingUp:
             extra={"token": token},
         )
 
-    async def park_malformed(self, dropped: list[tuple[MutableMapping[str, Any], Any]]) -> None:
+    async def park_malformed(self, dropped: list[tuple[Mapping[str, Any], Any]]) -> None:
         """Dead-letter the events DROPMALFORMED left out of a DataFrame; they count as failed."""
         assert self._dead_letters is not None
         for change, row in dropped:

@@ -22,7 +22,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from bson.codec_options import CodecOptions
-from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure, PyMongoError
 
 from flowwarden.checkpoints import Checkpoint, CheckpointCommitter
@@ -40,6 +39,7 @@ from flowwarden.positions import (
     refused_position,
     server_cluster_time,
 )
+from flowwarden.raw_events import RAW_EVENT_OPTIONS
 from flowwarden.runtime.context import StreamLog
 from flowwarden.spec import StreamSpec
 
@@ -197,7 +197,8 @@ class StreamOpener:
 
     def read_options(self) -> CodecOptions[Any] | None:
         """How the stream's events are decoded: as the client says (None), except for DataFrame
-        streams, which keep each event's BSON as the server sent it (``RawBSONDocument``).
+        streams, which keep each event's BSON as the server sent it
+        (:class:`~flowwarden.raw_events.RawEvent`).
 
         The Arrow conversion reads those bytes directly (flowwarden.spark's compiled converter)
         and maps BSON types to columns by its own documented rules, so decoding them into dicts
@@ -212,7 +213,7 @@ class StreamOpener:
         options: CodecOptions[Any] | None = getattr(target, "codec_options", None)
         if target is self._client or options is None or options.unicode_decode_error_handler != "strict":
             return None
-        return CodecOptions(document_class=RawBSONDocument)
+        return RAW_EVENT_OPTIONS
 
     def watch_options(self) -> dict[str, Any]:
         options: dict[str, Any] = self.spec.stream.watch_options()

@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from flowwarden.raw_events import lean
+
 
 class EmptyRead:
     """``try_next()`` returned None: the stream's resume token and liveness at that moment."""
@@ -75,7 +77,7 @@ class ReadAhead:
                     if not alive:
                         return
                 else:
-                    items.append(change)
+                    items.append(lean(change))
                     ready.set()
         except asyncio.CancelledError:
             raise

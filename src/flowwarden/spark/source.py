@@ -59,6 +59,7 @@ from flowwarden.errors import ConfigurationError, ResumePositionError, StreamErr
 from flowwarden.events import compare_tokens, token_datetime
 from flowwarden.failures import Failure, classify
 from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss, refused_position
+from flowwarden.raw_events import RawEvent
 from flowwarden.spark.arrow import events_to_arrow
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS
 from flowwarden.spark.source_options import OWNER, SourceOptions
@@ -171,7 +172,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         self._target: dict[str, Any] | None = None
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
-        self._raw_client: pymongo.MongoClient[RawBSONDocument] | None = None
+        self._raw_client: pymongo.MongoClient[RawEvent] | None = None
 
     # The reader is pickled to executors for read(): the client stays behind.
     def __getstate__(self) -> dict[str, Any]:
@@ -398,11 +399,11 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._client = pymongo.MongoClient(self.options.uri, appname="flowwarden-spark")
         return self._client
 
-    def _raw_client_for(self) -> pymongo.MongoClient[RawBSONDocument]:
+    def _raw_client_for(self) -> pymongo.MongoClient[RawEvent]:
         """A client whose change streams deliver events as raw BSON, for ``read``."""
         if self._raw_client is None:
             self._raw_client = pymongo.MongoClient(
-                self.options.uri, appname="flowwarden-spark", document_class=RawBSONDocument
+                self.options.uri, appname="flowwarden-spark", document_class=RawEvent
             )
         return self._raw_client
 

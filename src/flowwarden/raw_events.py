@@ -1,0 +1,123 @@
+"""Change events kept as the BSON the server sent, read a field at a time.
+
+Streams whose events go to Arrow (``@on_dataframe``, the Spark source) never need them as dicts:
+the converter reads their bytes. Yet PyMongo reads every event's ``_id`` (its resume token),
+and the read loop its ``operationType``; on a ``RawBSONDocument`` either read decodes every
+top-level field and keeps them: a dict and one ``RawBSONDocument`` per sub-document, about eight
+objects per event, which cost more than the read itself, and far more once events wait in a
+batch and the cyclic garbage collector visits them on every collection.
+
+:class:`RawEvent` answers a top-level lookup by walking the top-level elements to the one asked
+for and decoding that one alone (a token or a string: no object the collector tracks), and
+decodes the whole top level, as ``RawBSONDocument`` does, only for anything else.
+:func:`lean` drops what was decoded from any ``RawBSONDocument``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from struct import Struct
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+
+__all__ = ["RAW_EVENT_OPTIONS", "RawEvent", "lean"]
+
+_INT32 = Struct("<i")
+_DOCUMENT, _STRING = 0x03, 0x02
+# Bytes after the key of an element of each fixed-size BSON type.
+_FIXED = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16, 0x7F: 0, 0xFF: 0}
+# Types whose value starts with an int32 holding the length of what follows it (strings, code,
+# symbols) or of the whole value (documents, arrays, code with scope), and binary (length,
+# subtype byte, data).
+_LENGTH_AFTER = {0x02: 4, 0x0D: 4, 0x0E: 4}
+_LENGTH_OF_ALL = {0x03, 0x04, 0x0F}
+_BINARY = 0x05
+
+_INFLATED = vars(RawBSONDocument).get("_RawBSONDocument__inflated_doc")
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
+_UNKNOWN = object()
+
+
+class RawEvent(RawBSONDocument):
+    """A ``RawBSONDocument`` whose ``_id`` and ``operationType`` are read without decoding the rest.
+
+    ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event; every other
+    field reads as it does from a ``RawBSONDocument``.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "_id" or key == "operationType":
+            value = _lookup(self.raw, key)
+            if value is _MISSING:
+                raise KeyError(key)
+            if value is not _UNKNOWN:
+                return value
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+RAW_EVENT_OPTIONS: CodecOptions[Any] = CodecOptions(document_class=RawEvent)
+"""Codec options for change streams whose events are read as :class:`RawEvent`."""
+
+
+def _lookup(raw: bytes | memoryview, key: str) -> Any:
+    """The top-level field ``key`` of ``raw`` (a document or a string), ``_MISSING`` when there is
+    none, ``_UNKNOWN`` when it is of another type or the walk meets a type it does not size."""
+    wanted = key.encode()
+    data = raw if isinstance(raw, bytes) else bytes(raw)
+    end = len(data) - 1
+    pos = 4
+    while pos < end:
+        kind = data[pos]
+        name_end = data.index(0, pos + 1)
+        value = name_end + 1
+        if data[pos + 1 : name_end] == wanted:
+            if kind == _DOCUMENT:
+                length = _INT32.unpack_from(data, value)[0]
+                return bson.decode(data[value : value + length])
+            if kind == _STRING:
+                length = _INT32.unpack_from(data, value)[0]
+                return data[value + 4 : value + 3 + length].decode()
+            return _UNKNOWN
+        size = _FIXED.get(kind)
+        if size is not None:
+            pos = value + size
+        elif kind in _LENGTH_AFTER:
+            pos = value + 4 + _INT32.unpack_from(data, value)[0]
+        elif kind in _LENGTH_OF_ALL:
+            pos = value + _INT32.unpack_from(data, value)[0]
+        elif kind == _BINARY:
+            pos = value + 5 + _INT32.unpack_from(data, value)[0]
+        else:  # regular expressions, DBPointers: rare at the top of a change event
+            return _UNKNOWN
+    return _MISSING
+
+
+def lean(change: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``change`` without the fields decoded from it so far, when it is a ``RawBSONDocument``.
+
+    A field read later is decoded again. ``RawBSONDocument`` keeps its decoded fields in a
+    private slot; should a PyMongo release rename it, an undecoded copy is made instead.
+    """
+    if not isinstance(change, RawBSONDocument):
+        return change
+    if _INFLATED is not None:
+        _INFLATED.__set__(change, None)
+        return change
+    return type(change)(change.raw)
