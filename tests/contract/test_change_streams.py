@@ -245,6 +245,14 @@ def test_stages_filter_and_reshape(client: pymongo.MongoClient, db_name: str) ->
     ]
 
 
+def test_projecting_only_the_id_leaves_only_the_token(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    with coll.watch([{"$project": {"_id": 1}}], max_await_time_ms=AWAIT_MS) as stream:
+        coll.insert_one({"_id": 1, "big": "x" * 100})
+        (event,) = changes(stream, 1)
+    assert list(event) == ["_id"] and set(event["_id"]) == {"_data"}
+
+
 @pytest.mark.parametrize("stage", ["$group", "$lookup", "$out", "$merge", "$sort", "$limit"])
 def test_forbidden_stages_are_refused(client: pymongo.MongoClient, db_name: str, stage: str) -> None:
     spec: Any = {

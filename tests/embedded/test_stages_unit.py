@@ -126,6 +126,8 @@ def test_project_exclusion_and_nested_specs() -> None:
     )
     (include,) = compile_pipeline([{"$project": {"fullDocument.qty": True, "_id": False}}])
     assert include(EVENT) == {"fullDocument": {"qty": 3}}
+    (only_id,) = compile_pipeline([{"$project": {"_id": 1}}])
+    assert only_id(EVENT) == {"_id": {"_data": "82"}}
 
 
 def test_add_fields_remove_with_variable() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +24,8 @@ from flowwarden.config import OnHistoryLost, SchemaMode, StartPosition
 from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError
 from flowwarden.events import compare_tokens
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
-from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions, _counting_needs_documents
+from flowwarden.spark import source as source_module
+from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions, TokenRange
 from flowwarden.testing import EmbeddedReplicaSet
 
 pytestmark = pytest.mark.spark
@@ -188,20 +191,64 @@ def test_offsets_are_tokens_and_a_range_replays_exactly(
         reader.stop()
 
 
-@pytest.mark.parametrize(
-    ("pipeline", "needed"),
-    [
-        ((), False),
-        (({"$match": {"operationType": "update"}},), False),
-        (({"$match": {"fullDocument.qty": {"$gte": 5}}},), True),
-        (({"$addFields": {"before": "$fullDocumentBeforeChange.qty"}},), True),
-        (({"$match": {"operationType": "insert"}}, {"$changeStreamSplitLargeEvent": {}}), True),
-    ],
-)
-def test_planning_asks_for_documents_only_when_the_pipeline_reads_them(
-    pipeline: tuple[dict[str, Any], ...], needed: bool
+def rows_of(batches: Any) -> list[dict[str, Any]]:
+    batches = list(batches)
+    return pa.Table.from_batches(batches).to_pylist() if batches else []
+
+
+def test_a_planned_micro_batch_reaches_its_executor_with_its_events(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
 ) -> None:
-    assert _counting_needs_documents(pipeline) is needed
+    """Each range is read from MongoDB once: planning reads its events, and the partition Spark
+    ships to the executor carries them, so the executor converts them without a connection. A
+    range replayed from the offset log alone (no planning) is read from MongoDB, identically."""
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name)
+    try:
+        start = reader.initialOffset()
+        collection.insert_many([{"n": n} for n in range(7)])
+        end = reader.latestOffset(start, ReadMaxRows(5))
+        (partition,) = reader.partitions(start, end)
+        shipped = pickle.loads(pickle.dumps(partition))
+        assert isinstance(shipped, TokenRange) and shipped.events is not None
+        # The executor's copy of the reader, pointed at a port where no server listens.
+        executor = pickle.loads(pickle.dumps(reader))
+        executor.options = dataclasses.replace(
+            executor.options, uri="mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200"
+        )
+        planned = rows_of(executor.read(shipped))
+        assert numbers(planned) == [0, 1, 2, 3, 4]
+        assert rows_of(reader.read(TokenRange(start, end))) == planned
+        # Once committed, the events are dropped; the range still replays from MongoDB.
+        reader.commit(end)
+        (again,) = reader.partitions(start, end)
+        assert isinstance(again, TokenRange) and again.events is None
+        assert rows_of(reader.read(again)) == planned
+    finally:
+        reader.stop()
+
+
+def test_a_micro_batch_ends_where_its_events_reach_the_prefetch_bound(
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name)
+    try:
+        start = reader.initialOffset()
+        collection.insert_many([{"n": n, "pad": "x" * 1000} for n in range(6)])
+        monkeypatch.setattr(source_module, "PREFETCH_BYTES", 2500)  # two events, about
+        batches = []
+        while sum(map(len, batches)) < 6:
+            end = reader.latestOffset(start, ReadMaxRows(100))
+            batches.append(numbers(read_rows(reader, start, end)))
+            start = end
+        assert [n for batch in batches for n in batch] == list(range(6))
+        assert len(batches) >= 2 and all(1 <= len(batch) <= 3 for batch in batches)
+    finally:
+        reader.stop()
 
 
 def test_a_filter_on_the_looked_up_document_plans_the_events_it_reads(

@@ -23,8 +23,15 @@ checkpoint is ``{"_data": "<token hex>"}``; two other shapes exist:
   end of a micro-batch that followed a history loss (``on_history_lost``), read from the oplog
   start or skipped entirely.
 
+Each range is read from MongoDB once. Planning a micro-batch reads its events in full (as raw
+BSON, never decoded in Python) to find where it ends, after at most ``max_events_per_trigger``
+events or :data:`PREFETCH_BYTES` bytes, and the micro-batch's input partition carries those
+bytes to the executor, which only converts them to Arrow. A range Spark replays without
+planning it again (a failed micro-batch re-run from the offset log after a restart) is read
+again from MongoDB by ``read``, which yields the same events: the offsets alone define a range.
+
 The reader holds no cursor between calls: every call opens its own change stream and closes
-it, so nothing but the offsets carries state, and ``read`` runs in any executor.
+it, and ``read`` runs in any executor.
 
 Errors are judged by :func:`flowwarden.failures.classify`, as the connector judges them:
 transient ones (an election, a network blip) are retried for up to
@@ -42,7 +49,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pymongo
-from bson import Timestamp, json_util
+from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -68,6 +75,9 @@ __all__ = ["FlowWardenDataSource", "FlowWardenStreamReader", "SourceOptions", "T
 
 _OWNER = OWNER
 ARROW_BATCH_ROWS = 10_000
+PREFETCH_BYTES = 64 * 1024 * 1024
+"""The most raw BSON one micro-batch carries from planning to its executor; a micro-batch whose
+events reach it ends there, whatever ``max_events_per_trigger`` allows."""
 # How long a read waits for the events of its range to show up again before giving up: they
 # were seen when the range was planned, so only a lost oplog or an unreachable server delays them.
 READ_STALL_SECONDS = 120.0
@@ -91,12 +101,17 @@ def _token(offset: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 class TokenRange(InputPartition):
-    """One micro-batch: the events after ``start`` up to and including ``end``."""
+    """One micro-batch: the events after ``start`` up to and including ``end``.
 
-    def __init__(self, start: Offset, end: Offset) -> None:
+    ``events``, when planning read them, is their BSON, one document after another in stream
+    order; None makes ``read`` read the range from MongoDB.
+    """
+
+    def __init__(self, start: Offset, end: Offset, events: bytes | None = None) -> None:
         super().__init__((start, end))
         self.start = start
         self.end = end
+        self.events = events
 
     def __repr__(self) -> str:
         return f"TokenRange({self.start!r}, {self.end!r})"
@@ -171,6 +186,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 allowed="fields without NOT NULL",
             )
         self._target: dict[str, Any] | None = None
+        # The events planning read for the last range it planned: (start, end, their BSON).
+        self._planned: tuple[Offset, Offset, bytes] | None = None
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
         self._raw_client: pymongo.MongoClient[RawEvent] | None = None
 
@@ -179,6 +196,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         state = dict(self.__dict__)
         state["_client"] = None
         state["_raw_client"] = None
+        state["_planned"] = None
         return state
 
     # ------------------------------------------------------------------------------------------
@@ -204,7 +222,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return {"startAtOperationTime": _timestamp_offset(oldest)}
         # RESUME and LATEST: a new query starts at the stream's current position (a restarted
         # one continues from its offsets and never asks).
-        with self._watch({}, counting=True) as stream:
+        with self._watch({}, position_only=True) as stream:
             token = stream.resume_token
         if token is None:
             raise StreamError(
@@ -221,16 +239,18 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the end of an availableNow run: the position of the stream right now."""
-        with self._watch({}, counting=True) as stream:
+        with self._watch({}, position_only=True) as stream:
             token = stream.resume_token
         self._target = {"_data": token["_data"]} if token is not None else None
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         """Read forward from ``start`` to find the end of the next micro-batch.
 
-        The end is the token of the ``max_rows``-th event, or, when fewer events are there, the
-        stream's postBatchResumeToken (everything up to it has been seen). With no new event
-        the offset stays ``start`` and Spark runs no micro-batch.
+        The end is the token of the ``max_rows``-th event (or of the event that brings the
+        micro-batch to :data:`PREFETCH_BYTES`), or, when fewer events are there, the stream's
+        postBatchResumeToken (everything up to it has been seen). With no new event the offset
+        stays ``start`` and Spark runs no micro-batch. The events read are kept for
+        :meth:`partitions` to hand to the executor.
         """
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
 
@@ -246,28 +266,34 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> Offset:
         target = self._target
-        count = 0
+        count = size = 0
         last: dict[str, Any] | None = None
         caught_up = False
-        with self._watch(resume, counting=True) as stream:
-            while max_rows is None or count < max_rows:
+        events: list[bytes] = []
+        self._planned = None
+        with self._watch(resume, raw=True) as stream:
+            while (max_rows is None or count < max_rows) and size < PREFETCH_BYTES:
                 event = stream.try_next()
                 if event is None:
                     caught_up = True
                     break
-                token = {"_data": event["_id"]["_data"]}
+                token = event["_id"]
                 if target is not None and compare_tokens(token, target) > 0:
                     break
+                raw = event.raw
+                events.append(raw if isinstance(raw, bytes) else bytes(raw))
+                size += len(raw)
                 last = token
                 count += 1
             position = stream.resume_token
         if last is None:
             return start
-        end: dict[str, Any] = last
+        end: dict[str, Any] = {"_data": last["_data"]}
         if caught_up and position is not None and compare_tokens(position, last) > 0:
             end = {"_data": position["_data"]}
             if target is not None and compare_tokens(end, target) > 0:
                 end = dict(target)
+        self._planned = (start, end, b"".join(events))
         return end
 
     def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> Offset:
@@ -285,8 +311,11 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             end = self._scan(start, recovery.start, max_rows)
             if end == start:
                 return start
-            return {**end, "readFrom": _timestamp_offset(recovery.start["start_at_operation_time"])}
-        with self._watch({}, counting=True) as stream:
+            end = {**end, "readFrom": _timestamp_offset(recovery.start["start_at_operation_time"])}
+            if self._planned is not None:
+                self._planned = (start, end, self._planned[2])
+            return end
+        with self._watch({}, position_only=True) as stream:
             now = stream.resume_token
         if now is None:
             raise StreamError(
@@ -296,10 +325,16 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return {"_data": now["_data"], "skipped": True}
 
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
+        """The range as one partition, carrying the events planning read for it, if it did."""
+        planned = self._planned
+        if planned is not None and planned[0] == start and planned[1] == end:
+            return [TokenRange(start, end, planned[2])]
         return [TokenRange(start, end)]
 
     def commit(self, end: Offset) -> None:
-        """Nothing to release: the server keeps no state for a reader between calls."""
+        """Drop the events planned up to ``end``: the server keeps no state for a reader."""
+        if self._planned is not None and self._planned[1] == end:
+            self._planned = None
 
     def stop(self) -> None:
         if self._client is not None:
@@ -320,11 +355,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return
         end_token = _token(end)
         assert end_token is not None, f"a micro-batch must end at a resume token, got {end!r}"
+        expected = _spark_arrow_schema(self.schema)
+        if partition.events is not None:
+            yield from self._planned_batches(partition.events, expected)
+            return
         if "readFrom" in end:
             resume: dict[str, Any] = {"start_at_operation_time": _offset_timestamp(end["readFrom"])}
         else:
             resume = self._resume_options(start)
-        expected = _spark_arrow_schema(self.schema)
         events: list[RawBSONDocument] = []
         try:
             for event in self._replay(resume, end_token):
@@ -353,7 +391,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _replay_once(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[RawBSONDocument]:
         deadline = time.monotonic() + READ_STALL_SECONDS
-        with self._watch(resume, counting=False, raw=True) as stream:
+        with self._watch(resume, raw=True) as stream:
             while True:
                 event = stream.try_next()
                 if event is None:
@@ -384,6 +422,21 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return call()
             except Exception as error:
                 retry.after(error, start)
+
+    def _planned_batches(self, data: bytes, expected: Any) -> Iterator[Any]:
+        """The record batches of the events planning read (BSON documents back to back)."""
+        view = memoryview(data)
+        events: list[RawBSONDocument] = []
+        offset = 0
+        while offset < len(data):
+            length = int.from_bytes(view[offset : offset + 4], "little")
+            events.append(RawEvent(view[offset : offset + length].tobytes()))
+            offset += length
+            if len(events) >= ARROW_BATCH_ROWS:
+                yield from self._batches(events, expected)
+                events = []
+        if events:
+            yield from self._batches(events, expected)
 
     def _batches(self, events: list[RawBSONDocument], expected: Any) -> Iterator[Any]:
         batch = events_to_arrow(
@@ -418,13 +471,12 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             f"{_OWNER}: offset {start!r} is not a flowwarden offset", stream=self.options.namespace
         )
 
-    def _watch(self, resume: dict[str, Any], *, counting: bool, raw: bool = False) -> Any:
+    def _watch(self, resume: dict[str, Any], *, raw: bool = False, position_only: bool = False) -> Any:
         """A change stream with the source's options from ``resume``.
 
-        ``counting`` streams only find where a micro-batch ends: they see the same events
-        (same pipeline, so the same filters) but bring back only ``_id``, and they look up no
-        document the pipeline does not read (see :func:`_counting_needs_documents`). ``raw``
-        streams deliver ``RawBSONDocument`` events.
+        ``raw`` streams deliver :class:`~flowwarden.raw_events.RawEvent` events.
+        ``position_only`` streams return no event (``batchSize: 0``): their resume token is the
+        position they opened at.
         """
         client: Any = self._raw_client_for() if raw else self._client_for()
         options = self.options
@@ -433,15 +485,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             target = client[options.database]
             if options.collection is not None:
                 target = target[options.collection]
-        pipeline = [dict(stage) for stage in options.pipeline]
-        documents = not counting or _counting_needs_documents(options.pipeline)
-        if counting and not _splits_large_events(options.pipeline):
-            pipeline.append({"$project": {"_id": 1}})
         kwargs: dict[str, Any] = {"max_await_time_ms": options.max_await_time_ms, **resume}
-        if options.full_document != "default" and documents:
+        if position_only:
+            kwargs["batch_size"] = 0
+        if options.full_document != "default":
             kwargs["full_document"] = options.full_document
-        if options.full_document_before_change != "off" and documents:
+        if options.full_document_before_change != "off":
             kwargs["full_document_before_change"] = options.full_document_before_change
+        pipeline = [dict(stage) for stage in options.pipeline]
         return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
 
 
@@ -472,22 +523,6 @@ class _TransientRetry:
             raise error
         self.attempt += 1
         time.sleep(min(0.25 * 2 ** (self.attempt - 1), 5.0))
-
-
-def _counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
-    """Whether a stream that only finds where a micro-batch ends must still ask for the
-    post-image (``fullDocument``, an ``updateLookup`` query per update) and pre-image: only
-    when a stage reads them (a ``$match`` on a field of the document, say) or the pipeline
-    splits large events, whose fragments depend on the documents' sizes. Otherwise they never
-    change which events the stream returns: ``required`` images missing make the read that
-    replays the range fail, as they would make the planning fail."""
-    return _splits_large_events(pipeline) or "fullDocument" in json_util.dumps(list(pipeline))
-
-
-def _splits_large_events(pipeline: tuple[dict[str, Any], ...]) -> bool:
-    """Whether the pipeline ends with ``$changeStreamSplitLargeEvent`` (its fragments must keep
-    every field: a planning stream cannot project them to ``_id``)."""
-    return bool(pipeline) and "$changeStreamSplitLargeEvent" in pipeline[-1]
 
 
 def _non_nullable(data_type: Any, path: str) -> list[str]:

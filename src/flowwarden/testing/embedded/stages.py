@@ -272,7 +272,8 @@ def compile_project(spec: Any) -> Stage:
                 excluded.append(path)
         else:
             computed.append((path, value))
-    inclusion = bool(included or computed)
+    # {_id: 1} alone is an inclusion too: the document is reduced to its _id.
+    inclusion = bool(included or computed) or id_choice is True
     if inclusion and excluded:
         raise CommandError(
             31254,
