@@ -16,6 +16,7 @@ import pyarrow as pa
 import pymongo
 import pytest
 from bson import Timestamp, json_util
+from pymongo import monitoring
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -23,6 +24,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from flowwarden.config import OnHistoryLost, SchemaMode, StartPosition
 from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError
 from flowwarden.events import compare_tokens
+from flowwarden.raw_events import RawEvent
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
 from flowwarden.spark import source as source_module
 from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions, TokenRange
@@ -247,6 +249,44 @@ def test_a_micro_batch_ends_where_its_events_reach_the_prefetch_bound(
             start = end
         assert [n for batch in batches for n in batch] == list(range(6))
         assert len(batches) >= 2 and all(1 <= len(batch) <= 3 for batch in batches)
+    finally:
+        reader.stop()
+
+
+class _Started(monitoring.CommandListener):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.names.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_an_available_now_run_ends_without_waiting_for_new_events(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    """Once planning has read every event that existed when the availableNow run began, it
+    does not ask the server again: an empty getMore would wait max_await_time_ms for nothing."""
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name, max_await_time_ms="30000")
+    commands = _Started()
+    reader._raw_client = pymongo.MongoClient(mongodb_uri, document_class=RawEvent, event_listeners=[commands])
+    try:
+        start = reader.initialOffset()
+        collection.insert_many([{"n": n} for n in range(5)])
+        reader.prepareForTriggerAvailableNow()
+        end = reader.latestOffset(start, ReadMaxRows(100))
+        assert numbers(read_rows(reader, start, end)) == [0, 1, 2, 3, 4]
+        planned = len(commands.names)
+        assert reader.latestOffset(end, ReadMaxRows(100)) == end
+        assert len(commands.names) == planned  # the run is over without another command
+        collection.insert_one({"n": 5})  # after the run began: the next run's
+        assert reader.latestOffset(end, ReadMaxRows(100)) == end
     finally:
         reader.stop()
 

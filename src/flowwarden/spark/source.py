@@ -63,7 +63,7 @@ from pyspark.sql.types import StructType
 
 from flowwarden.config import SchemaMode, StartPosition
 from flowwarden.errors import ConfigurationError, ResumePositionError, StreamError
-from flowwarden.events import compare_tokens, token_datetime
+from flowwarden.events import compare_tokens, token_cluster_time, token_datetime
 from flowwarden.failures import Failure, classify
 from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss, refused_position
 from flowwarden.raw_events import RawEvent
@@ -186,6 +186,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 allowed="fields without NOT NULL",
             )
         self._target: dict[str, Any] | None = None
+        # Where planning found every event of the availableNow run read.
+        self._drained: dict[str, Any] | None = None
         # The events planning read for the last range it planned: (start, end, their BSON).
         self._planned: tuple[Offset, Offset, bytes] | None = None
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
@@ -242,6 +244,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         with self._watch({}, position_only=True) as stream:
             token = stream.resume_token
         self._target = {"_data": token["_data"]} if token is not None else None
+        self._drained = None
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         """Read forward from ``start`` to find the end of the next micro-batch.
@@ -266,11 +269,15 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> Offset:
         target = self._target
+        self._planned = None
+        begin = _token(start)
+        if target is not None and begin is not None:
+            if compare_tokens(begin, target) >= 0 or begin == self._drained:
+                return start  # an availableNow run that reached its end: no need to ask the server
         count = size = 0
         last: dict[str, Any] | None = None
         caught_up = False
         events: list[bytes] = []
-        self._planned = None
         with self._watch(resume, raw=True) as stream:
             while (max_rows is None or count < max_rows) and size < PREFETCH_BYTES:
                 event = stream.try_next()
@@ -285,6 +292,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 size += len(raw)
                 last = token
                 count += 1
+                if target is not None:
+                    # After a batch's last event the resume token is the batch's
+                    # postBatchResumeToken: once that covers every event the availableNow run
+                    # is to read, an empty getMore (which waits max_await_time_ms) adds nothing.
+                    reached = stream.resume_token
+                    if reached is not None and reached != token and _covers(reached, target):
+                        caught_up = True
+                        break
             position = stream.resume_token
         if last is None:
             return start
@@ -294,6 +309,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if target is not None and compare_tokens(end, target) > 0:
                 end = dict(target)
         self._planned = (start, end, b"".join(events))
+        if caught_up and target is not None:
+            self._drained = end
         return end
 
     def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> Offset:
@@ -523,6 +540,17 @@ class _TransientRetry:
             raise error
         self.attempt += 1
         time.sleep(min(0.25 * 2 ** (self.attempt - 1), 5.0))
+
+
+def _covers(position: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
+    """Whether a stream whose post-batch resume token is ``position`` has returned every event
+    that existed when ``target`` was taken: the token of a stream opened then, which MongoDB
+    places one tick after the newest operation. A position at that operation's time, or later,
+    covers them all."""
+    if compare_tokens(position, target) >= 0:
+        return True
+    reached, end = token_cluster_time(position), token_cluster_time(target)
+    return (reached.time, reached.inc + 1) >= (end.time, end.inc)
 
 
 def _non_nullable(data_type: Any, path: str) -> list[str]:
