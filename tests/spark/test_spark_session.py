@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from flowwarden.spark import get_or_create_session
+from flowwarden.errors import ConfigurationError
+from flowwarden.spark import get_or_create_session, register
 
 pytestmark = pytest.mark.spark
 
@@ -21,6 +22,31 @@ def test_the_session_is_shared_and_configured(spark: SparkSession) -> None:
     assert os.environ["PYSPARK_DRIVER_PYTHON"] == sys.executable
     assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+
+
+def test_a_running_session_keeps_the_interpreter_settings_it_started_with(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session the user built (a notebook's, a cluster's) is used as it is: flowwarden does
+    not point its Python workers elsewhere."""
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/cluster/python")
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON")
+    assert get_or_create_session("local[2]") is spark
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/cluster/python"
+    assert "PYSPARK_DRIVER_PYTHON" not in os.environ
+
+
+def test_the_streaming_source_names_the_pyspark_it_needs(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyspark
+
+    monkeypatch.setattr(pyspark, "__version__", "4.1.1")
+    needs = r"needs PySpark 4\.2 or newer; this process runs PySpark 4\.1\.1"
+    with pytest.raises(ConfigurationError, match=needs):
+        register(spark)
+    monkeypatch.setattr(pyspark, "__version__", "4.2.0.dev1")
+    register(spark)
 
 
 def test_python_workers_import_flowwarden(spark: SparkSession) -> None:

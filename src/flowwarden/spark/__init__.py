@@ -64,9 +64,10 @@ def register(spark: SparkSession) -> None:
     Afterwards ``spark.readStream.format("flowwarden").option("uri", ...)`` reads change events;
     see :class:`~flowwarden.spark.source.FlowWardenDataSource` for the options.
     """
-    from flowwarden.spark._extra import require
+    from flowwarden.spark._extra import STREAMING_SOURCE_PYSPARK, require, require_pyspark
 
-    require("pyspark.sql.datasource", "the flowwarden streaming source")
+    pyspark = require("pyspark", "the flowwarden streaming source")
+    require_pyspark(pyspark.__version__, STREAMING_SOURCE_PYSPARK, "the flowwarden streaming source")
     from flowwarden.spark.source import FlowWardenDataSource
 
     spark.dataSource.register(FlowWardenDataSource)

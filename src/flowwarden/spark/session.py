@@ -1,9 +1,10 @@
 """The SparkSession flowwarden uses when it is not handed one.
 
 Python workers that Spark starts must import flowwarden (the streaming source runs in them), so
-for a local master ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are set to the interpreter
-running this code. For a cluster master they are only filled in when unset: there the workers'
-interpreter is the cluster's business.
+when this call starts Spark for a local master, ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON``
+are set to the interpreter running this code. For a cluster master they are only filled in when
+unset: there the workers' interpreter is the cluster's business. When Spark already runs (a
+session the user built, a notebook's), neither is touched.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def get_or_create_session(
     too). Ignored when the JVM already runs.
     """
     sql = require("pyspark.sql", "a Spark session")
-    if master.startswith("local"):
+    context = require("pyspark", "a Spark session").SparkContext
+    running = sql.SparkSession.getActiveSession() is not None or context._active_spark_context is not None
+    if running:
+        pass  # the workers' interpreter was settled when Spark started
+    elif master.startswith("local"):
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     else:
