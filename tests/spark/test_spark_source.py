@@ -291,6 +291,46 @@ def test_an_available_now_run_ends_without_waiting_for_new_events(
         reader.stop()
 
 
+def test_the_next_micro_batch_is_planned_while_spark_runs_this_one(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    """Planning a range starts planning the next one in a thread; the next latestOffset takes it
+    when it asks for that very range, and plans again itself when it asks for another or when
+    the plan made ahead found nothing (events written since must not wait a trigger)."""
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name)
+    commands = _Started()
+    reader._raw_client = pymongo.MongoClient(mongodb_uri, document_class=RawEvent, event_listeners=[commands])
+    try:
+        start = reader.initialOffset()
+        collection.insert_many([{"n": n} for n in range(9)])
+        first = reader.latestOffset(start, ReadMaxRows(4))
+        second_ahead = reader._ahead._future
+        assert second_ahead is not None
+        second_ahead.result()  # planned while the first micro-batch would run
+        aggregates = commands.names.count("aggregate")
+        second = reader.latestOffset(first, ReadMaxRows(4))
+        third_ahead = reader._ahead._future
+        assert third_ahead is not None and third_ahead is not second_ahead
+        third_ahead.result()
+        # The plan made ahead was taken: no stream opened for it, only for the one after it.
+        assert commands.names.count("aggregate") == aggregates + 1
+        assert numbers(read_rows(reader, start, first)) == [0, 1, 2, 3]
+        assert numbers(read_rows(reader, first, second)) == [4, 5, 6, 7]
+        # Asked for another limit than the plan made ahead: planned again, for that limit.
+        third = reader.latestOffset(second, ReadMaxRows(100))
+        assert numbers(read_rows(reader, second, third)) == [8]
+        # The plan made ahead from `third` found nothing; what is written since is read now.
+        ahead = reader._ahead._future
+        assert ahead is not None and ahead.result().end == third
+        collection.insert_one({"n": 9})
+        fourth = reader.latestOffset(third, ReadMaxRows(100))
+        assert numbers(read_rows(reader, third, fourth)) == [9]
+    finally:
+        reader.stop()
+    assert reader._ahead._future is None and reader._ahead._pool is None
+
+
 def test_a_filter_on_the_looked_up_document_plans_the_events_it_reads(
     client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
 ) -> None:

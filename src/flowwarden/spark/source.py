@@ -44,9 +44,12 @@ the events as raw BSON (``RawBSONDocument``), so the compiled converter of
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pymongo
 from bson import Timestamp
@@ -85,6 +88,7 @@ READ_STALL_SECONDS = 120.0
 TRANSIENT_RETRY_SECONDS = 60.0
 
 Offset = dict[str, Any]
+_T = TypeVar("_T")
 
 
 def _timestamp_offset(ts: Timestamp) -> dict[str, int]:
@@ -188,8 +192,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target: dict[str, Any] | None = None
         # Where planning found every event of the availableNow run read.
         self._drained: dict[str, Any] | None = None
-        # The events planning read for the last range it planned: (start, end, their BSON).
-        self._planned: tuple[Offset, Offset, bytes] | None = None
+        # The last range planned, with its events.
+        self._planned: _Plan | None = None
+        self._ahead = _ReadAhead()
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
         self._raw_client: pymongo.MongoClient[RawEvent] | None = None
 
@@ -199,6 +204,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         state["_client"] = None
         state["_raw_client"] = None
         state["_planned"] = None
+        state["_ahead"] = _ReadAhead()
         return state
 
     # ------------------------------------------------------------------------------------------
@@ -256,24 +262,34 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         :meth:`partitions` to hand to the executor.
         """
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        plan = self._ahead.take(start, max_rows, self._target)
+        if plan is None:
+            plan = self._retrying(lambda: self._plan(start, max_rows), start)
+        self._planned = plan if plan.events is not None else None
+        if plan.drained:
+            self._drained = plan.end
+        elif plan.end != start:
+            self._raw_client_for()  # created here: the read-ahead thread must not race for it
+            self._ahead.start(plan.end, max_rows, self._target, self._plan)
+        return plan.end
 
-        def plan() -> Offset:
-            try:
-                return self._scan(start, self._resume_options(start), max_rows)
-            except OperationFailure as error:
-                if error.code != HISTORY_LOST:
-                    raise
-                return self._after_history_lost(start, max_rows, error)
+    def _plan(self, start: Offset, max_rows: int | None) -> _Plan:
+        """The next micro-batch from ``start``; touches no state of the reader, so it also runs
+        in the read-ahead thread."""
+        try:
+            return self._scan(start, self._resume_options(start), max_rows)
+        except OperationFailure as error:
+            if error.code != HISTORY_LOST:
+                raise
+            return self._after_history_lost(start, max_rows, error)
 
-        return self._retrying(plan, start)
-
-    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> Offset:
+    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> _Plan:
         target = self._target
-        self._planned = None
         begin = _token(start)
         if target is not None and begin is not None:
             if compare_tokens(begin, target) >= 0 or begin == self._drained:
-                return start  # an availableNow run that reached its end: no need to ask the server
+                # An availableNow run that reached its end: no need to ask the server.
+                return _Plan(start, start, None, drained=False)
         count = size = 0
         last: dict[str, Any] | None = None
         caught_up = False
@@ -302,18 +318,15 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                         break
             position = stream.resume_token
         if last is None:
-            return start
+            return _Plan(start, start, None, drained=False)
         end: dict[str, Any] = {"_data": last["_data"]}
         if caught_up and position is not None and compare_tokens(position, last) > 0:
             end = {"_data": position["_data"]}
             if target is not None and compare_tokens(end, target) > 0:
                 end = dict(target)
-        self._planned = (start, end, b"".join(events))
-        if caught_up and target is not None:
-            self._drained = end
-        return end
+        return _Plan(start, end, b"".join(events), drained=caught_up and target is not None)
 
-    def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> Offset:
+    def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> _Plan:
         token = _token(start)
         client = self._client_for()
         recovery = recover_from_history_loss(
@@ -325,13 +338,11 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             error=error,
         )
         if recovery.start:
-            end = self._scan(start, recovery.start, max_rows)
-            if end == start:
-                return start
-            end = {**end, "readFrom": _timestamp_offset(recovery.start["start_at_operation_time"])}
-            if self._planned is not None:
-                self._planned = (start, end, self._planned[2])
-            return end
+            plan = self._scan(start, recovery.start, max_rows)
+            if plan.end == start:
+                return plan
+            read_from = _timestamp_offset(recovery.start["start_at_operation_time"])
+            return dataclasses.replace(plan, end={**plan.end, "readFrom": read_from})
         with self._watch({}, position_only=True) as stream:
             now = stream.resume_token
         if now is None:
@@ -339,21 +350,22 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 f"{_OWNER} {self.options.namespace}: history lost and no current position to skip to",
                 stream=self.options.namespace,
             ) from error
-        return {"_data": now["_data"], "skipped": True}
+        return _Plan(start, {"_data": now["_data"], "skipped": True}, None, drained=False)
 
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         """The range as one partition, carrying the events planning read for it, if it did."""
         planned = self._planned
-        if planned is not None and planned[0] == start and planned[1] == end:
-            return [TokenRange(start, end, planned[2])]
+        if planned is not None and planned.start == start and planned.end == end:
+            return [TokenRange(start, end, planned.events)]
         return [TokenRange(start, end)]
 
     def commit(self, end: Offset) -> None:
         """Drop the events planned up to ``end``: the server keeps no state for a reader."""
-        if self._planned is not None and self._planned[1] == end:
+        if self._planned is not None and self._planned.end == end:
             self._planned = None
 
     def stop(self) -> None:
+        self._ahead.cancel()
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -431,7 +443,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     return
                 deadline = time.monotonic() + READ_STALL_SECONDS
 
-    def _retrying(self, call: Callable[[], Offset], start: Offset | None) -> Offset:
+    def _retrying(self, call: Callable[[], _T], start: Offset | None) -> _T:
         """``call()``, tried again while it fails with transient errors (see the module docstring)."""
         retry = _TransientRetry(self.options.namespace)
         while True:
@@ -511,6 +523,65 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             kwargs["full_document_before_change"] = options.full_document_before_change
         pipeline = [dict(stage) for stage in options.pipeline]
         return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """A planned micro-batch: the events after ``start`` up to ``end`` (``end == start``: none),
+    their BSON back to back when planning read them, and whether they are all an availableNow
+    run is to read."""
+
+    start: Offset
+    end: Offset
+    events: bytes | None
+    drained: bool
+
+
+class _ReadAhead:
+    """Plans the next micro-batch in a thread while Spark runs the current one.
+
+    After planning a range that ended at ``end``, the reader starts planning the next one from
+    ``end`` at once; Spark's next ``latestOffset(end, limit)`` takes that plan when it matches
+    (same start, limit and availableNow target) and found events, or plans again itself. A plan
+    is fixed only once ``latestOffset`` returns it (Spark logs it before running the batch), so
+    one made ahead is as valid as one made later: it simply ends no later than where the stream
+    was when it was made. Any error the thread met is left to the plan made again, which retries
+    and reports it as usual.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._key: tuple[str, int | None, Any] | None = None
+        self._future: Future[_Plan] | None = None
+
+    def start(
+        self, start: Offset, max_rows: int | None, target: Any, plan: Callable[[Offset, int | None], _Plan]
+    ) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowwarden-plan-ahead")
+        self._key = (json.dumps(start, sort_keys=True), max_rows, target)
+        self._future = self._pool.submit(plan, start, max_rows)
+
+    def take(self, start: Offset, max_rows: int | None, target: Any) -> _Plan | None:
+        future, key = self._future, self._key
+        self._future = self._key = None
+        if future is None:
+            return None
+        try:
+            plan = future.result()
+        except Exception:
+            return None
+        if key != (json.dumps(start, sort_keys=True), max_rows, target) or plan.end == plan.start:
+            return None  # not this range, or nothing then: whatever came since is read now
+        return plan
+
+    def cancel(self) -> None:
+        future, self._future, self._key = self._future, None, None
+        if future is not None:
+            future.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 class _TransientRetry:
