@@ -32,13 +32,15 @@ lands on whichever run comes next (it made the conversion's time vary by +-70%).
 
 Then ``events_to_arrow`` alone on the typed batch where 1 document in 1,000 does not fit the
 schema (the compiled converter leaves those events to Python), against the same batch that fits
-and against the whole batch in Python. Then the streaming source reads ``--stream-events``
-change events from an EmbeddedReplicaSet into a noop sink with Trigger.AvailableNow, end to end.
+and against the whole batch in Python. Then, end to end from the change stream to a noop sink
+with an EmbeddedReplicaSet in its own process (``benchmarks/spark_end_to_end.py``, which also runs
+on its own): a hand-written loop, ``@on_dataframe``, a no-op ``@on_change`` and the streaming
+source, on ``--e2e-events`` inserts.
 
 Prints plain figures and ratios; asserts nothing. Run:
 
     .venv/bin/python benchmarks/spark.py            # full run
-    .venv/bin/python benchmarks/spark.py --events 5000 --stream-events 2000 --repeat 1 --arrow-repeat 2
+    .venv/bin/python benchmarks/spark.py --events 5000 --e2e-events 5000 --repeat 1 --arrow-repeat 2
 """
 
 from __future__ import annotations
@@ -47,16 +49,13 @@ import argparse
 import datetime as dt
 import gc
 import random
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import bson
-import pymongo
 from bson import Decimal128, ObjectId, Timestamp, json_util
 from bson.raw_bson import RawBSONDocument
 from pydantic import BaseModel, Field
@@ -351,52 +350,13 @@ def misfits(events: list[dict[str, Any]], repeat: int, warmup: int, every: int =
     print(line("decoded events, the whole batch in Python", count, t_python))
 
 
-def streaming(spark: Any, count: int) -> None:
-    """End to end: the source reads ``count`` change events into a noop sink (availableNow)."""
-    from flowwarden.testing import EmbeddedReplicaSet
-
-    docs = [event["fullDocument"] for event in make_events(count * 2) if "fullDocument" in event][:count]
-    checkpoint = tempfile.mkdtemp(prefix="fw-bench-stream-")
-    try:
-        with EmbeddedReplicaSet() as rs, pymongo.MongoClient[dict[str, Any]](rs.uri) as client:
-            for offset in range(0, len(docs), 5000):
-                client.shop.orders.insert_many(docs[offset : offset + 5000])
-            events = (
-                spark.readStream.format("flowwarden")
-                .option("uri", rs.uri)
-                .option("database", "shop")
-                .option("collection", "orders")
-                .option("start_position", "EARLIEST")
-                .option("max_events_per_trigger", "20000")
-                .load()
-            )
-            start = time.perf_counter()
-            query = (
-                events.writeStream.format("noop")
-                .option("checkpointLocation", checkpoint)
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            elapsed = time.perf_counter() - start
-            progress = [p for p in query.recentProgress if p["numInputRows"]]
-            rows = sum(p["numInputRows"] for p in progress)
-            in_batches = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
-    finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
-    print(
-        f"\nstreaming source on EmbeddedReplicaSet: {rows:,} change events in {len(progress)} micro-batches"
-    )
-    print(line("end to end, query start to termination", rows, elapsed))
-    print(line("  within micro-batches (plan + read + convert + sink)", rows, in_batches))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--stream-events", type=int, default=20_000)
+    parser.add_argument("--e2e-events", type=int, default=50_000, help="inserts read end to end")
+    parser.add_argument("--e2e-rounds", type=int, default=3, help="rounds of the end-to-end runs")
     parser.add_argument("--repeat", type=int, default=3, help="timed by-hand rounds (default 3)")
     parser.add_argument(
         "--arrow-repeat", type=int, default=15, help="timed rounds of the Arrow runs (default 15)"
@@ -406,7 +366,7 @@ def main() -> None:
         "--settle", type=float, default=0.5, help="seconds to wait after the collections before each run"
     )
     parser.add_argument("--show-rounds", action="store_true", help="print each round's times")
-    parser.add_argument("--skip-streaming", action="store_true")
+    parser.add_argument("--skip-end-to-end", action="store_true")
     args = parser.parse_args()
 
     spark = get_or_create_session(
@@ -419,8 +379,7 @@ def main() -> None:
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
-    if not args.skip_streaming:
-        register(spark)
+    register(spark)
     converter = "compiled" if native.AVAILABLE else "Python (flowwarden.spark._native is not built)"
     print(f"flowwarden Spark benchmark: Spark {spark.version}, master {spark.sparkContext.master}")
     print(f"raw-event converter: {converter}")
@@ -431,8 +390,10 @@ def main() -> None:
         args.settle,
         args.show_rounds,
     )
-    if not args.skip_streaming:
-        streaming(spark, args.stream_events)
+    if not args.skip_end_to_end:
+        from spark_end_to_end import end_to_end, inserted_documents
+
+        end_to_end(spark, inserted_documents(args.e2e_events), args.e2e_rounds, 10_000, [])
     spark.stop()
 
 
