@@ -25,3 +25,16 @@ def fail_command(client: pymongo.MongoClient) -> Iterator[Callable[..., dict[str
 
     yield configure
     client.admin.command("configureFailPoint", "failCommand", mode="off")
+
+
+@pytest.fixture
+def requires_mongodb(client: pymongo.MongoClient) -> Callable[[int, str], None]:
+    """``requires_mongodb(major, why)`` skips the test, saying why, when the deployment runs a
+    MongoDB older than ``major``."""
+
+    def check(major: int, why: str) -> None:
+        found = client.server_info()["versionArray"][0]
+        if found < major:
+            pytest.skip(f"needs MongoDB {major}.0+ ({why}); the deployment runs {found}")
+
+    return check

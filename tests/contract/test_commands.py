@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pymongo
 import pytest
-from bson import Binary
+from bson import Binary, Decimal128, Int64
 from pymongo.errors import OperationFailure
 
 
@@ -93,9 +96,11 @@ def test_create_existing_collection(client: pymongo.MongoClient, db_name: str) -
     assert info.value.details["codeName"] == "NamespaceExists"
 
 
-def test_drop_and_drop_database(client: pymongo.MongoClient, db_name: str) -> None:
+def test_drop_and_drop_database(
+    client: pymongo.MongoClient, db_name: str, requires_mongodb: Callable[[int, str], None]
+) -> None:
+    requires_mongodb(7, "dropping a collection that does not exist succeeds")
     db = client[db_name]
-    # Dropping a missing collection succeeds (MongoDB 7+).
     assert db.command("drop", "never_created")["ok"] == 1.0
     db.c.insert_many([{"a": 1}, {"a": 2}])
     db.c.create_index("a")
@@ -217,6 +222,57 @@ def test_aggregate_lookup_reads_the_other_collection(client: pymongo.MongoClient
         )
     )
     assert joined == [{"_id": 1, "price": 3}, {"_id": 2, "price": 5}]
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        # MongoDB's documented example, and hashes mongod gives for null and for 1.
+        ("string to hash", 763543691661428748),
+        (None, 2338878944348059895),
+        (1, 5902408780260971510),
+    ],
+)
+def test_hashed_index_keys_are_mongodbs(
+    client: pymongo.MongoClient,
+    db_name: str,
+    value: Any,
+    key: int,
+    requires_mongodb: Callable[[int, str], None],
+) -> None:
+    requires_mongodb(7, "$toHashedIndexKey")
+    coll = client[db_name].c
+    coll.insert_one({"_id": 1, "v": value})
+    (row,) = coll.aggregate([{"$project": {"_id": 0, "h": {"$toHashedIndexKey": "$v"}}}])
+    assert row == {"h": key}
+
+
+def test_hashed_index_keys_squash_numbers_to_64_bit_integers(
+    client: pymongo.MongoClient, db_name: str, requires_mongodb: Callable[[int, str], None]
+) -> None:
+    requires_mongodb(7, "$toHashedIndexKey")
+    coll = client[db_name].c
+    coll.insert_many(
+        [
+            {"_id": 1, "v": 2},
+            {"_id": 2, "v": Int64(2)},
+            {"_id": 3, "v": 2.9},
+            {"_id": 4, "v": Decimal128("2.5")},
+            {"_id": 5, "v": "2"},
+            {"_id": 6, "v": {"a": [1, {"b": None}]}},
+            {"_id": 7},
+        ]
+    )
+    keys = {
+        row["_id"]: row["h"]
+        for row in coll.aggregate([{"$project": {"h": {"$toHashedIndexKey": "$v"}}}, {"$sort": {"_id": 1}}])
+    }
+    assert keys[1] == keys[2] == keys[3] == keys[4]
+    assert len({keys[1], keys[5], keys[6]}) == 3
+    assert keys[7] == 2338878944348059895  # a missing value hashes as null
+    # The same keys from the expression in a filter.
+    matched = coll.find({"$expr": {"$eq": [{"$toHashedIndexKey": "$v"}, keys[6]]}}, {"_id": 1})
+    assert [row["_id"] for row in matched] == [6]
 
 
 def test_aggregate_requires_cursor_option(client: pymongo.MongoClient, db_name: str) -> None:

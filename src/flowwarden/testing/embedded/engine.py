@@ -24,6 +24,7 @@ from mongomock import filtering as _filtering
 from mongomock import helpers as _helpers
 
 from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.hashing import hashed_index_key
 
 Document = dict[str, Any]
 
@@ -53,7 +54,7 @@ def command_error(exc: BaseException, code: int = 2) -> CommandError:
 _PRIVATE_API: dict[Any, tuple[str, ...]] = {
     _filtering: ("_get_compare_type", "filter_applies", "resolve_sort_key"),
     _helpers: ("get_value_by_dot",),
-    _aggregate: ("_parse_expression", "process_pipeline"),
+    _aggregate: ("_parse_expression", "process_pipeline", "_Parser"),
     mongomock.Collection: (
         "_apply_update_document",
         "_apply_update_pipeline",
@@ -114,6 +115,33 @@ def _extend_type_order() -> None:
 
 
 _extend_type_order()
+
+
+def _extend_expressions() -> None:
+    """Teach the engine's expression parser ``$toHashedIndexKey`` (MongoDB 7.0+), which it lacks.
+
+    Every aggregation expression (``$expr`` in a filter, ``$addFields``, ``$project``) goes through
+    ``_Parser.parse``; the replacement answers documents whose one key is ``$toHashedIndexKey``
+    and hands everything else to the original. A missing operand hashes as null.
+    """
+    original = _aggregate._Parser.parse
+    if getattr(original, "_flowwarden_extended", False):
+        return
+
+    def parse(self: Any, expression: Any) -> Any:
+        if isinstance(expression, dict) and len(expression) == 1 and "$toHashedIndexKey" in expression:
+            try:
+                operand = self.parse(expression["$toHashedIndexKey"])
+            except KeyError:
+                operand = None
+            return hashed_index_key(operand)
+        return original(self, expression)  # type: ignore[no-untyped-call]
+
+    parse._flowwarden_extended = True  # type: ignore[attr-defined]
+    _aggregate._Parser.parse = parse  # type: ignore[method-assign]
+
+
+_extend_expressions()
 
 
 def new_client() -> Any:
