@@ -13,8 +13,10 @@ which the read loop judges when it reaches the marker), and the error ``try_next
 the place it was raised. Nothing read ahead is acknowledged anywhere: events read but not yet
 handled when the loop ends are simply read again from the checkpoint.
 
-At most ``limit`` items wait; the reader pauses when that many do (and the driver holds at most
-one more batch), so memory stays bounded however far behind the stream is.
+``raw`` readers (streams whose events are ``RawBSONDocument``) keep what they read lean
+(:func:`flowwarden.raw_events.lean`). At most ``limit`` items wait; the reader pauses when that
+many do (and the driver holds at most one more batch), so memory stays bounded however far behind
+the stream is.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class ReadAhead:
     otherwise (no coroutine per event on the hot path). Call :meth:`close` when done.
     """
 
-    def __init__(self, stream: Any, limit: int) -> None:
+    def __init__(self, stream: Any, limit: int, *, raw: bool = False) -> None:
         self.items: deque[Any] = deque()
+        self._raw = raw
         self._stream = stream
         self._limit = max(limit, 1)
         self._ready = asyncio.Event()
@@ -62,7 +65,7 @@ class ReadAhead:
         self._task = asyncio.get_running_loop().create_task(self._read(), name="flowwarden-read-ahead")
 
     async def _read(self) -> None:
-        stream, items, ready, limit = self._stream, self.items, self._ready, self._limit
+        stream, items, ready, limit, raw = self._stream, self.items, self._ready, self._limit, self._raw
         try:
             while True:
                 if len(items) >= limit:
@@ -77,7 +80,8 @@ class ReadAhead:
                     if not alive:
                         return
                 else:
-                    items.append(lean(change))
+                    # Raw events wait lean: see flowwarden.raw_events.
+                    items.append(lean(change) if raw else change)
                     ready.set()
         except asyncio.CancelledError:
             raise

@@ -441,7 +441,11 @@ class StreamRunner:
         self._dispatch.halt = self._stopping.is_set() or self._ownership.lost
         # Two batches may wait for the handlers, so the reader has the next getMore in flight
         # while the handlers work through the batch before it.
-        reader = ReadAhead(stream, 2 * (self.spec.stream.batch_size or _DEFAULT_READ_AHEAD_BATCH))
+        reader = ReadAhead(
+            stream,
+            2 * (self.spec.stream.batch_size or _DEFAULT_READ_AHEAD_BATCH),
+            raw=self.spec.dataframe is not None,
+        )
         self._reader = reader
         try:
             await self._dispatch.read(
