@@ -45,14 +45,11 @@ the events as raw BSON (``RawBSONDocument``), so the compiled converter of
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pymongo
-from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -65,14 +62,24 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from flowwarden.config import SchemaMode, StartPosition
-from flowwarden.errors import ConfigurationError, ResumePositionError, StreamError
-from flowwarden.events import compare_tokens, token_cluster_time, token_datetime
-from flowwarden.failures import Failure, classify
-from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss, refused_position
+from flowwarden.errors import ConfigurationError, StreamError
+from flowwarden.events import compare_tokens, token_datetime
+from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
 from flowwarden.raw_events import RawEvent
 from flowwarden.spark.arrow import events_to_arrow
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS
 from flowwarden.spark.source_options import OWNER, SourceOptions
+from flowwarden.spark.source_ranges import (
+    Offset,
+    Plan,
+    PlanAhead,
+    TokenRange,
+    TransientRetry,
+    covers,
+    offset_timestamp,
+    offset_token,
+    timestamp_offset,
+)
 
 __all__ = ["FlowWardenDataSource", "FlowWardenStreamReader", "SourceOptions", "TokenRange"]
 
@@ -84,41 +91,8 @@ events reach it ends there, whatever ``max_events_per_trigger`` allows."""
 # How long a read waits for the events of its range to show up again before giving up: they
 # were seen when the range was planned, so only a lost oplog or an unreachable server delays them.
 READ_STALL_SECONDS = 120.0
-# How long a call keeps retrying transient errors before the query fails with the last one.
-TRANSIENT_RETRY_SECONDS = 60.0
 
-Offset = dict[str, Any]
 _T = TypeVar("_T")
-
-
-def _timestamp_offset(ts: Timestamp) -> dict[str, int]:
-    return {"t": ts.time, "i": ts.inc}
-
-
-def _offset_timestamp(value: Mapping[str, Any]) -> Timestamp:
-    return Timestamp(int(value["t"]), int(value["i"]))
-
-
-def _token(offset: Mapping[str, Any]) -> dict[str, Any] | None:
-    data = offset.get("_data")
-    return {"_data": data} if isinstance(data, str) else None
-
-
-class TokenRange(InputPartition):
-    """One micro-batch: the events after ``start`` up to and including ``end``.
-
-    ``events``, when planning read them, is their BSON, one document after another in stream
-    order; None makes ``read`` read the range from MongoDB.
-    """
-
-    def __init__(self, start: Offset, end: Offset, events: bytes | None = None) -> None:
-        super().__init__((start, end))
-        self.start = start
-        self.end = end
-        self.events = events
-
-    def __repr__(self) -> str:
-        return f"TokenRange({self.start!r}, {self.end!r})"
 
 
 class FlowWardenDataSource(DataSource):
@@ -193,8 +167,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # Where planning found every event of the availableNow run read.
         self._drained: dict[str, Any] | None = None
         # The last range planned, with its events.
-        self._planned: _Plan | None = None
-        self._ahead = _ReadAhead()
+        self._planned: Plan | None = None
+        self._ahead = PlanAhead()
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
         self._raw_client: pymongo.MongoClient[RawEvent] | None = None
 
@@ -204,7 +178,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         state["_client"] = None
         state["_raw_client"] = None
         state["_planned"] = None
-        state["_ahead"] = _ReadAhead()
+        state["_ahead"] = PlanAhead()
         return state
 
     # ------------------------------------------------------------------------------------------
@@ -217,7 +191,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         position = self.options.start_position
         if position is StartPosition.AT_TIME:
             assert self.options.start_at is not None
-            return {"startAtOperationTime": _timestamp_offset(self.options.start_at)}
+            return {"startAtOperationTime": timestamp_offset(self.options.start_at)}
         if position is StartPosition.EARLIEST:
             oldest = oplog_edge(self._client_for(), 1)
             if oldest is None:
@@ -227,7 +201,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     "or AT_TIME",
                     stream=self.options.namespace,
                 )
-            return {"startAtOperationTime": _timestamp_offset(oldest)}
+            return {"startAtOperationTime": timestamp_offset(oldest)}
         # RESUME and LATEST: a new query starts at the stream's current position (a restarted
         # one continues from its offsets and never asks).
         with self._watch({}, position_only=True) as stream:
@@ -273,7 +247,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._ahead.start(plan.end, max_rows, self._target, self._plan)
         return plan.end
 
-    def _plan(self, start: Offset, max_rows: int | None) -> _Plan:
+    def _plan(self, start: Offset, max_rows: int | None) -> Plan:
         """The next micro-batch from ``start``; touches no state of the reader, so it also runs
         in the read-ahead thread."""
         try:
@@ -283,13 +257,13 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 raise
             return self._after_history_lost(start, max_rows, error)
 
-    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> _Plan:
+    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> Plan:
         target = self._target
-        begin = _token(start)
+        begin = offset_token(start)
         if target is not None and begin is not None:
             if compare_tokens(begin, target) >= 0 or begin == self._drained:
                 # An availableNow run that reached its end: no need to ask the server.
-                return _Plan(start, start, None, drained=False)
+                return Plan(start, start, None, drained=False)
         count = size = 0
         last: dict[str, Any] | None = None
         caught_up = False
@@ -313,21 +287,21 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     # postBatchResumeToken: once that covers every event the availableNow run
                     # is to read, an empty getMore (which waits max_await_time_ms) adds nothing.
                     reached = stream.resume_token
-                    if reached is not None and reached != token and _covers(reached, target):
+                    if reached is not None and reached != token and covers(reached, target):
                         caught_up = True
                         break
             position = stream.resume_token
         if last is None:
-            return _Plan(start, start, None, drained=False)
+            return Plan(start, start, None, drained=False)
         end: dict[str, Any] = {"_data": last["_data"]}
         if caught_up and position is not None and compare_tokens(position, last) > 0:
             end = {"_data": position["_data"]}
             if target is not None and compare_tokens(end, target) > 0:
                 end = dict(target)
-        return _Plan(start, end, b"".join(events), drained=caught_up and target is not None)
+        return Plan(start, end, b"".join(events), drained=caught_up and target is not None)
 
-    def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> _Plan:
-        token = _token(start)
+    def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> Plan:
+        token = offset_token(start)
         client = self._client_for()
         recovery = recover_from_history_loss(
             self.options.on_history_lost,
@@ -341,7 +315,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             plan = self._scan(start, recovery.start, max_rows)
             if plan.end == start:
                 return plan
-            read_from = _timestamp_offset(recovery.start["start_at_operation_time"])
+            read_from = timestamp_offset(recovery.start["start_at_operation_time"])
             return dataclasses.replace(plan, end={**plan.end, "readFrom": read_from})
         with self._watch({}, position_only=True) as stream:
             now = stream.resume_token
@@ -350,7 +324,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 f"{_OWNER} {self.options.namespace}: history lost and no current position to skip to",
                 stream=self.options.namespace,
             ) from error
-        return _Plan(start, {"_data": now["_data"], "skipped": True}, None, drained=False)
+        return Plan(start, {"_data": now["_data"], "skipped": True}, None, drained=False)
 
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         """The range as one partition, carrying the events planning read for it, if it did."""
@@ -382,14 +356,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         start, end = partition.start, partition.end
         if end.get("skipped"):
             return
-        end_token = _token(end)
+        end_token = offset_token(end)
         assert end_token is not None, f"a micro-batch must end at a resume token, got {end!r}"
         expected = _spark_arrow_schema(self.schema)
         if partition.events is not None:
             yield from self._planned_batches(partition.events, expected)
             return
         if "readFrom" in end:
-            resume: dict[str, Any] = {"start_at_operation_time": _offset_timestamp(end["readFrom"])}
+            resume: dict[str, Any] = {"start_at_operation_time": offset_timestamp(end["readFrom"])}
         else:
             resume = self._resume_options(start)
         events: list[RawBSONDocument] = []
@@ -407,7 +381,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _replay(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[RawBSONDocument]:
         """The events after ``resume`` up to and including ``end``; after a transient error the
         stream is opened again after the last event returned, so none comes twice."""
-        retry = _TransientRetry(self.options.namespace)
+        retry = TransientRetry(self.options.namespace)
         while True:
             try:
                 for event in self._replay_once(resume, end):
@@ -445,7 +419,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _retrying(self, call: Callable[[], _T], start: Offset | None) -> _T:
         """``call()``, tried again while it fails with transient errors (see the module docstring)."""
-        retry = _TransientRetry(self.options.namespace)
+        retry = TransientRetry(self.options.namespace)
         while True:
             try:
                 return call()
@@ -490,12 +464,12 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._raw_client
 
     def _resume_options(self, start: Offset) -> dict[str, Any]:
-        token = _token(start)
+        token = offset_token(start)
         if token is not None:
             # startAfter rather than resumeAfter: it also continues after an invalidate event.
             return {"start_after": token}
         if "startAtOperationTime" in start:
-            return {"start_at_operation_time": _offset_timestamp(start["startAtOperationTime"])}
+            return {"start_at_operation_time": offset_timestamp(start["startAtOperationTime"])}
         raise StreamError(
             f"{_OWNER}: offset {start!r} is not a flowwarden offset", stream=self.options.namespace
         )
@@ -523,105 +497,6 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             kwargs["full_document_before_change"] = options.full_document_before_change
         pipeline = [dict(stage) for stage in options.pipeline]
         return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """A planned micro-batch: the events after ``start`` up to ``end`` (``end == start``: none),
-    their BSON back to back when planning read them, and whether they are all an availableNow
-    run is to read."""
-
-    start: Offset
-    end: Offset
-    events: bytes | None
-    drained: bool
-
-
-class _ReadAhead:
-    """Plans the next micro-batch in a thread while Spark runs the current one.
-
-    After planning a range that ended at ``end``, the reader starts planning the next one from
-    ``end`` at once; Spark's next ``latestOffset(end, limit)`` takes that plan when it matches
-    (same start, limit and availableNow target) and found events, or plans again itself. A plan
-    is fixed only once ``latestOffset`` returns it (Spark logs it before running the batch), so
-    one made ahead is as valid as one made later: it simply ends no later than where the stream
-    was when it was made. Any error the thread met is left to the plan made again, which retries
-    and reports it as usual.
-    """
-
-    def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._key: tuple[str, int | None, Any] | None = None
-        self._future: Future[_Plan] | None = None
-
-    def start(
-        self, start: Offset, max_rows: int | None, target: Any, plan: Callable[[Offset, int | None], _Plan]
-    ) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowwarden-plan-ahead")
-        self._key = (json.dumps(start, sort_keys=True), max_rows, target)
-        self._future = self._pool.submit(plan, start, max_rows)
-
-    def take(self, start: Offset, max_rows: int | None, target: Any) -> _Plan | None:
-        future, key = self._future, self._key
-        self._future = self._key = None
-        if future is None:
-            return None
-        try:
-            plan = future.result()
-        except Exception:
-            return None
-        if key != (json.dumps(start, sort_keys=True), max_rows, target) or plan.end == plan.start:
-            return None  # not this range, or nothing then: whatever came since is read now
-        return plan
-
-    def cancel(self) -> None:
-        future, self._future, self._key = self._future, None, None
-        if future is not None:
-            future.cancel()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-
-class _TransientRetry:
-    """The source's retry rule: transient errors (flowwarden.failures) are waited out with
-    backoff for up to TRANSIENT_RETRY_SECONDS; a refused position becomes ResumePositionError;
-    anything else is raised as it is."""
-
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-        self.reset()
-
-    def reset(self) -> None:
-        self.deadline = time.monotonic() + TRANSIENT_RETRY_SECONDS
-        self.attempt = 0
-
-    def after(self, error: Exception, position: Any) -> None:
-        """Return after a pause when ``error`` is worth another try; raise otherwise."""
-        if isinstance(error, OperationFailure) and refused_position(error):
-            raise ResumePositionError(
-                f"{_OWNER} {self.namespace}",
-                token=position,
-                reason=f"the server refused it: {error}",
-                hint="Offsets live in the query's checkpointLocation: to read from a new position, "
-                "start the query with a new checkpointLocation and the start_position you want.",
-            ) from error
-        if classify(error) is not Failure.TRANSIENT or time.monotonic() >= self.deadline:
-            raise error
-        self.attempt += 1
-        time.sleep(min(0.25 * 2 ** (self.attempt - 1), 5.0))
-
-
-def _covers(position: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
-    """Whether a stream whose post-batch resume token is ``position`` has returned every event
-    that existed when ``target`` was taken: the token of a stream opened then, which MongoDB
-    places one tick after the newest operation. A position at that operation's time, or later,
-    covers them all."""
-    if compare_tokens(position, target) >= 0:
-        return True
-    reached, end = token_cluster_time(position), token_cluster_time(target)
-    return (reached.time, reached.inc + 1) >= (end.time, end.inc)
 
 
 def _non_nullable(data_type: Any, path: str) -> list[str]:

@@ -4,7 +4,8 @@ An option the decorators also have (``database``, ``full_document``, ``start_pos
 ``max_await_time_ms``, ``mode``...) has the same name, values and default here, and is checked by
 the same model: each string is turned into the field's type and validated by the option model
 that declares it (:data:`SHARED`). The source's own options (``uri``, ``pipeline``,
-``max_events_per_trigger``, ``schema``, ``json_mode``) are declared in :class:`SourceOnlyOptions`.
+``max_events_per_trigger``, ``schema``, ``json_mode``, ``partitions``) are declared in
+:class:`SourceOnlyOptions`.
 ``start_position=timestamp``, the spelling of earlier releases, still works with a
 DeprecationWarning (it is ``AT_TIME`` now). A query keeps its offsets itself, so ``RESUME`` (the
 default) and ``LATEST`` both start a new query at the stream's current position. Every problem
@@ -40,6 +41,7 @@ from flowwarden.spark.extjson import JsonMode
 OWNER = "flowwarden streaming source"
 LABEL = ""  # the owner names the source and the option
 DEFAULT_MAX_EVENTS_PER_TRIGGER = 10_000
+MAX_PARTITIONS = 256
 
 SHARED: dict[str, type[Options]] = {
     "database": ChangeStreamOptions,
@@ -79,6 +81,14 @@ class SourceOnlyOptions(Options):
         alias="schema",
     )
     json_mode: JsonMode = option(JsonMode.CANONICAL, "How documents are written as Extended JSON.")
+    partitions: int = option(
+        1,
+        "Input partitions: more than 1 splits the change stream into that many streams, each "
+        "filtered by the server to one hash bucket of documentKey._id, read in parallel by "
+        "executors (MongoDB 7.0+).",
+        ge=1,
+        le=MAX_PARTITIONS,
+    )
 
     @field_validator("json_mode", mode="before")
     @classmethod
@@ -117,6 +127,7 @@ class SourceOptions:
     mode: SchemaMode = SchemaMode.PERMISSIVE
     json_mode: JsonMode = JsonMode.CANONICAL
     max_await_time_ms: int = 1000
+    partitions: int = 1
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -151,6 +162,7 @@ class SourceOptions:
             mode=mode,
             json_mode=own.json_mode,
             max_await_time_ms=stream.max_await_time_ms,
+            partitions=own.partitions,
         )
 
     @property
