@@ -104,6 +104,9 @@ def test_an_earlier_spelling_still_works_with_a_warning() -> None:
         ({"max_events_per_trigger": "0"}, "max_events_per_trigger=0 is not accepted"),
         ({"on_history_lost": "ignore"}, "'ignore' is not a valid OnHistoryLost"),
         ({"mode": "lenient"}, "'lenient' is not a valid SchemaMode"),
+        ({"partitions": "0"}, "partitions=0 is not accepted"),
+        ({"partitions": "300"}, "partitions=300 is not accepted"),
+        ({"partitions": "two"}, "partitions 'two' is not an int"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, str], message: str) -> None:
@@ -331,6 +334,65 @@ def test_the_next_micro_batch_is_planned_while_spark_runs_this_one(
     assert reader._ahead._future is None and reader._ahead._pool is None
 
 
+def test_partitions_split_the_stream_by_document_and_replay_exactly(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    """partitions=3: an offset is a vector of three tokens; each micro-batch is three input
+    partitions, one per hash bucket of documentKey._id; every event is in exactly one of them,
+    every document's events in one bucket, in stream order; a range read again is identical."""
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name, partitions="3")
+    try:
+        start = reader.initialOffset()
+        assert set(start) == {"partitions"} and len(start["partitions"]) == 3
+        collection.insert_many([{"_id": n} for n in range(40)])
+        collection.update_many({"_id": {"$lt": 20}}, {"$inc": {"v": 1}})
+        collection.delete_many({"_id": {"$gte": 35}})
+        buckets: list[list[tuple[str, int]]] = [[], [], []]
+        batches = 0
+        while True:
+            end = reader.latestOffset(start, ReadMaxRows(15))
+            if end == start:
+                break
+            batches += 1
+            parts = reader.partitions(start, end)
+            assert [p.bucket for p in parts] == [(0, 3), (1, 3), (2, 3)]
+            for part in parts:
+                rows = rows_of(reader.read(pickle.loads(pickle.dumps(part))))
+                assert rows_of(reader.read(part)) == rows  # replays are identical
+                buckets[part.bucket[0]] += [
+                    (r["operation_type"], json_util.loads(r["document_key"])["_id"]) for r in rows
+                ]
+            start = end
+        assert batches >= 4  # 65 events, at most 5 per bucket per micro-batch
+        events = [event for bucket in buckets for event in bucket]
+        assert len(events) == 65 and len(set(events)) == 65
+        assert all(buckets)  # the hash spreads 40 documents over every bucket
+        for bucket in buckets:
+            for key in {key for _, key in bucket}:
+                kinds = [kind for kind, k in bucket if k == key]
+                expected = ["insert", *(["update"] if key < 20 else []), *(["delete"] if key >= 35 else [])]
+                assert kinds == expected, (key, kinds)
+        assert len({key for bucket in buckets for _, key in bucket}) == 40
+        assert not {k for _, k in buckets[0]} & {k for _, k in buckets[1]}
+    finally:
+        reader.stop()
+
+
+def test_a_query_keeps_the_partitions_it_started_with(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    reader = reader_for(mongodb_uri, db_name, partitions="2")
+    single = reader_for(mongodb_uri, db_name)
+    try:
+        offset = single.initialOffset()
+        with pytest.raises(ConfigurationError, match=r"holds offsets for 1 partition\(s\).*partitions=2"):
+            reader.latestOffset(offset, ReadMaxRows(10))
+    finally:
+        reader.stop()
+        single.stop()
+
+
 def test_a_filter_on_the_looked_up_document_plans_the_events_it_reads(
     client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
 ) -> None:
@@ -499,13 +561,17 @@ def source(spark: SparkSession, uri: str, database: str, **options: str) -> Data
     return reader.load()
 
 
+@pytest.mark.parametrize("partitions", ["1", "3"])
 def test_restarted_three_times_every_event_once_in_order(
     spark: SparkSession,
     client: pymongo.MongoClient[dict[str, Any]],
     mongodb_uri: str,
     db_name: str,
     tmp_path: Path,
+    partitions: str,
 ) -> None:
+    """Also read as three hash buckets, each its own change stream and input partition, whose
+    offsets are a vector of three tokens: every event once, after three restarts."""
     orders = client[db_name]["orders"]
     start_at = dt.datetime.now(dt.timezone.utc).isoformat()
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
@@ -524,6 +590,7 @@ def test_restarted_three_times_every_event_once_in_order(
             start_position="AT_TIME",
             start_at=start_at,
             max_events_per_trigger="7",
+            partitions=partitions,
         )
         return (
             stream.writeStream.format("parquet")

@@ -47,9 +47,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pymongo
+from bson import json_util
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -75,6 +77,8 @@ from flowwarden.spark.source_ranges import (
     PlanAhead,
     TokenRange,
     TransientRetry,
+    bucket_offsets,
+    bucket_stage,
     covers,
     offset_timestamp,
     offset_token,
@@ -163,9 +167,11 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 option="schema",
                 allowed="fields without NOT NULL",
             )
+        self._buckets = options.partitions
         self._target: dict[str, Any] | None = None
-        # Where planning found every event of the availableNow run read.
-        self._drained: dict[str, Any] | None = None
+        # Where planning found every event of the availableNow run read, per bucket (None: the
+        # whole stream).
+        self._drained: dict[int | None, Offset] = {}
         # The last range planned, with its events.
         self._planned: Plan | None = None
         self._ahead = PlanAhead()
@@ -185,7 +191,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # driver side
 
     def initialOffset(self) -> Offset:
-        return self._retrying(self._initial_offset, None)
+        offset = self._retrying(self._initial_offset, None)
+        return offset if self._buckets == 1 else {"partitions": [offset] * self._buckets}
 
     def _initial_offset(self) -> Offset:
         position = self.options.start_position
@@ -224,7 +231,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         with self._watch({}, position_only=True) as stream:
             token = stream.resume_token
         self._target = {"_data": token["_data"]} if token is not None else None
-        self._drained = None
+        self._drained = {}
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         """Read forward from ``start`` to find the end of the next micro-batch.
@@ -236,39 +243,62 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         :meth:`partitions` to hand to the executor.
         """
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if self._buckets > 1:
+            return self._latest_partitioned(start, max_rows)
         plan = self._ahead.take(start, max_rows, self._target)
         if plan is None:
             plan = self._retrying(lambda: self._plan(start, max_rows), start)
         self._planned = plan if plan.events is not None else None
         if plan.drained:
-            self._drained = plan.end
+            self._drained[None] = plan.end
         elif plan.end != start:
             self._raw_client_for()  # created here: the read-ahead thread must not race for it
             self._ahead.start(plan.end, max_rows, self._target, self._plan)
         return plan.end
 
-    def _plan(self, start: Offset, max_rows: int | None) -> Plan:
-        """The next micro-batch from ``start``; touches no state of the reader, so it also runs
-        in the read-ahead thread."""
+    def _latest_partitioned(self, start: Offset, max_rows: int | None) -> Offset:
+        """Each bucket's next range, planned at once on threads of its own; every bucket gets an
+        equal share of ``max_rows``. Planning only counts: the executors read the events."""
+        starts = bucket_offsets(start, self._buckets)
+        share = None if max_rows is None else -(-max_rows // self._buckets)
+        self._client_for()  # created here: the planning threads must not race for it
+
+        def plan(index: int) -> Plan:
+            return self._retrying(lambda: self._plan(starts[index], share, index), starts[index])
+
+        with ThreadPoolExecutor(self._buckets, thread_name_prefix="flowwarden-plan") as pool:
+            plans = list(pool.map(plan, range(self._buckets)))
+        for index, planned in enumerate(plans):
+            if planned.drained:
+                self._drained[index] = planned.end
+        ends = [planned.end for planned in plans]
+        return start if ends == starts else {"partitions": ends}
+
+    def _plan(self, start: Offset, max_rows: int | None, bucket: int | None = None) -> Plan:
+        """The next micro-batch from ``start`` (of one hash bucket, when given); touches no state
+        of the reader, so it also runs in planning threads."""
         try:
-            return self._scan(start, self._resume_options(start), max_rows)
+            return self._scan(start, self._resume_options(start), max_rows, bucket)
         except OperationFailure as error:
             if error.code != HISTORY_LOST:
                 raise
-            return self._after_history_lost(start, max_rows, error)
+            return self._after_history_lost(start, max_rows, error, bucket)
 
-    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None) -> Plan:
+    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None, bucket: int | None) -> Plan:
+        """Where the micro-batch from ``start`` ends. The whole stream's planning keeps the
+        events' BSON for the executor; a bucket's only counts them (the executor reads them)."""
         target = self._target
         begin = offset_token(start)
         if target is not None and begin is not None:
-            if compare_tokens(begin, target) >= 0 or begin == self._drained:
+            if compare_tokens(begin, target) >= 0 or begin == self._drained.get(bucket):
                 # An availableNow run that reached its end: no need to ask the server.
                 return Plan(start, start, None, drained=False)
         count = size = 0
         last: dict[str, Any] | None = None
         caught_up = False
         events: list[bytes] = []
-        with self._watch(resume, raw=True) as stream:
+        keep = bucket is None
+        with self._watch(resume, raw=True, bucket=self._bucket(bucket), counting=not keep) as stream:
             while (max_rows is None or count < max_rows) and size < PREFETCH_BYTES:
                 event = stream.try_next()
                 if event is None:
@@ -277,9 +307,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 token = event["_id"]
                 if target is not None and compare_tokens(token, target) > 0:
                     break
-                raw = event.raw
-                events.append(raw if isinstance(raw, bytes) else bytes(raw))
-                size += len(raw)
+                if keep:
+                    raw = event.raw
+                    events.append(raw if isinstance(raw, bytes) else bytes(raw))
+                    size += len(raw)
                 last = token
                 count += 1
                 if target is not None:
@@ -298,9 +329,12 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             end = {"_data": position["_data"]}
             if target is not None and compare_tokens(end, target) > 0:
                 end = dict(target)
-        return Plan(start, end, b"".join(events), drained=caught_up and target is not None)
+        kept = b"".join(events) if keep else None
+        return Plan(start, end, kept, drained=caught_up and target is not None)
 
-    def _after_history_lost(self, start: Offset, max_rows: int | None, error: OperationFailure) -> Plan:
+    def _after_history_lost(
+        self, start: Offset, max_rows: int | None, error: OperationFailure, bucket: int | None
+    ) -> Plan:
         token = offset_token(start)
         client = self._client_for()
         recovery = recover_from_history_loss(
@@ -312,7 +346,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             error=error,
         )
         if recovery.start:
-            plan = self._scan(start, recovery.start, max_rows)
+            plan = self._scan(start, recovery.start, max_rows, bucket)
             if plan.end == start:
                 return plan
             read_from = timestamp_offset(recovery.start["start_at_operation_time"])
@@ -327,7 +361,12 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return Plan(start, {"_data": now["_data"], "skipped": True}, None, drained=False)
 
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
-        """The range as one partition, carrying the events planning read for it, if it did."""
+        """The range as one partition, carrying the events planning read for it, if it did; or
+        one partition per hash bucket, each read by an executor of its own."""
+        if self._buckets > 1:
+            starts, ends = bucket_offsets(start, self._buckets), bucket_offsets(end, self._buckets)
+            ranges = zip(starts, ends, strict=True)
+            return [TokenRange(s, e, bucket=(i, self._buckets)) for i, (s, e) in enumerate(ranges)]
         planned = self._planned
         if planned is not None and planned.start == start and planned.end == end:
             return [TokenRange(start, end, planned.events)]
@@ -354,7 +393,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Yield the events of one token range as Arrow record batches, in stream order."""
         assert isinstance(partition, TokenRange)
         start, end = partition.start, partition.end
-        if end.get("skipped"):
+        if end.get("skipped") or end == start:
             return
         end_token = offset_token(end)
         assert end_token is not None, f"a micro-batch must end at a resume token, got {end!r}"
@@ -368,7 +407,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             resume = self._resume_options(start)
         events: list[RawBSONDocument] = []
         try:
-            for event in self._replay(resume, end_token):
+            for event in self._replay(resume, end_token, partition.bucket):
                 events.append(event)
                 if len(events) >= ARROW_BATCH_ROWS:
                     yield from self._batches(events, expected)
@@ -378,13 +417,15 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if events:
             yield from self._batches(events, expected)
 
-    def _replay(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[RawBSONDocument]:
+    def _replay(
+        self, resume: dict[str, Any], end: dict[str, Any], bucket: tuple[int, int] | None = None
+    ) -> Iterator[RawBSONDocument]:
         """The events after ``resume`` up to and including ``end``; after a transient error the
         stream is opened again after the last event returned, so none comes twice."""
         retry = TransientRetry(self.options.namespace)
         while True:
             try:
-                for event in self._replay_once(resume, end):
+                for event in self._replay_once(resume, end, bucket):
                     yield event
                     resume = {"start_after": {"_data": event["_id"]["_data"]}}
                     retry.reset()
@@ -392,9 +433,11 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             except Exception as error:
                 retry.after(error, resume)
 
-    def _replay_once(self, resume: dict[str, Any], end: dict[str, Any]) -> Iterator[RawBSONDocument]:
+    def _replay_once(
+        self, resume: dict[str, Any], end: dict[str, Any], bucket: tuple[int, int] | None
+    ) -> Iterator[RawBSONDocument]:
         deadline = time.monotonic() + READ_STALL_SECONDS
-        with self._watch(resume, raw=True) as stream:
+        with self._watch(resume, raw=True, bucket=bucket) as stream:
             while True:
                 event = stream.try_next()
                 if event is None:
@@ -474,12 +517,26 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             f"{_OWNER}: offset {start!r} is not a flowwarden offset", stream=self.options.namespace
         )
 
-    def _watch(self, resume: dict[str, Any], *, raw: bool = False, position_only: bool = False) -> Any:
+    def _bucket(self, index: int | None) -> tuple[int, int] | None:
+        return None if index is None else (index, self._buckets)
+
+    def _watch(
+        self,
+        resume: dict[str, Any],
+        *,
+        raw: bool = False,
+        position_only: bool = False,
+        bucket: tuple[int, int] | None = None,
+        counting: bool = False,
+    ) -> Any:
         """A change stream with the source's options from ``resume``.
 
         ``raw`` streams deliver :class:`~flowwarden.raw_events.RawEvent` events.
         ``position_only`` streams return no event (``batchSize: 0``): their resume token is the
-        position they opened at.
+        position they opened at. ``bucket`` (index, count) keeps one hash bucket of the events
+        (:func:`~flowwarden.spark.source_ranges.bucket_stage`, ahead of the user's stages).
+        ``counting`` streams only find where a micro-batch ends: they see the same events but
+        bring back only ``_id``, and look up no document the pipeline does not read.
         """
         client: Any = self._raw_client_for() if raw else self._client_for()
         options = self.options
@@ -491,12 +548,33 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         kwargs: dict[str, Any] = {"max_await_time_ms": options.max_await_time_ms, **resume}
         if position_only:
             kwargs["batch_size"] = 0
-        if options.full_document != "default":
+        documents = not counting or _counting_needs_documents(options.pipeline)
+        if options.full_document != "default" and documents:
             kwargs["full_document"] = options.full_document
-        if options.full_document_before_change != "off":
+        if options.full_document_before_change != "off" and documents:
             kwargs["full_document_before_change"] = options.full_document_before_change
         pipeline = [dict(stage) for stage in options.pipeline]
+        if bucket is not None:
+            pipeline.insert(0, bucket_stage(*bucket))
+        if counting and not _splits_large_events(options.pipeline):
+            pipeline.append({"$project": {"_id": 1}})
         return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
+
+
+def _counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
+    """Whether a stream that only finds where a micro-batch ends must still ask for the
+    post-image (``fullDocument``, an ``updateLookup`` query per update) and pre-image: only
+    when a stage reads them (a ``$match`` on a field of the document, say) or the pipeline
+    splits large events, whose fragments depend on the documents' sizes. Otherwise they never
+    change which events the stream returns: ``required`` images missing make the read that
+    replays the range fail, as they would make the planning fail."""
+    return _splits_large_events(pipeline) or "fullDocument" in json_util.dumps(list(pipeline))
+
+
+def _splits_large_events(pipeline: tuple[dict[str, Any], ...]) -> bool:
+    """Whether the pipeline ends with ``$changeStreamSplitLargeEvent`` (its fragments must keep
+    every field: a planning stream cannot project them to ``_id``)."""
+    return bool(pipeline) and "$changeStreamSplitLargeEvent" in pipeline[-1]
 
 
 def _non_nullable(data_type: Any, path: str) -> list[str]:

@@ -20,7 +20,7 @@ from bson import Timestamp
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import InputPartition
 
-from flowwarden.errors import ResumePositionError
+from flowwarden.errors import ConfigurationError, ResumePositionError
 from flowwarden.events import compare_tokens, token_cluster_time
 from flowwarden.failures import Failure, classify
 from flowwarden.positions import refused_position
@@ -33,6 +33,8 @@ __all__ = [
     "PlanAhead",
     "TokenRange",
     "TransientRetry",
+    "bucket_offsets",
+    "bucket_stage",
     "covers",
     "offset_timestamp",
     "offset_token",
@@ -64,20 +66,56 @@ def offset_token(offset: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 class TokenRange(InputPartition):
-    """One micro-batch: the events after ``start`` up to and including ``end``.
+    """One input partition of a micro-batch: the events after ``start`` up to and including ``end``
+    (none when they are equal), of one hash bucket when the source is partitioned.
 
     ``events``, when planning read them, is their BSON, one document after another in stream
     order; None makes ``read`` read the range from MongoDB.
     """
 
-    def __init__(self, start: Offset, end: Offset, events: bytes | None = None) -> None:
-        super().__init__((start, end))
+    def __init__(
+        self,
+        start: Offset,
+        end: Offset,
+        events: bytes | None = None,
+        bucket: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__((start, end, bucket))
         self.start = start
         self.end = end
         self.events = events
+        self.bucket = bucket
+        """(index, count) of the hash bucket a partitioned read covers; None: every event."""
 
     def __repr__(self) -> str:
-        return f"TokenRange({self.start!r}, {self.end!r})"
+        bucket = "" if self.bucket is None else f", bucket={self.bucket[0]} of {self.bucket[1]}"
+        return f"TokenRange({self.start!r}, {self.end!r}{bucket})"
+
+
+def bucket_stage(index: int, count: int) -> dict[str, Any]:
+    """The ``$match`` keeping the events whose ``documentKey._id`` falls in hash bucket ``index``
+    of ``count``: MongoDB's hashed index key of it (``$toHashedIndexKey``, the hash of hashed
+    sharding), modulo ``count`` and made non-negative. Every event of one document falls in the
+    same bucket; events without a document key (drop, rename) hash as null, all in one bucket."""
+    key = {"$toHashedIndexKey": "$documentKey._id"}
+    bucket = {"$mod": [{"$add": [{"$mod": [key, count]}, count]}, count]}
+    return {"$match": {"$expr": {"$eq": [bucket, index]}}}
+
+
+def bucket_offsets(offset: Offset, count: int) -> list[Offset]:
+    """The offsets of the ``count`` buckets a partitioned offset holds."""
+    offsets = offset.get("partitions")
+    if not isinstance(offsets, list) or len(offsets) != count:
+        held = len(offsets) if isinstance(offsets, list) else 1
+        raise ConfigurationError(
+            f"the query's checkpointLocation holds offsets for {held} partition(s), and the source "
+            f"is read with partitions={count}; keep the number of partitions a query started with, "
+            "or start the query again with a new checkpointLocation",
+            owner=_OWNER,
+            option="partitions",
+            value=count,
+        )
+    return [dict(item) for item in offsets]
 
 
 @dataclasses.dataclass(frozen=True)
