@@ -275,6 +275,27 @@ def test_hashed_index_keys_squash_numbers_to_64_bit_integers(
     assert [row["_id"] for row in matched] == [6]
 
 
+def test_mod_of_integers_is_exact_and_keeps_the_dividends_sign(
+    client: pymongo.MongoClient, db_name: str
+) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": 1, "big": Int64(2**62 + 3), "negative": -7, "half": 7.5})
+    (row,) = coll.aggregate(
+        [
+            {
+                "$project": {
+                    "_id": 0,
+                    "big": {"$mod": ["$big", 2]},
+                    "negative": {"$mod": ["$negative", 3]},
+                    "half": {"$mod": ["$half", 2]},
+                }
+            }
+        ]
+    )
+    assert row == {"big": 1, "negative": -1, "half": 1.5}
+    assert isinstance(row["big"], Int64)  # a long operand gives a long
+
+
 def test_aggregate_requires_cursor_option(client: pymongo.MongoClient, db_name: str) -> None:
     with pytest.raises(OperationFailure) as info:
         client[db_name].command("aggregate", "c", pipeline=[])

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import mongomock
-from bson import MaxKey, MinKey, Timestamp
+from bson import Int64, MaxKey, MinKey, Timestamp
 from mongomock import aggregate as _aggregate
 from mongomock import filtering as _filtering
 from mongomock import helpers as _helpers
@@ -118,27 +118,50 @@ _extend_type_order()
 
 
 def _extend_expressions() -> None:
-    """Teach the engine's expression parser ``$toHashedIndexKey`` (MongoDB 7.0+), which it lacks.
+    """Teach the engine's expression parser ``$toHashedIndexKey`` (MongoDB 7.0+), which it lacks,
+    and ``$mod`` of two integers, which it computes in floating point (so the remainder of a
+    64-bit hash came out wrong).
 
     Every aggregation expression (``$expr`` in a filter, ``$addFields``, ``$project``) goes through
-    ``_Parser.parse``; the replacement answers documents whose one key is ``$toHashedIndexKey``
-    and hands everything else to the original. A missing operand hashes as null.
+    ``_Parser.parse``; the replacement answers those two and hands everything else (``$mod`` of
+    doubles included) to the original. A missing operand hashes as null.
     """
     original = _aggregate._Parser.parse
     if getattr(original, "_flowwarden_extended", False):
         return
 
     def parse(self: Any, expression: Any) -> Any:
-        if isinstance(expression, dict) and len(expression) == 1 and "$toHashedIndexKey" in expression:
-            try:
-                operand = self.parse(expression["$toHashedIndexKey"])
-            except KeyError:
-                operand = None
-            return hashed_index_key(operand)
+        if isinstance(expression, dict) and len(expression) == 1:
+            if "$toHashedIndexKey" in expression:
+                try:
+                    operand = self.parse(expression["$toHashedIndexKey"])
+                except KeyError:
+                    operand = None
+                return hashed_index_key(operand)
+            operands = expression.get("$mod")
+            if isinstance(operands, list) and len(operands) == 2:
+                dividend, divisor = self.parse_many(operands)
+                if _integer(dividend) and _integer(divisor):
+                    return _integer_mod(dividend, divisor)
         return original(self, expression)  # type: ignore[no-untyped-call]
 
     parse._flowwarden_extended = True  # type: ignore[attr-defined]
     _aggregate._Parser.parse = parse  # type: ignore[method-assign]
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integer_mod(dividend: int, divisor: int) -> int:
+    """``$mod`` of two integers as mongod computes it: exact, with the dividend's sign, a long
+    when either operand is one."""
+    if divisor == 0:
+        raise CommandError(16610, "can't $mod by zero")
+    remainder = abs(dividend) % abs(divisor)
+    if dividend < 0:
+        remainder = -remainder
+    return Int64(remainder) if isinstance(dividend, Int64) or isinstance(divisor, Int64) else remainder
 
 
 _extend_expressions()
