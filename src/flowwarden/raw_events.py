@@ -23,28 +23,37 @@ import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-__all__ = ["RAW_EVENT_OPTIONS", "RawEvent", "lean"]
+__all__ = ["RAW_EVENT_OPTIONS", "RawEvent", "lean", "value_size"]
 
 _INT32 = Struct("<i")
 _DOCUMENT, _STRING = 0x03, 0x02
-# Bytes after the key of an element of each fixed-size BSON type.
-_FIXED = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16, 0x7F: 0, 0xFF: 0}
-# Types whose value starts with an int32 holding the length of what follows it (strings, code,
-# symbols) or of the whole value (documents, arrays, code with scope), and binary (length,
-# subtype byte, data).
-_LENGTH_AFTER = {0x02: 4, 0x0D: 4, 0x0E: 4}
-_LENGTH_OF_ALL = {0x03, 0x04, 0x0F}
-_BINARY = 0x05
+# The size of the value of each fixed-size BSON type.
+_FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}
+_FIXED.update({0x7F: 0, 0xFF: 0})
 
 _INFLATED = vars(RawBSONDocument).get("_RawBSONDocument__inflated_doc")
 
-
-class _Missing:
-    pass
-
-
-_MISSING = _Missing()
+_MISSING = object()
 _UNKNOWN = object()
+
+
+def value_size(kind: int, data: bytes, start: int) -> int | None:
+    """The size of the value of BSON type ``kind`` starting at ``data[start]`` (the byte after the
+    element's name); None for a type it does not know."""
+    fixed = _FIXED.get(kind)
+    if fixed is not None:
+        return fixed
+    if kind in (0x02, 0x0D, 0x0E):  # string, code, symbol: an int32 length, then the bytes
+        return 4 + int(_INT32.unpack_from(data, start)[0])
+    if kind in (0x03, 0x04, 0x0F):  # document, array, code with scope: an int32 of the whole
+        return int(_INT32.unpack_from(data, start)[0])
+    if kind == 0x05:  # binary: an int32 length, a subtype byte, the bytes
+        return 5 + int(_INT32.unpack_from(data, start)[0])
+    if kind == 0x0C:  # DBPointer: a string, then an ObjectId
+        return 4 + int(_INT32.unpack_from(data, start)[0]) + 12
+    if kind == 0x0B:  # regular expression: two C strings
+        return data.index(0, data.index(0, start) + 1) + 1 - start
+    return None
 
 
 class RawEvent(RawBSONDocument):
@@ -95,17 +104,10 @@ def _lookup(raw: bytes | memoryview, key: str) -> Any:
                 length = _INT32.unpack_from(data, value)[0]
                 return data[value + 4 : value + 3 + length].decode()
             return _UNKNOWN
-        size = _FIXED.get(kind)
-        if size is not None:
-            pos = value + size
-        elif kind in _LENGTH_AFTER:
-            pos = value + 4 + _INT32.unpack_from(data, value)[0]
-        elif kind in _LENGTH_OF_ALL:
-            pos = value + _INT32.unpack_from(data, value)[0]
-        elif kind == _BINARY:
-            pos = value + 5 + _INT32.unpack_from(data, value)[0]
-        else:  # regular expressions, DBPointers: rare at the top of a change event
+        size = value_size(kind, data, value)
+        if size is None:
             return _UNKNOWN
+        pos = value + size
     return _MISSING
 
 

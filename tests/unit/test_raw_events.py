@@ -37,6 +37,7 @@ EVERY_TYPE: dict[str, Any] = {
     "minkey": MinKey(),
     "maxkey": MaxKey(),
     "dbref": DBRef("orders", 1),
+    "regex": Regex("^a", "i"),
 }
 
 
@@ -86,7 +87,7 @@ def test_fields_of_another_type_fall_back_to_the_full_decode() -> None:
     assert event["operationType"] == 3
 
 
-def test_a_regular_expression_before_the_field_falls_back_to_the_full_decode() -> None:
+def test_a_regular_expression_before_the_field_is_walked_past() -> None:
     event = raw_event({"pattern": Regex("^a", "i"), "_id": TOKEN})
     assert event["_id"] == TOKEN
     assert event["pattern"] == Regex("^a", "i")

@@ -22,6 +22,7 @@ from typing import Any
 import bson
 from bson import Decimal128, Int64
 
+from flowwarden.raw_events import value_size
 from flowwarden.testing.embedded.errors import CommandError
 
 __all__ = ["hashed_index_key"]
@@ -90,10 +91,6 @@ def _hash_document(digest: Any, data: bytes) -> None:
     digest.update(b"\x00")
 
 
-_FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}
-_FIXED.update({0x7F: 0, 0xFF: 0})
-
-
 def _elements(data: bytes) -> Iterator[tuple[int, bytes, bytes]]:
     """(type, name, value bytes) of each element of the BSON document ``data``, in order."""
     pos, end = 4, len(data) - 1
@@ -101,26 +98,11 @@ def _elements(data: bytes) -> Iterator[tuple[int, bytes, bytes]]:
         kind = data[pos]
         name_end = data.index(0, pos + 1)
         start = name_end + 1
-        yield kind, data[pos + 1 : name_end], data[start : start + _value_size(kind, data, start)]
-        pos = start + _value_size(kind, data, start)
-
-
-def _value_size(kind: int, data: bytes, start: int) -> int:
-    fixed = _FIXED.get(kind)
-    if fixed is not None:
-        return fixed
-    length = int(_INT32.unpack_from(data, start)[0])
-    if kind in (0x02, 0x0D, 0x0E):  # string, code, symbol: length, then that many bytes
-        return 4 + length
-    if kind in (0x03, 0x04, 0x0F):  # document, array, code with scope: the length of it all
-        return length
-    if kind == 0x05:  # binary: length, subtype, data
-        return 5 + length
-    if kind == 0x0C:  # DBPointer: a string, then an ObjectId
-        return 4 + length + 12
-    if kind == 0x0B:  # regular expression: two C strings
-        return data.index(0, data.index(0, start) + 1) + 1 - start
-    raise CommandError(2, f"$toHashedIndexKey: unknown BSON type {kind:#04x}")
+        size = value_size(kind, data, start)
+        if size is None:
+            raise CommandError(2, f"$toHashedIndexKey: unknown BSON type {kind:#04x}")
+        yield kind, data[pos + 1 : name_end], data[start : start + size]
+        pos = start + size
 
 
 def _squash(kind: int, value: bytes) -> int:
