@@ -95,6 +95,9 @@ events reach it ends there, whatever ``max_events_per_trigger`` allows."""
 # How long a read waits for the events of its range to show up again before giving up: they
 # were seen when the range was planned, so only a lost oplog or an unreachable server delays them.
 READ_STALL_SECONDS = 120.0
+# Events per batch of a planning stream (at most), and of a stream replaying a range.
+MAX_BATCH_EVENTS = 10_000
+REPLAY_BATCH_EVENTS = 2_000
 
 _T = TypeVar("_T")
 
@@ -298,7 +301,13 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         caught_up = False
         events: list[bytes] = []
         keep = bucket is None
-        with self._watch(resume, raw=True, bucket=self._bucket(bucket), counting=not keep) as stream:
+        # A batch no larger than the plan can take: the server fills a batch up to 16 MiB, which
+        # for a filtered or counting stream means scanning far past where the plan stops.
+        batch_size = None if max_rows is None else min(max_rows, MAX_BATCH_EVENTS)
+        watch = self._watch(
+            resume, raw=True, bucket=self._bucket(bucket), counting=not keep, batch_size=batch_size
+        )
+        with watch as stream:
             while (max_rows is None or count < max_rows) and size < PREFETCH_BYTES:
                 event = stream.try_next()
                 if event is None:
@@ -437,7 +446,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self, resume: dict[str, Any], end: dict[str, Any], bucket: tuple[int, int] | None
     ) -> Iterator[RawBSONDocument]:
         deadline = time.monotonic() + READ_STALL_SECONDS
-        with self._watch(resume, raw=True, bucket=bucket) as stream:
+        with self._watch(resume, raw=True, bucket=bucket, batch_size=REPLAY_BATCH_EVENTS) as stream:
             while True:
                 event = stream.try_next()
                 if event is None:
@@ -457,6 +466,12 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     return
                 yield event
                 if order == 0:
+                    return
+                # After a batch's last event the resume token is the batch's postBatchResumeToken:
+                # once it reaches the end, no event is left in the range, and a getMore would only
+                # wait max_await_time_ms to say so.
+                reached = stream.resume_token
+                if reached is not None and compare_tokens(reached, end) >= 0:
                     return
                 deadline = time.monotonic() + READ_STALL_SECONDS
 
@@ -528,6 +543,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         position_only: bool = False,
         bucket: tuple[int, int] | None = None,
         counting: bool = False,
+        batch_size: int | None = None,
     ) -> Any:
         """A change stream with the source's options from ``resume``.
 
@@ -548,6 +564,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         kwargs: dict[str, Any] = {"max_await_time_ms": options.max_await_time_ms, **resume}
         if position_only:
             kwargs["batch_size"] = 0
+        elif batch_size is not None:
+            kwargs["batch_size"] = batch_size
         documents = not counting or _counting_needs_documents(options.pipeline)
         if options.full_document != "default" and documents:
             kwargs["full_document"] = options.full_document
