@@ -260,12 +260,14 @@ def test_a_micro_batch_ends_where_its_events_reach_the_prefetch_bound(
 class _Started(monitoring.CommandListener):
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.empty_get_mores = 0
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         self.names.append(event.command_name)
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
+        if event.command_name == "getMore" and not event.reply["cursor"]["nextBatch"]:
+            self.empty_get_mores += 1
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
@@ -291,6 +293,30 @@ def test_an_available_now_run_ends_without_waiting_for_new_events(
         assert len(commands.names) == planned  # the run is over without another command
         collection.insert_one({"n": 5})  # after the run began: the next run's
         assert reader.latestOffset(end, ReadMaxRows(100)) == end
+    finally:
+        reader.stop()
+
+
+def test_a_replay_ends_at_the_range_end_without_an_empty_get_more(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    """A range ending at a postBatchResumeToken is over once a batch's token reaches that end:
+    asking the server once more would only wait max_await_time_ms for an empty batch."""
+    collection = client[db_name]["orders"]
+    reader = reader_for(mongodb_uri, db_name, max_await_time_ms="30000")
+    try:
+        start = reader.initialOffset()
+        collection.insert_many([{"n": n} for n in range(5)])
+        reader.prepareForTriggerAvailableNow()
+        end = reader.latestOffset(start, ReadMaxRows(100))
+        commands = _Started()
+        reader._raw_client = pymongo.MongoClient(
+            mongodb_uri, document_class=RawEvent, event_listeners=[commands]
+        )
+        rows = rows_of(reader.read(TokenRange(start, end)))
+        assert numbers(rows) == [0, 1, 2, 3, 4]
+        assert rows[-1]["_id"] != end["_data"]  # the range ends past its last event
+        assert commands.empty_get_mores == 0
     finally:
         reader.stop()
 
