@@ -52,6 +52,7 @@ __all__ = [
     "document_spec",
     "model_to_arrow_schema",
     "model_to_struct_type",
+    "non_nullable_paths",
     "spark_type",
     "struct_type_to_arrow_schema",
 ]
@@ -240,3 +241,25 @@ def change_event_struct_type(
             for name, spec in _event_fields(document, has_corrupt_record(schema, mode))
         ]
     )
+
+
+def non_nullable_paths(data_type: Any, path: str) -> list[str]:
+    """Paths of the fields, elements and map values ``data_type`` declares non-nullable."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    found: list[str] = []
+    if isinstance(data_type, StructType):
+        for field in data_type.fields:
+            child = f"{path}.{field.name}"
+            if not field.nullable:
+                found.append(child)
+            found.extend(non_nullable_paths(field.dataType, child))
+    elif isinstance(data_type, ArrayType):
+        if not data_type.containsNull:
+            found.append(f"{path}[]")
+        found.extend(non_nullable_paths(data_type.elementType, f"{path}[]"))
+    elif isinstance(data_type, MapType):
+        if not data_type.valueContainsNull:
+            found.append(f"{path}{{}}")
+        found.extend(non_nullable_paths(data_type.valueType, f"{path}{{}}"))
+    return found

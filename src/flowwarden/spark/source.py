@@ -51,7 +51,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pymongo
-from bson import json_util
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -69,7 +68,7 @@ from flowwarden.events import compare_tokens, token_datetime
 from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
 from flowwarden.raw_events import RawEvent
 from flowwarden.spark.arrow import events_to_arrow
-from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS
+from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
 from flowwarden.spark.source_options import OWNER, SourceOptions
 from flowwarden.spark.source_ranges import (
     Offset,
@@ -79,9 +78,11 @@ from flowwarden.spark.source_ranges import (
     TransientRetry,
     bucket_offsets,
     bucket_stage,
+    counting_needs_documents,
     covers,
     offset_timestamp,
     offset_token,
+    splits_large_events,
     timestamp_offset,
 )
 
@@ -160,7 +161,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
         document = schema["full_document"].dataType
         self.document_schema = document if isinstance(document, StructType) else None
-        required = _non_nullable(document, "full_document")
+        required = non_nullable_paths(document, "full_document")
         if required:
             raise ConfigurationError(
                 f"the schema declares {', '.join(required)} NOT NULL; a streaming source's fields "
@@ -566,7 +567,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             kwargs["batch_size"] = 0
         elif batch_size is not None:
             kwargs["batch_size"] = batch_size
-        documents = not counting or _counting_needs_documents(options.pipeline)
+        documents = not counting or counting_needs_documents(options.pipeline)
         if options.full_document != "default" and documents:
             kwargs["full_document"] = options.full_document
         if options.full_document_before_change != "off" and documents:
@@ -574,47 +575,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         pipeline = [dict(stage) for stage in options.pipeline]
         if bucket is not None:
             pipeline.insert(0, bucket_stage(*bucket))
-        if counting and not _splits_large_events(options.pipeline):
+        if counting and not splits_large_events(options.pipeline):
             pipeline.append({"$project": {"_id": 1}})
         return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
-
-
-def _counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
-    """Whether a stream that only finds where a micro-batch ends must still ask for the
-    post-image (``fullDocument``, an ``updateLookup`` query per update) and pre-image: only
-    when a stage reads them (a ``$match`` on a field of the document, say) or the pipeline
-    splits large events, whose fragments depend on the documents' sizes. Otherwise they never
-    change which events the stream returns: ``required`` images missing make the read that
-    replays the range fail, as they would make the planning fail."""
-    return _splits_large_events(pipeline) or "fullDocument" in json_util.dumps(list(pipeline))
-
-
-def _splits_large_events(pipeline: tuple[dict[str, Any], ...]) -> bool:
-    """Whether the pipeline ends with ``$changeStreamSplitLargeEvent`` (its fragments must keep
-    every field: a planning stream cannot project them to ``_id``)."""
-    return bool(pipeline) and "$changeStreamSplitLargeEvent" in pipeline[-1]
-
-
-def _non_nullable(data_type: Any, path: str) -> list[str]:
-    """Paths of the fields, elements and map values ``data_type`` declares non-nullable."""
-    from pyspark.sql.types import ArrayType, MapType
-
-    found: list[str] = []
-    if isinstance(data_type, StructType):
-        for field in data_type.fields:
-            child = f"{path}.{field.name}"
-            if not field.nullable:
-                found.append(child)
-            found.extend(_non_nullable(field.dataType, child))
-    elif isinstance(data_type, ArrayType):
-        if not data_type.containsNull:
-            found.append(f"{path}[]")
-        found.extend(_non_nullable(data_type.elementType, f"{path}[]"))
-    elif isinstance(data_type, MapType):
-        if not data_type.valueContainsNull:
-            found.append(f"{path}{{}}")
-        found.extend(_non_nullable(data_type.valueType, f"{path}{{}}"))
-    return found
 
 
 def _spark_arrow_schema(schema: StructType) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from bson import Timestamp
+from bson import Timestamp, json_util
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import InputPartition
 
@@ -35,9 +35,11 @@ __all__ = [
     "TransientRetry",
     "bucket_offsets",
     "bucket_stage",
+    "counting_needs_documents",
     "covers",
     "offset_timestamp",
     "offset_token",
+    "splits_large_events",
     "timestamp_offset",
 ]
 
@@ -116,6 +118,22 @@ def bucket_offsets(offset: Offset, count: int) -> list[Offset]:
             value=count,
         )
     return [dict(item) for item in offsets]
+
+
+def counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
+    """Whether a stream that only finds where a micro-batch ends must still ask for the
+    post-image (``fullDocument``, an ``updateLookup`` query per update) and pre-image: only
+    when a stage reads them (a ``$match`` on a field of the document, say) or the pipeline
+    splits large events, whose fragments depend on the documents' sizes. Otherwise they never
+    change which events the stream returns: ``required`` images missing make the read that
+    replays the range fail, as they would make the planning fail."""
+    return splits_large_events(pipeline) or "fullDocument" in json_util.dumps(list(pipeline))
+
+
+def splits_large_events(pipeline: tuple[dict[str, Any], ...]) -> bool:
+    """Whether the pipeline ends with ``$changeStreamSplitLargeEvent`` (its fragments must keep
+    every field: a planning stream cannot project them to ``_id``)."""
+    return bool(pipeline) and "$changeStreamSplitLargeEvent" in pipeline[-1]
 
 
 @dataclasses.dataclass(frozen=True)
