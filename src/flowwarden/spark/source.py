@@ -310,6 +310,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         )
         with watch as stream:
             while (max_rows is None or count < max_rows) and size < PREFETCH_BYTES:
+                if target is not None:
+                    # Once the stream's postBatchResumeToken (after a batch's last event, or of
+                    # an empty first batch) covers every event the availableNow run is to read,
+                    # a getMore would only wait max_await_time_ms for nothing.
+                    reached = stream.resume_token
+                    if reached is not None and reached != (last or begin) and covers(reached, target):
+                        caught_up = True
+                        break
                 event = stream.try_next()
                 if event is None:
                     caught_up = True
@@ -323,14 +331,6 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     size += len(raw)
                 last = token
                 count += 1
-                if target is not None:
-                    # After a batch's last event the resume token is the batch's
-                    # postBatchResumeToken: once that covers every event the availableNow run
-                    # is to read, an empty getMore (which waits max_await_time_ms) adds nothing.
-                    reached = stream.resume_token
-                    if reached is not None and reached != token and covers(reached, target):
-                        caught_up = True
-                        break
             position = stream.resume_token
         if last is None:
             return Plan(start, start, None, drained=False)
