@@ -273,11 +273,14 @@ class _Started(monitoring.CommandListener):
         pass
 
 
+@pytest.mark.parametrize("limit", [100, 5, 2])
 def test_an_available_now_run_ends_without_waiting_for_new_events(
-    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str, limit: int
 ) -> None:
     """Once planning has read every event that existed when the availableNow run began, it
-    does not ask the server again: an empty getMore would wait max_await_time_ms for nothing."""
+    does not ask the server again: an empty getMore would wait max_await_time_ms for nothing.
+    Also when a batch ends right at the run's last event (limit 5), and when the run takes
+    several micro-batches (limit 2)."""
     collection = client[db_name]["orders"]
     reader = reader_for(mongodb_uri, db_name, max_await_time_ms="30000")
     commands = _Started()
@@ -286,13 +289,21 @@ def test_an_available_now_run_ends_without_waiting_for_new_events(
         start = reader.initialOffset()
         collection.insert_many([{"n": n} for n in range(5)])
         reader.prepareForTriggerAvailableNow()
-        end = reader.latestOffset(start, ReadMaxRows(100))
-        assert numbers(read_rows(reader, start, end)) == [0, 1, 2, 3, 4]
+        read: list[int] = []
+        end = start
+        while True:
+            following = reader.latestOffset(end, ReadMaxRows(limit))
+            if following == end:
+                break
+            read += numbers(read_rows(reader, end, following))
+            end = following
+        assert read == [0, 1, 2, 3, 4]
+        assert commands.empty_get_mores == 0
         planned = len(commands.names)
-        assert reader.latestOffset(end, ReadMaxRows(100)) == end
+        assert reader.latestOffset(end, ReadMaxRows(limit)) == end
         assert len(commands.names) == planned  # the run is over without another command
         collection.insert_one({"n": 5})  # after the run began: the next run's
-        assert reader.latestOffset(end, ReadMaxRows(100)) == end
+        assert reader.latestOffset(end, ReadMaxRows(limit)) == end
     finally:
         reader.stop()
 

@@ -333,7 +333,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 count += 1
             position = stream.resume_token
         if last is None:
-            return Plan(start, start, None, drained=False)
+            return Plan(start, start, None, drained=caught_up and target is not None)
         end: dict[str, Any] = {"_data": last["_data"]}
         if caught_up and position is not None and compare_tokens(position, last) > 0:
             end = {"_data": position["_data"]}

@@ -153,11 +153,11 @@ class PlanAhead:
 
     After planning a range that ended at ``end``, the reader starts planning the next one from
     ``end`` at once; Spark's next ``latestOffset(end, limit)`` takes that plan when it matches
-    (same start, limit and availableNow target) and found events, or plans again itself. A plan
-    is fixed only once ``latestOffset`` returns it (Spark logs it before running the batch), so
-    one made ahead is as valid as one made later: it simply ends no later than where the stream
-    was when it was made. Any error the thread met is left to the plan made again, which retries
-    and reports it as usual.
+    (same start, limit and availableNow target) and found events or the end of an availableNow
+    run, or plans again itself. A plan is fixed only once ``latestOffset`` returns it (Spark logs
+    it before running the batch), so one made ahead is as valid as one made later: it simply
+    ends no later than where the stream was when it was made. Any error the thread met is left
+    to the plan made again, which retries and reports it as usual.
     """
 
     def __init__(self) -> None:
@@ -182,8 +182,10 @@ class PlanAhead:
             plan = future.result()
         except Exception:
             return None
-        if key != (json.dumps(start, sort_keys=True), max_rows, target) or plan.end == plan.start:
-            return None  # not this range, or nothing then: whatever came since is read now
+        if key != (json.dumps(start, sort_keys=True), max_rows, target):
+            return None  # not this range
+        if plan.end == plan.start and not plan.drained:
+            return None  # nothing then: whatever came since is read now
         return plan
 
     def cancel(self) -> None:
