@@ -27,7 +27,7 @@ from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 from pyspark.sql.types import (
@@ -211,6 +211,16 @@ def comparable(value: Any) -> Any:
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=raw_events())
+# A NaN beside a null in a required field (found by a run of this test): equal tables that
+# Table.equals called unequal.
+@example(
+    data=[
+        b"x\x00\x00\x00\x03_id\x00\x1b\x00\x00\x00\x02_data\x00\x0b\x00\x00\x008200000000\x00\x00"
+        b"\x02operationType\x00\x07\x00\x00\x00insert\x00\x03fullDocument\x00+\x00\x00\x00\x07_id"
+        b"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\nname\x00\x01ratio\x00\x00\x00\x00"
+        b"\x00\x00\x00\xf8\x7f\x00\x00"
+    ]
+)
 def test_typed_native_table_is_the_python_table(schema: Any, mode: SchemaMode, data: list[bytes]) -> None:
     try:
         expected = python_batch(data, schema, mode)
@@ -224,7 +234,9 @@ def test_typed_native_table_is_the_python_table(schema: Any, mode: SchemaMode, d
     assert got.malformed == expected.malformed
     for name in expected.table.column_names:
         assert comparable(got.table[name].to_pylist()) == comparable(expected.table[name].to_pylist()), name
-    assert got.table.equals(expected.table)
+    # With the values compared above (NaN equal to NaN), equal schemas make the tables equal;
+    # Table.equals would hold a NaN unequal to itself.
+    assert got.table.schema == expected.table.schema
 
 
 def fitting_event(i: int) -> bytes:
