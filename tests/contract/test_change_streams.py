@@ -18,6 +18,7 @@ from bson import Int64, Timestamp
 from pymongo import monitoring
 from pymongo.change_stream import ChangeStream
 from pymongo.errors import OperationFailure
+from pymongo.read_concern import ReadConcern
 
 from flowwarden.events import compare_tokens, token_cluster_time
 
@@ -214,6 +215,30 @@ def test_expanded_events(client: pymongo.MongoClient, db_name: str) -> None:
     uuid = db.command("listCollections", filter={"name": "c"})["cursor"]["firstBatch"][0]["info"]["uuid"]
     assert all(e["collectionUUID"] == uuid for e in events)
     assert events[1]["operationDescription"]["indexes"][0]["key"] == {"a": 1}
+
+
+def test_coll_mod_without_options_is_a_modify_event(client: pymongo.MongoClient, db_name: str) -> None:
+    db = client[db_name]
+    db.create_collection("c")
+    with db.c.watch(show_expanded_events=True, max_await_time_ms=AWAIT_MS) as expanded:
+        db.command("collMod", "c")
+        db.c.insert_one({"_id": 1})
+        events = changes(expanded, 2)
+    assert [e["operationType"] for e in events] == ["modify", "insert"]
+    assert events[0]["ns"] == {"db": db_name, "coll": "c"}
+
+
+@pytest.mark.parametrize("level", ["local", "available"])
+def test_a_read_concern_other_than_majority_is_refused(
+    client: pymongo.MongoClient, db_name: str, level: str
+) -> None:
+    coll = client[db_name].get_collection("c", read_concern=ReadConcern(level))
+    with pytest.raises(OperationFailure) as info:
+        coll.watch()
+    assert info.value.code == 72
+    assert "readConcern other than 'majority'" in str(info.value)
+    with client[db_name].get_collection("c", read_concern=ReadConcern("majority")).watch() as stream:
+        assert stream.alive
 
 
 def test_classic_streams_skip_ddl_events(client: pymongo.MongoClient, db_name: str) -> None:

@@ -86,6 +86,15 @@ async def open_change_stream(
     if not isinstance(first, Mapping) or len(first) != 1 or "$changeStream" not in first:
         raise CommandError(40602, "$changeStream is only valid as the first stage in a pipeline.")
     spec = parse_spec(first["$changeStream"])
+    read_concern = cmd.get("readConcern")
+    level = read_concern.get("level") if isinstance(read_concern, Mapping) else None
+    if level is not None and level != "majority":
+        raise CommandError(
+            72,
+            "Aggregation stage $changeStream cannot run with a readConcern other than 'majority', or "
+            f'in a multi-document transaction. Current readConcern: {{ level: "{level}" }}',
+            code_name="InvalidOptions",
+        )
     user_stages = list(pipeline[1:])
     stages = compile_pipeline(user_stages)
     # MongoDB moves a $match that does not read the images ahead of the stages adding them, so

@@ -275,9 +275,9 @@ async def cmd_coll_mod(ctx: Context) -> Document:
             coll.options.pop(key, None)
         else:
             coll.options[key] = value
-    if changes:
-        ctx.scope.emit(
-            OplogOp("modify", ctx.db, name, description={**changes, "stateBeforeChange": state_before})
-        )
+    # mongod logs every collMod, one that changes nothing included: a modify event either way.
+    ctx.scope.emit(
+        OplogOp("modify", ctx.db, name, description={**changes, "stateBeforeChange": state_before})
+    )
     reply["ok"] = 1.0
     return reply
