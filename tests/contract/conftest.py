@@ -28,6 +28,24 @@ def fail_command(client: pymongo.MongoClient) -> Iterator[Callable[..., dict[str
 
 
 @pytest.fixture
+def fail_get_more(client: pymongo.MongoClient) -> Iterator[Callable[..., dict[str, Any]]]:
+    """``fail_get_more(mode, error_code)`` configures ``failGetMoreAfterCursorCheckout``; switched
+    off when the test ends."""
+
+    def configure(mode: object, error_code: int) -> dict[str, Any]:
+        reply: dict[str, Any] = client.admin.command(
+            "configureFailPoint",
+            "failGetMoreAfterCursorCheckout",
+            mode=mode,
+            data={"errorCode": error_code},
+        )
+        return reply
+
+    yield configure
+    client.admin.command("configureFailPoint", "failGetMoreAfterCursorCheckout", mode="off")
+
+
+@pytest.fixture
 def requires_mongodb(client: pymongo.MongoClient) -> Callable[[int, str], None]:
     """``requires_mongodb(major, why)`` skips the test, saying why, when the deployment runs a
     MongoDB older than ``major``."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymongo
@@ -239,6 +239,55 @@ def test_a_read_concern_other_than_majority_is_refused(
     assert "readConcern other than 'majority'" in str(info.value)
     with client[db_name].get_collection("c", read_concern=ReadConcern("majority")).watch() as stream:
         assert stream.alive
+
+
+@pytest.mark.parametrize(("code", "labelled"), [(6, True), (234, True), (9, False)])
+def test_a_get_more_failed_after_checkout_is_labelled_as_the_server_labels_it(
+    client: pymongo.MongoClient,
+    db_name: str,
+    fail_get_more: Callable[..., Any],
+    code: int,
+    labelled: bool,
+) -> None:
+    """failGetMoreAfterCursorCheckout fails inside the getMore, so the server labels a resumable
+    error on a change stream's cursor itself (HostUnreachable, RetryChangeStream); FailedToParse
+    carries no label at all."""
+    db = client[db_name]
+    db.create_collection("c")
+    opened = db.command("aggregate", "c", pipeline=[{"$changeStream": {}}], cursor={})
+    fail_get_more("alwaysOn", code)
+    with pytest.raises(OperationFailure) as info:
+        db.command("getMore", opened["cursor"]["id"], collection="c")
+    assert info.value.code == code
+    assert info.value.has_error_label("ResumableChangeStreamError") is labelled
+    assert ("errorLabels" in info.value.details) is labelled
+
+
+def test_a_change_stream_resumes_after_a_resumable_get_more_failure(
+    recorded: tuple[pymongo.MongoClient, Commands], db_name: str, fail_get_more: Callable[..., Any]
+) -> None:
+    client, commands = recorded
+    coll = client[db_name].c
+    with coll.watch(max_await_time_ms=AWAIT_MS) as stream:
+        coll.insert_one({"_id": 1})
+        fail_get_more({"times": 1}, 6)
+        assert next_change(stream)["documentKey"] == {"_id": 1}
+    assert len(commands.started_named("aggregate")) == 2  # opened, then resumed
+
+
+def test_a_plain_fail_command_on_get_more_is_not_resumed(
+    recorded: tuple[pymongo.MongoClient, Commands], db_name: str, fail_command: Callable[..., Any]
+) -> None:
+    """failCommand answers before the getMore runs, with only the labels it was given."""
+    client, commands = recorded
+    coll = client[db_name].c
+    with coll.watch(max_await_time_ms=AWAIT_MS) as stream:
+        coll.insert_one({"_id": 1})
+        fail_command({"times": 1}, failCommands=["getMore"], errorCode=6)
+        with pytest.raises(OperationFailure) as info:
+            next_change(stream)
+    assert info.value.code == 6 and not info.value.has_error_label("ResumableChangeStreamError")
+    assert len(commands.started_named("aggregate")) == 1
 
 
 def test_classic_streams_skip_ddl_events(client: pymongo.MongoClient, db_name: str) -> None:

@@ -1,10 +1,16 @@
-"""MongoDB's ``failCommand`` fail point, configured with the ``configureFailPoint`` test command.
+"""MongoDB's ``failCommand`` and ``failGetMoreAfterCursorCheckout`` fail points, configured with
+the ``configureFailPoint`` test command.
 
 The same fault-injection calls then work against the embedded server and against a real mongod
-started with ``enableTestCommands``. What a triggered fail point does, in MongoDB's order: block
-the connection for ``blockTimeMS`` if asked, then close the connection without a reply, or answer
-``errorCode`` with exactly the ``errorLabels`` it names (the server adds none of its own), or run
-the command and attach ``writeConcernError`` to its reply.
+started with ``enableTestCommands``. What a triggered ``failCommand`` does, in MongoDB's order:
+block the connection for ``blockTimeMS`` if asked, then close the connection without a reply, or
+answer ``errorCode`` with exactly the ``errorLabels`` it names (the server adds none of its own),
+or run the command and attach ``writeConcernError`` to its reply.
+
+``failGetMoreAfterCursorCheckout`` fails a ``getMore`` with ``data.errorCode`` after its cursor
+was checked out, inside the getMore itself, so the error goes through the server's own labelling:
+on a change stream's cursor an error mongod deems resumable (:data:`RESUMABLE_CODES`) carries the
+``ResumableChangeStreamError`` label, as from a real outage, and drivers resume.
 """
 
 from __future__ import annotations
@@ -15,7 +21,35 @@ from typing import Any
 from flowwarden.testing.embedded.errors import CODE_NAMES, CommandError
 
 FAIL_COMMAND = "failCommand"
+FAIL_GET_MORE = "failGetMoreAfterCursorCheckout"
 FAIL_POINT_ERRMSG = "Failing command via 'failCommand' failpoint"
+RESUMABLE_CODES = frozenset(
+    {
+        6,  # HostUnreachable
+        7,  # HostNotFound
+        63,  # StaleShardVersion
+        89,  # NetworkTimeout
+        91,  # ShutdownInProgress
+        133,  # FailedToSatisfyReadPreference
+        134,  # ReadConcernMajorityNotAvailableYet
+        150,  # StaleEpoch
+        189,  # PrimarySteppedDown
+        202,  # NetworkInterfaceExceededTimeLimit
+        234,  # RetryChangeStream
+        249,  # StaleDbVersion
+        262,  # ExceededTimeLimit
+        9001,  # SocketException
+        10107,  # NotWritablePrimary
+        11600,  # InterruptedAtShutdown
+        11602,  # InterruptedDueToReplStateChange
+        13388,  # StaleConfig
+        13435,  # NotPrimaryNoSecondaryOk
+        13436,  # NotPrimaryOrSecondary
+    }
+)
+"""The codes mongod labels ``ResumableChangeStreamError`` on a change stream's aggregate or getMore:
+its retriable and network errors, those that need retargeting, RetryChangeStream and
+FailedToSatisfyReadPreference."""
 # The names MongoDB treats as one command when matching failCommands.
 _ALIASES = {"ismaster": "isMaster", "buildinfo": "buildInfo"}
 
@@ -46,46 +80,43 @@ class _FailCommand:
     times_entered: int = 0
 
 
+@dataclass(slots=True)
+class _GetMoreFault:
+    error_code: int
+    remaining: int | None  # None = alwaysOn
+    skip: int = 0
+
+
 class FailPoints:
-    """The server's fail points. Only ``failCommand`` exists; others are refused by name."""
+    """The server's fail points: ``failCommand`` and ``failGetMoreAfterCursorCheckout``; others are
+    refused by name."""
 
     def __init__(self) -> None:
         self._fail_command: _FailCommand | None = None
+        self._get_more: _GetMoreFault | None = None
         self._times_entered = 0
+        self._get_more_entered = 0
 
     def configure(self, cmd: dict[str, Any]) -> dict[str, Any]:
         """Run ``configureFailPoint``; returns the reply fields (``count``: times it fired so far)."""
         name = cmd.get("configureFailPoint")
-        if name != FAIL_COMMAND:
+        if name not in (FAIL_COMMAND, FAIL_GET_MORE):
             raise CommandError(
                 2,
                 f"Could not find fail point with name: {name}; "
-                f"the embedded replica set has only '{FAIL_COMMAND}'",
+                f"the embedded replica set has '{FAIL_COMMAND}' and '{FAIL_GET_MORE}'",
             )
-        previous = self._times_entered
-        mode = cmd.get("mode")
         data = cmd.get("data") or {}
         if not isinstance(data, dict):
             raise CommandError(14, "the 'data' option of configureFailPoint must be an object")
-        remaining: int | None
-        skip = 0
-        if mode == "off":
+        mode = _mode(cmd.get("mode"))
+        if name == FAIL_GET_MORE:
+            return self._configure_get_more(mode, data)
+        previous = self._times_entered
+        if mode is None:
             self._fail_command = None
             return {"count": previous}
-        if mode == "alwaysOn":
-            remaining = None
-        elif isinstance(mode, dict) and "times" in mode:
-            remaining = _non_negative_int(mode["times"], "times")
-            if remaining == 0:
-                self._fail_command = None
-                return {"count": previous}
-        elif isinstance(mode, dict) and "skip" in mode:
-            remaining = None
-            skip = _non_negative_int(mode["skip"], "skip")
-        else:
-            raise CommandError(
-                2, f"Unsupported fail point mode {mode!r}: use 'alwaysOn', 'off', {{times: n}} or {{skip: n}}"
-            )
+        remaining, skip = mode
         commands = data.get("failCommands")
         if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
             raise CommandError(2, "'failCommands' must be an array of command names")
@@ -154,8 +185,63 @@ class FailPoints:
             write_concern_error=point.write_concern_error,
         )
 
+    def _configure_get_more(
+        self, mode: tuple[int | None, int] | None, data: dict[str, Any]
+    ) -> dict[str, Any]:
+        previous = self._get_more_entered
+        if mode is None:
+            self._get_more = None
+            return {"count": previous}
+        error_code = data.get("errorCode")
+        if isinstance(error_code, bool) or not isinstance(error_code, int):
+            raise CommandError(2, f"'{FAIL_GET_MORE}' needs data.errorCode, a number")
+        remaining, skip = mode
+        self._get_more = _GetMoreFault(error_code=error_code, remaining=remaining, skip=skip)
+        return {"count": previous}
+
+    def get_more_fault(self, change_stream: bool) -> CommandError | None:
+        """The error ``failGetMoreAfterCursorCheckout`` makes a getMore fail with, if it fires now
+        (counting the firing); labelled resumable on a change stream's cursor as mongod labels it."""
+        point = self._get_more
+        if point is None:
+            return None
+        if point.skip:
+            point.skip -= 1
+            return None
+        if point.remaining is not None:
+            point.remaining -= 1
+            if point.remaining <= 0:
+                self._get_more = None
+        self._get_more_entered += 1
+        code = point.error_code
+        labels = ("ResumableChangeStreamError",) if change_stream and code in RESUMABLE_CODES else ()
+        return CommandError(
+            code,
+            f"Failing getMore via '{FAIL_GET_MORE}' failpoint",
+            labels=labels,
+            code_name=CODE_NAMES.get(code, _code_name(code)),
+        )
+
     def clear(self) -> None:
         self._fail_command = None
+        self._get_more = None
+
+
+def _mode(mode: Any) -> tuple[int | None, int] | None:
+    """A fail point mode as (times remaining or None for always, commands to skip first); None
+    for off."""
+    if mode == "off":
+        return None
+    if mode == "alwaysOn":
+        return None, 0
+    if isinstance(mode, dict) and "times" in mode:
+        remaining = _non_negative_int(mode["times"], "times")
+        return None if remaining == 0 else (remaining, 0)
+    if isinstance(mode, dict) and "skip" in mode:
+        return None, _non_negative_int(mode["skip"], "skip")
+    raise CommandError(
+        2, f"Unsupported fail point mode {mode!r}: use 'alwaysOn', 'off', {{times: n}} or {{skip: n}}"
+    )
 
 
 def _code_name(code: int) -> str:

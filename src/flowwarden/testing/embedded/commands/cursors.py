@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bson import Int64
 
+from flowwarden.testing.embedded.changestream import ChangeStreamCursor
 from flowwarden.testing.embedded.commands.arguments import batch_size_of, bson_type_name
 from flowwarden.testing.embedded.commands.registry import Context, command
 from flowwarden.testing.embedded.errors import CommandError
@@ -42,6 +43,10 @@ async def cmd_get_more(ctx: Context) -> Document:
             code_name="Unauthorized",
         )
     registry.checkout(cursor_id)
+    fault = ctx.host.failpoints.get_more_fault(isinstance(cursor, ChangeStreamCursor))
+    if fault is not None:
+        registry.kill(cursor_id)  # a getMore that fails kills its cursor
+        raise fault
     try:
         batch, extra = await cursor.fetch(
             batch_size, int(max_time) if max_time is not None else None, first=False
