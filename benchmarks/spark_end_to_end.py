@@ -31,12 +31,9 @@ import asyncio
 import contextlib
 import datetime as dt
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pymongo
@@ -57,22 +54,11 @@ from flowwarden.spark import change_event_struct_type
 DB, COLL = "shop", "orders"
 
 
-@contextlib.contextmanager
-def server_process() -> Iterator[str]:
+def server_process() -> contextlib.AbstractContextManager[str]:
     """An EmbeddedReplicaSet in a process of its own; yields its URI."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "flowwarden.cli", "embedded-mongo", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        yield f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    from embedded_rs import server  # benchmarks/embedded_rs.py
+
+    return server(in_process=False)
 
 
 def fill(uri: str, documents: list[dict[str, Any]]) -> Timestamp:

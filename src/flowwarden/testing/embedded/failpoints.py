@@ -161,13 +161,10 @@ class FailPoints:
             return None
         if point.namespace is not None and point.namespace != namespace:
             return None
-        if point.skip:
-            point.skip -= 1
+        if not _fires(point):
             return None
-        if point.remaining is not None:
-            point.remaining -= 1
-            if point.remaining <= 0:
-                self._fail_command = None
+        if point.remaining == 0:
+            self._fail_command = None
         self._times_entered += 1
         error = None
         if point.error_code is not None:
@@ -203,15 +200,10 @@ class FailPoints:
         """The error ``failGetMoreAfterCursorCheckout`` makes a getMore fail with, if it fires now
         (counting the firing); labelled resumable on a change stream's cursor as mongod labels it."""
         point = self._get_more
-        if point is None:
+        if point is None or not _fires(point):
             return None
-        if point.skip:
-            point.skip -= 1
-            return None
-        if point.remaining is not None:
-            point.remaining -= 1
-            if point.remaining <= 0:
-                self._get_more = None
+        if point.remaining == 0:
+            self._get_more = None
         self._get_more_entered += 1
         code = point.error_code
         labels = ("ResumableChangeStreamError",) if change_stream and code in RESUMABLE_CODES else ()
@@ -225,6 +217,17 @@ class FailPoints:
     def clear(self) -> None:
         self._fail_command = None
         self._get_more = None
+
+
+def _fires(point: _FailCommand | _GetMoreFault) -> bool:
+    """Whether a command the fail point applies to triggers it now: the first ``skip`` do not,
+    then each one counts ``times`` down."""
+    if point.skip:
+        point.skip -= 1
+        return False
+    if point.remaining is not None:
+        point.remaining -= 1
+    return True
 
 
 def _mode(mode: Any) -> tuple[int | None, int] | None:
