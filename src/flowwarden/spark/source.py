@@ -45,6 +45,7 @@ the events as raw BSON (``RawBSONDocument``), so the compiled converter of
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -101,6 +102,8 @@ MAX_BATCH_EVENTS = 10_000
 REPLAY_BATCH_EVENTS = 2_000
 
 _T = TypeVar("_T")
+# Guards the creation of a reader's clients, which planning threads may ask for at once.
+_CLIENTS = threading.Lock()
 
 
 class FlowWardenDataSource(DataSource):
@@ -256,7 +259,6 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if plan.drained:
             self._drained[None] = plan.end
         elif plan.end != start:
-            self._raw_client_for()  # created here: the read-ahead thread must not race for it
             self._ahead.start(plan.end, max_rows, self._target, self._plan)
         return plan.end
 
@@ -265,7 +267,6 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         equal share of ``max_rows``. Planning only counts: the executors read the events."""
         starts = bucket_offsets(start, self._buckets)
         share = None if max_rows is None else -(-max_rows // self._buckets)
-        self._client_for()  # created here: the planning threads must not race for it
 
         def plan(index: int) -> Plan:
             return self._retrying(lambda: self._plan(starts[index], share, index), starts[index])
@@ -510,17 +511,19 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # MongoDB
 
     def _client_for(self) -> pymongo.MongoClient[dict[str, Any]]:
-        if self._client is None:
-            self._client = pymongo.MongoClient(self.options.uri, appname="flowwarden-spark")
-        return self._client
+        with _CLIENTS:  # planning threads may ask at once: one client, none left open
+            if self._client is None:
+                self._client = pymongo.MongoClient(self.options.uri, appname="flowwarden-spark")
+            return self._client
 
     def _raw_client_for(self) -> pymongo.MongoClient[RawEvent]:
         """A client whose change streams deliver events as raw BSON, for ``read``."""
-        if self._raw_client is None:
-            self._raw_client = pymongo.MongoClient(
-                self.options.uri, appname="flowwarden-spark", document_class=RawEvent
-            )
-        return self._raw_client
+        with _CLIENTS:
+            if self._raw_client is None:
+                self._raw_client = pymongo.MongoClient(
+                    self.options.uri, appname="flowwarden-spark", document_class=RawEvent
+                )
+            return self._raw_client
 
     def _resume_options(self, start: Offset) -> dict[str, Any]:
         token = offset_token(start)
