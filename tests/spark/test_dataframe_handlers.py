@@ -211,3 +211,44 @@ def test_a_crash_between_write_and_checkpoint_redelivers_the_batch_and_batch_id_
     assert df.count() == 250
     assert df.select("_id").distinct().count() == 250
     assert len(os.listdir(out)) == 3
+
+
+def test_a_partitioned_dataframe_stream_writes_each_event_once_from_its_bucket(
+    spark, mongodb_uri, client, db_name
+):
+    if client.server_info()["versionArray"][0] < 7:
+        pytest.skip("needs MongoDB 7.0+ ($toHashedIndexKey splits the stream)")
+    from flowwarden.partitions import bucket_stage, partition_name
+
+    start = client.admin.command("ping")["operationTime"]
+    frames: dict[str, list[tuple[str, Any]]] = {}
+    lock = threading.Lock()
+
+    @change_stream("orders", db_name, name="orders", partitions=2, max_await_time_ms=50)
+    @checkpoint(save_interval_seconds=0.1, start_position="AT_TIME", start_at=start)
+    class Frames:
+        @on_dataframe(max_events=40, max_wait_seconds=0.2)
+        def write(self, df: Any, ctx: StreamContext) -> None:
+            rows = [(row["_id"], row["document_key"]) for row in df.orderBy("_id").collect()]
+            with lock:
+                frames.setdefault(ctx.stream, []).extend(rows)
+
+    client[db_name].orders.insert_many([{"_id": i, "qty": i} for i in range(150)])
+    connector = Connector(mongodb_uri, [Frames], spark=spark)
+    connector.start()
+    try:
+        wait_until(
+            lambda: sum(s.events_processed for s in connector.status().values()) == 150,
+            what="every event written",
+        )
+    finally:
+        connector.stop()
+    assert sorted(frames) == [partition_name("orders", 0, 2), partition_name("orders", 1, 2)]
+    for index in range(2):
+        with client[db_name].orders.watch(
+            [bucket_stage(index, 2)], start_at_operation_time=start, max_await_time_ms=50
+        ) as stream:
+            expected = [stream.next()["_id"]["_data"] for _ in frames[partition_name("orders", index, 2)]]
+        assert [token for token, _ in frames[partition_name("orders", index, 2)]] == expected
+    keys = [key for rows in frames.values() for _, key in rows]
+    assert len(keys) == len(set(keys)) == 150

@@ -188,17 +188,22 @@ def _purge(collection: Any, query: dict[str, Any], confirmed: bool) -> ExitCode:
 
 
 def _replay(collection: Any, handler_class: type, args: argparse.Namespace) -> ExitCode:
+    from flowwarden.partitions import partition_specs
     from flowwarden.spec import stream_spec
 
     spec = stream_spec(handler_class)
+    # A partitioned class dead-letters under its buckets' names: each is the class's stream.
+    own = [part.name for part in partition_specs(spec)]
     stream = args.stream or spec.name
-    if stream != spec.name and not args.any_stream:
+    if args.stream and args.stream not in own and not args.any_stream:
         raise CommandError(
             ExitCode.USAGE,
-            f"--stream {stream!r} is not {handler_class.__name__}'s stream ({spec.name!r}); replay the "
-            "entries of a stream through its own class, or give --any-stream to do it anyway",
+            f"--stream {stream!r} is not {handler_class.__name__}'s stream ({', '.join(map(repr, own))}); "
+            "replay the entries of a stream through its own class, or give --any-stream to do it anyway",
         )
-    query = _filter(args, stream=stream)
+    query = _filter(args, stream=args.stream or (own[0] if len(own) == 1 else None))
+    if not args.stream and len(own) > 1:
+        query["stream"] = {"$in": own}
     entries = list(collection.find(query, sort=[("failedAt", 1), ("_id", 1)]))
     if not entries:
         print(f"no entries of stream {stream!r} in {collection.full_name} match")

@@ -12,6 +12,7 @@ from flowwarden.config.backoff import backoff_delay
 from flowwarden.config.base import OptionProblem, Options, option
 from flowwarden.config.choices import Deployment, OnInvalidate, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
+from flowwarden.partitions import MAX_PARTITIONS
 
 # Operation types a change stream reports without showExpandedEvents.
 STANDARD_OPERATION_TYPES: tuple[str, ...] = (
@@ -111,6 +112,14 @@ class ChangeStreamOptions(Options):
     )
     show_expanded_events: bool = option(
         False, "Also deliver DDL events (create, createIndexes, modify...), MongoDB 6.0+."
+    )
+    partitions: int = option(
+        1,
+        "More than 1 reads the stream as that many streams, each the hash bucket of "
+        "documentKey._id the server filters, run side by side with checkpoints of their own "
+        "(MongoDB 7.0+).",
+        ge=1,
+        le=MAX_PARTITIONS,
     )
 
     @field_validator("collection")

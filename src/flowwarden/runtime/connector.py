@@ -22,6 +22,7 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
+from flowwarden.partitions import partition_specs
 from flowwarden.positions import maybe_await, reachable
 from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
 from flowwarden.runtime.dead_letter import DeadLetterWriter
@@ -88,9 +89,11 @@ class Connector:
             _check_async_client(uri_or_client)
             self._uri = None
             self._given_client = uri_or_client
-        self.specs: list[StreamSpec] = [stream_spec(h) for h in handlers]
-        if not self.specs:
+        classes = [stream_spec(h) for h in handlers]
+        if not classes:
             raise ConfigurationError("needs at least one handler class", owner="Connector", option="handlers")
+        self.specs: list[StreamSpec] = [part for spec in classes for part in partition_specs(spec)]
+        """The streams run: one per handler class, or one per bucket of a partitioned class."""
         names = [s.name for s in self.specs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

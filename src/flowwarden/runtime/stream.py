@@ -40,6 +40,7 @@ from flowwarden.errors import (
 from flowwarden.events import token_datetime
 from flowwarden.failures import Failure, classify
 from flowwarden.logs import StreamLogger
+from flowwarden.partitions import layout_conflict
 from flowwarden.positions import HISTORY_LOST, reachable, refused_position
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch, Invalidated, Reopen
@@ -369,12 +370,27 @@ class StreamRunner:
         else:
             await self._drain_and_close(committer)
 
+    async def _check_layout(self) -> None:
+        """Refuse to start a stream with no checkpoint of its own while checkpoints of it are
+        stored under another number of partitions: it would start elsewhere and skip events.
+        (A stream with a checkpoint of its own was checked when that checkpoint was first made.)"""
+        stream = self.spec.stream
+        assert stream.name is not None  # filled in by stream_spec
+        stored = [checkpoint.stream_id for checkpoint in await self._store.list()]
+        conflict = layout_conflict(stream.name, stream.partitions, stored)
+        if conflict is not None:
+            raise ConfigurationError(
+                conflict, owner=f"stream {self.name!r}", option="partitions", value=stream.partitions
+            )
+
     async def _open_from_checkpoint(self) -> tuple[Any, CheckpointCommitter, dict[str, Any]]:
         """Load the checkpoint, open the change stream, store a new opening position.
 
         Returns the stream, the committer for this run and the token it opened after.
         """
         checkpoint = await self._store.load(self.name)
+        if checkpoint is None:
+            await self._check_layout()
         epoch = self._ownership.epoch
         committer = CheckpointCommitter(
             self._store.store,

@@ -66,9 +66,9 @@ from pyspark.sql.types import StructType
 from flowwarden.config import SchemaMode, StartPosition
 from flowwarden.errors import ConfigurationError, StreamError
 from flowwarden.events import compare_tokens, token_datetime
+from flowwarden.partitions import bucket_stage
 from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
 from flowwarden.raw_events import RawEvent
-from flowwarden.spark.arrow import events_to_arrow
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
 from flowwarden.spark.source_options import OWNER, SourceOptions
 from flowwarden.spark.source_ranges import (
@@ -78,7 +78,6 @@ from flowwarden.spark.source_ranges import (
     TokenRange,
     TransientRetry,
     bucket_offsets,
-    bucket_stage,
     counting_needs_documents,
     covers,
     offset_timestamp,
@@ -502,6 +501,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             yield from self._batches(events, expected)
 
     def _batches(self, events: list[RawBSONDocument], expected: Any) -> Iterator[Any]:
+        # Imported here: only executors convert, and the planning process Spark starts for each
+        # query should not spend a quarter of a second importing pyarrow it never uses.
+        from flowwarden.spark.arrow import events_to_arrow
+
         batch = events_to_arrow(
             events, schema=self.document_schema, mode=self.options.mode, json_mode=self.options.json_mode
         )
@@ -554,7 +557,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ``raw`` streams deliver :class:`~flowwarden.raw_events.RawEvent` events.
         ``position_only`` streams return no event (``batchSize: 0``): their resume token is the
         position they opened at. ``bucket`` (index, count) keeps one hash bucket of the events
-        (:func:`~flowwarden.spark.source_ranges.bucket_stage`, ahead of the user's stages).
+        (:func:`~flowwarden.partitions.bucket_stage`, ahead of the user's stages).
         ``counting`` streams only find where a micro-batch ends: they see the same events but
         bring back only ``_id``, and look up no document the pipeline does not read.
         """

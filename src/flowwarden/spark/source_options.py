@@ -36,12 +36,12 @@ from flowwarden.config import (
 )
 from flowwarden.config.base import OptionProblem, OptionsT, option
 from flowwarden.errors import ConfigurationError
+from flowwarden.partitions import MAX_PARTITIONS
 from flowwarden.spark.extjson import JsonMode
 
 OWNER = "flowwarden streaming source"
 LABEL = ""  # the owner names the source and the option
 DEFAULT_MAX_EVENTS_PER_TRIGGER = 10_000
-MAX_PARTITIONS = 256
 
 SHARED: dict[str, type[Options]] = {
     "database": ChangeStreamOptions,

@@ -34,7 +34,6 @@ __all__ = [
     "TokenRange",
     "TransientRetry",
     "bucket_offsets",
-    "bucket_stage",
     "counting_needs_documents",
     "covers",
     "offset_timestamp",
@@ -92,16 +91,6 @@ class TokenRange(InputPartition):
     def __repr__(self) -> str:
         bucket = "" if self.bucket is None else f", bucket={self.bucket[0]} of {self.bucket[1]}"
         return f"TokenRange({self.start!r}, {self.end!r}{bucket})"
-
-
-def bucket_stage(index: int, count: int) -> dict[str, Any]:
-    """The ``$match`` keeping the events whose ``documentKey._id`` falls in hash bucket ``index``
-    of ``count``: MongoDB's hashed index key of it (``$toHashedIndexKey``, the hash of hashed
-    sharding), modulo ``count`` and made non-negative. Every event of one document falls in the
-    same bucket; events without a document key (drop, rename) hash as null, all in one bucket."""
-    key = {"$toHashedIndexKey": "$documentKey._id"}
-    bucket = {"$mod": [{"$add": [{"$mod": [key, count]}, count]}, count]}
-    return {"$match": {"$expr": {"$eq": [bucket, index]}}}
 
 
 def bucket_offsets(offset: Offset, count: int) -> list[Offset]:
