@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import pymongo
 import pytest
 from bson import Int64
-from pymongo.errors import OperationFailure
+from pymongo.errors import DuplicateKeyError, ExecutionTimeout, OperationFailure
 from wire_helpers import command, connect, new_lsid
 
 
@@ -105,23 +108,95 @@ def test_write_conflict_between_transactions(client: pymongo.MongoClient, db_nam
     assert coll.find_one({"_id": 1})["v"] == 1
 
 
-def test_commit_conflicts_with_a_later_plain_write(client: pymongo.MongoClient, db_name: str) -> None:
-    coll = client[db_name].c
-    coll.insert_one({"_id": 1, "v": 0})
+def _in_thread(work: Callable[[], object]) -> tuple[threading.Thread, dict[str, object]]:
+    """Start ``work`` in a thread; the dict gets its ``result`` or its ``error``."""
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = work()
+        except Exception as exc:  # handed to the test, which asserts on it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _finished(thread: threading.Thread) -> None:
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the plain write was still waiting 30s after the transaction ended"
+
+
+def test_a_plain_write_waits_for_the_transaction_that_wrote_its_document(
+    client: pymongo.MongoClient, db_name: str
+) -> None:
+    db = client[db_name]
+    db.c.insert_one({"_id": 1, "v": 0})
+    plain_update = {"q": {"_id": 1}, "u": {"$set": {"v": "plain"}}}
     with client.start_session() as session:
         session.start_transaction()
-        coll.find_one({"_id": 1}, session=session)
-        coll.update_one({"_id": 1}, {"$set": {"v": "txn"}}, session=session)
-        try:
-            coll.update_one({"_id": 1}, {"$set": {"v": "plain"}})
-        except OperationFailure:
-            # MongoDB makes the plain write wait for the transaction; it may time out instead.
-            session.abort_transaction()
-            return
+        db.c.update_one({"_id": 1}, {"$set": {"v": "txn"}}, session=session)
+        # The write waits for the transaction instead of failing at once: here, until its
+        # maxTimeMS runs out.
+        with pytest.raises(ExecutionTimeout) as timed_out:
+            db.command("update", "c", updates=[plain_update], maxTimeMS=200)
+        assert timed_out.value.code == 50
+        assert db.c.find_one({"_id": 1}) == {"_id": 1, "v": 0}
+        thread, outcome = _in_thread(lambda: db.c.update_one({"_id": 1}, {"$inc": {"n": 1}}))
+        session.commit_transaction()
+    _finished(thread)
+    # The plain write ran after the commit, on the committed document.
+    assert "error" not in outcome
+    assert db.c.find_one({"_id": 1}) == {"_id": 1, "v": "txn", "n": 1}
+
+
+def test_a_plain_insert_runs_after_the_transaction_that_inserted_its_id(
+    client: pymongo.MongoClient, db_name: str
+) -> None:
+    db = client[db_name]
+    db.create_collection("c")
+    with client.start_session() as session:
+        session.start_transaction()
+        db.c.insert_one({"_id": 1}, session=session)
+        with pytest.raises(ExecutionTimeout):
+            db.command("insert", "c", documents=[{"_id": 1, "plain": True}], maxTimeMS=200)
+        thread, outcome = _in_thread(lambda: db.c.insert_one({"_id": 1, "plain": True}))
+        session.commit_transaction()
+    _finished(thread)
+    # Serialized after the commit, the insert meets the transaction's document.
+    assert isinstance(outcome.get("error"), DuplicateKeyError)
+    assert list(db.c.find()) == [{"_id": 1}]
+
+    with client.start_session() as session:
+        session.start_transaction()
+        db.c.insert_one({"_id": 2}, session=session)
+        thread, outcome = _in_thread(lambda: db.c.insert_one({"_id": 2, "plain": True}))
+        session.abort_transaction()
+    _finished(thread)
+    assert "error" not in outcome
+    assert list(db.c.find({"_id": 2})) == [{"_id": 2, "plain": True}]
+
+
+def test_a_transaction_cannot_write_what_a_plain_write_changed_after_its_snapshot(
+    client: pymongo.MongoClient, db_name: str
+) -> None:
+    db = client[db_name]
+    db.c.insert_one({"_id": 0})
+    with client.start_session() as session:
+        session.start_transaction()
+        # The transaction's first read fixes its snapshot.
+        assert db.c.find_one({"_id": 0}, session=session) == {"_id": 0}
+        db.c.insert_one({"_id": 1, "plain": True})
         with pytest.raises(OperationFailure) as info:
-            session.commit_transaction()
+            db.c.insert_one({"_id": 1}, session=session)
         assert info.value.code == 112
-    assert coll.find_one({"_id": 1})["v"] == "plain"
+        assert info.value.has_error_label("TransientTransactionError")
+        # The conflict aborted the transaction.
+        with pytest.raises(OperationFailure) as aborted:
+            session.commit_transaction()
+        assert aborted.value.code == 251
+    assert list(db.c.find({"_id": 1})) == [{"_id": 1, "plain": True}]
 
 
 def test_errors_inside_a_transaction(mongodb_uri: str, db_name: str) -> None:

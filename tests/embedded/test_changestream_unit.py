@@ -849,3 +849,168 @@ async def test_filter_only_streams_share_the_cached_encoding() -> None:
     plain_batch, _ = await plain.fetch(None, 0, first=False)
     assert plain_batch[0] is batch[0]
     assert [bson.decode(d.raw)["operationType"] for d in plain_batch] == ["insert", "delete"]
+
+
+# -- events over 16 MB ----------------------------------------------------------------------------
+
+MIB16 = 16 * 1024 * 1024
+INTERNAL_LIMIT = MIB16 + 16 * 1024
+SPLIT_LIMIT = INTERNAL_LIMIT - 8 * 1024
+SPLIT = {"$changeStreamSplitLargeEvent": {}}
+IMAGES = {"fullDocument": "updateLookup", "fullDocumentBeforeChange": "whenAvailable"}
+
+
+def big_update(host: FakeHost, size: int, i: int = 1) -> None:
+    """An update whose event with IMAGES holds two images of a ``size``-byte string: ~2 * size."""
+    host.insert(i, a="x" * size)
+    host.update(i, {"b": 1}, images=True)
+
+
+async def raw_batch(cursor: ChangeStreamCursor, size: int | None = None) -> tuple[list[bytes], Any]:
+    batch, extra = await cursor.fetch(size, 0, first=False)
+    return [bytes(doc.raw) for doc in batch], extra["postBatchResumeToken"]
+
+
+async def test_an_event_over_the_internal_limit_fails_the_whole_batch() -> None:
+    host = FakeHost()
+    cursor = await open_stream(host, IMAGES)
+    host.insert(0)
+    big_update(host, 8_400_000)
+    error = await refused(10334, next_batch(cursor))
+    token = host.oplog.view()[0][-1].data()
+    assert len(token) > 160
+    size = int(error.errmsg.split()[2])
+    assert INTERNAL_LIMIT < size < INTERNAL_LIMIT + 16 * 1024
+    assert error.errmsg == (
+        f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and 16793600(16MB) "
+        f'First element: _id: {{ _data: "{token[:150]}..." }}'
+    )
+    assert error.code_name == "BSONObjectTooLarge" and not error.labels
+
+
+async def test_events_between_the_split_and_internal_limits_pass_whole_unless_split() -> None:
+    host = FakeHost()
+    host.insert(1, a="")
+    plain = await open_stream(host, {"fullDocument": "updateLookup"})
+    split = await open_stream(host, {"fullDocument": "updateLookup"}, SPLIT)
+    # updateDescription and the looked-up document each hold the new value: ~2 * 8_393_000 bytes.
+    host.update(1, {"a": "y" * 8_393_000})
+    (whole,), _ = await raw_batch(plain)
+    assert SPLIT_LIMIT < len(whole) <= INTERNAL_LIMIT
+    fragments = await drain(split)
+    assert [f["splitEvent"] for f in fragments] == [{"fragment": 1, "of": 2}, {"fragment": 2, "of": 2}]
+    event = bson.decode(whole)
+    merged = {k: v for f in fragments for k, v in f.items() if k not in ("_id", "splitEvent")}
+    assert merged == {k: v for k, v in event.items() if k != "_id"}
+    assert [decode_token(f["_id"]).fragment_num for f in fragments] == [0, 1]
+    assert all(decode_token(f["_id"]).event_data == event["_id"]["_data"] for f in fragments)
+
+
+async def test_a_batch_holds_16_mib_of_events_but_always_its_first() -> None:
+    host = FakeHost()
+    cursor = await open_stream(host)
+    host.insert(1, a="x" * 9_000_000)
+    host.insert(2, a="x" * 9_000_000)
+    first, pbrt = await next_batch(cursor)
+    # The event left for the next batch is the newest write: the batch's token must not pass it.
+    assert [e["documentKey"]["_id"] for e in first] == [1] and pbrt == first[0]["_id"]
+    host.insert(3, a="x" * (MIB16 - 100))
+    host.insert(4)
+    batches = []
+    while True:
+        batch, pbrt = await next_batch(cursor)
+        if not batch:
+            break
+        assert pbrt == batch[-1]["_id"]
+        batches.append([e["documentKey"]["_id"] for e in batch])
+    assert batches == [[2], [3], [4]]
+
+
+async def test_fragments_come_in_batches_like_events() -> None:
+    host = FakeHost()
+    cursor = await open_stream(host, IMAGES, SPLIT)
+    big_update(host, 8_400_000)
+    host.insert(2)
+    first, _ = await next_batch(cursor, 1)
+    assert first[0]["operationType"] == "insert"
+    fragment, pbrt = await next_batch(cursor, 1)
+    assert fragment[0]["splitEvent"] == {"fragment": 1, "of": 2} and pbrt == fragment[0]["_id"]
+    rest, pbrt = await next_batch(cursor)
+    assert [e.get("splitEvent") for e in rest] == [{"fragment": 2, "of": 2}, None]
+    assert rest[1]["documentKey"] == {"_id": 2} and pbrt == rest[1]["_id"]
+
+
+async def test_the_invalidate_after_an_event_held_for_the_next_batch_still_follows_it() -> None:
+    host = FakeHost()
+    probe = await open_stream(host)
+    host.insert(0, pad="")
+    (empty,), _ = await raw_batch(probe)
+    # An insert whose event leaves too little room in its batch for the drop's event.
+    host.insert(1, pad="x" * (MIB16 - 40 - len(empty)))
+    host.oplog.append([OplogOp("drop", "db", "c")])
+    cursor = await open_stream(host, {"resumeAfter": bson.decode(empty)["_id"]})
+    first, _ = await next_batch(cursor)
+    rest, pbrt = await next_batch(cursor)
+    assert [e["operationType"] for e in first] == ["insert"]
+    assert [e["operationType"] for e in rest] == ["drop", "invalidate"]
+    assert cursor.exhausted and pbrt == rest[-1]["_id"]
+
+
+async def test_resuming_from_a_fragment_splits_the_event_again() -> None:
+    host = FakeHost()
+    cursor = await open_stream(host, IMAGES, SPLIT)
+    big_update(host, 8_400_000)
+    host.insert(2)
+    insert, first, last, following = await drain(cursor)
+    assert insert["operationType"] == "insert" and first["splitEvent"] == {"fragment": 1, "of": 2}
+    after_first = await open_stream(host, {**IMAGES, "resumeAfter": first["_id"]}, SPLIT)
+    assert await drain(after_first) == [last, following]
+    after_last = await open_stream(host, {**IMAGES, "startAfter": last["_id"]}, SPLIT)
+    assert await drain(after_last) == [following]
+    # A stage that keeps the event under the limit cannot reproduce the fragments.
+    slim = await open_stream(
+        host, {**IMAGES, "resumeAfter": first["_id"]}, {"$project": {"fullDocument": 0}}, SPLIT
+    )
+    error = await refused(280, next_batch(slim))
+    assert error.errmsg == (
+        "Attempted to resume from a split event fragment, but the event in the resumed stream was "
+        "not large enough to be split"
+    )
+    assert error.labels == ["NonResumableChangeStreamError"]
+    error = await refused(280, open_stream(host, {**IMAGES, "resumeAfter": first["_id"]}))
+    assert error.errmsg == (
+        "To resume from a split event, the $changeStream pipeline must include a "
+        "$changeStreamSplitLargeEvent stage"
+    )
+
+
+async def test_resuming_from_a_fragment_the_new_pipeline_no_longer_makes_fails() -> None:
+    host = FakeHost()
+    cursor = await open_stream(host, IMAGES, SPLIT)
+    host.insert(1, a="x" * 8_400_000)
+    host.update(1, {"a": "y" * 8_400_000}, images=True)  # three big fields: three fragments
+    host.insert(2)
+    events = await drain(cursor)
+    fragments = [e for e in events if "splitEvent" in e]
+    assert [f["splitEvent"]["of"] for f in fragments] == [3, 3, 3]
+    fewer = {"$project": {"fullDocumentBeforeChange": 0}}
+    # Two fragments without the pre-image: resuming after the second still finds its place...
+    second = await open_stream(host, {**IMAGES, "resumeAfter": fragments[1]["_id"]}, fewer, SPLIT)
+    assert [e["documentKey"]["_id"] for e in await drain(second)] == [2]
+    # ...but a third no longer exists.
+    third = await open_stream(host, {**IMAGES, "resumeAfter": fragments[2]["_id"]}, fewer, SPLIT)
+    error = await refused(280, next_batch(third))
+    assert error.errmsg == (
+        "Attempted to resume from a split event, but the resumed stream produced a different split. "
+        "Ensure that the pipeline used to resume is the same as the original"
+    )
+
+
+async def test_a_field_too_big_for_any_fragment_fails_the_split() -> None:
+    host = FakeHost()
+    cursor = await open_stream(host, {}, SPLIT)
+    host.insert(1, a="x" * (SPLIT_LIMIT + 100))  # fullDocument alone is over any fragment's limit
+    error = await refused(7182500, next_batch(cursor))
+    limit = SPLIT_LIMIT - len(bson.encode({"_data": host.oplog.view()[0][-1].data()}))
+    assert error.errmsg.startswith("Splitting change event failed: fragment size ")
+    assert error.errmsg.endswith(f" is greater than maximum allowed fragment size {limit}")

@@ -18,6 +18,7 @@ from flowwarden.testing.embedded.tokens import (
     decode_token,
     encode_value,
     event_token_data,
+    fragment_token_data,
     high_water_mark,
     key_timestamp,
     ts_key,
@@ -202,3 +203,59 @@ def test_token_cluster_time_reads_embedded_tokens() -> None:
     data = decode_token(token)
     assert (data.token_type, data.txn_op_index) == (TOKEN_TYPE_EVENT, 3)
     assert decode_token(high_water_mark(ts)).token_type == TOKEN_TYPE_HIGH_WATER_MARK
+
+
+DOCUMENT_KEYS = [
+    {"_id": None},
+    {"_id": 1},
+    {"_id": -300},
+    {"_id": 1.5},
+    {"_id": "a\x00b"},
+    {"_id": ObjectId("6692b4a31ede014d28852865")},
+    {"_id": dt.datetime(2024, 1, 1)},
+    {"_id": Timestamp(1, 2)},
+    {"_id": Binary(b"xy" * 200, 0)},
+    {"_id": {"a": [1, "x", True]}},
+    {"_id": 1, "shard": "eu"},
+]
+
+
+@pytest.mark.parametrize("key", DOCUMENT_KEYS, ids=[repr(k) for k in DOCUMENT_KEYS])
+@pytest.mark.parametrize("fragment", [0, 1, 63, 64, 300, 2**31 - 1])
+def test_fragment_tokens_decode_to_their_event_and_number(key: dict[str, object], fragment: int) -> None:
+    event = event_token_data(ts_key(Timestamp(1_700_000_000, 2)), 4, b"\x05" * 16, "update", key, None)
+    data = decode_token({"_data": fragment_token_data(event, fragment)})
+    assert (data.fragment_num, data.event_data, data.txn_op_index) == (fragment, event, 4)
+    whole = decode_token({"_data": event})
+    assert (whole.fragment_num, whole.event_data) == (None, event)
+
+
+def test_tokens_without_fragments_decode_without_one() -> None:
+    for token in (REAL_INSERT, REAL_UPDATE_STRING_ID, REAL_HIGH_WATER_MARK):
+        assert decode_token({"_data": token}).fragment_num is None
+    command = event_token_data(1 << 32, 0, None, "dropDatabase", None, {"a": 1})
+    assert decode_token({"_data": fragment_token_data(command, 2)}).fragment_num == 2
+
+
+def test_fragments_sort_after_their_event_in_order_and_before_the_next_event() -> None:
+    t = ts_key(Timestamp(1_700_000_000, 5))
+    event = event_token_data(t, 0, b"\x01" * 16, "update", {"_id": 7}, None)
+    ordered = [
+        {"_data": event},
+        *({"_data": fragment_token_data(event, n)} for n in (0, 1, 2, 127, 128, 1000)),
+        {"_data": event_token_data(t, 1, b"\x01" * 16, "insert", {"_id": 1}, None)},
+        {"_data": event_token_data(t + 1, 0, b"\x01" * 16, "insert", {"_id": 1}, None)},
+    ]
+    for earlier, later in itertools.pairwise(ordered):
+        assert compare_tokens(earlier, later) == -1
+
+
+def test_bad_fragment_numbers_fail_like_mongodb() -> None:
+    event = event_token_data(1 << 32, 0, b"\x01" * 16, "update", {"_id": 7}, None)
+    for value in (-1, "1", 2**31):
+        with pytest.raises(CommandError) as info:
+            decode_token({"_data": event[:-2] + encode_value(value).hex().upper() + "04"})
+        assert info.value.code == 7182501
+    with pytest.raises(CommandError) as oversized:
+        decode_token({"_data": fragment_token_data(event, 1)[:-2] + "2904"})
+    assert oversized.value.code == 40646

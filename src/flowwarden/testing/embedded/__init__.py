@@ -4,8 +4,8 @@ Modules, from the socket inwards: ``server`` (the public class, thread and conne
 (message framing), ``host`` (state and the per-command pipeline), the ``commands`` package (every
 command, one module per group), ``crud`` and ``storage`` (documents, indexes, namespaces),
 ``sessions`` (transactions and retryable writes), ``failpoints`` (``failCommand``), ``cursors``,
-``ttl`` (the TTL monitor); the oplog and change streams live in ``oplog``, ``tokens``, ``updates``
-and ``changestream``.
+``ttl`` (the TTL monitor); the oplog and change streams live in ``oplog``, ``tokens``, ``updates``,
+``changestream`` and ``largeevents`` (events over 16 MB).
 """
 
 from __future__ import annotations

@@ -17,7 +17,14 @@ What a cursor promises, as MongoDB does:
 * a drop or rename of the watched collection (a ``dropDatabase`` for a database stream) produces
   that event, then an ``invalidate``, then the cursor is exhausted;
 * a user stage that removes or changes ``_id`` fails the batch with code 280 when such an event
-  is produced.
+  is produced;
+* an event over 16 MiB + 16 KiB fails the batch with BSONObjectTooLarge (10334), unless the
+  pipeline ends with ``$changeStreamSplitLargeEvent``: then an event over 16 MiB + 8 KiB arrives as
+  fragments (:mod:`~flowwarden.testing.embedded.largeevents`), each with its own token. Resuming
+  from a fragment's token splits that event again and delivers the fragments after it (the next
+  event, after the last fragment);
+* a batch holds at most 16 MiB of events, except that its first event may be bigger; an event that
+  does not fit waits for the next batch.
 
 Hot-path rule: event documents are built once per oplog record and stream shape, encoded to BSON
 once, and shared by every stream (the oplog encodes document events in the background right after
@@ -27,6 +34,7 @@ their writes); a batch then costs a namespace check and a list append per event.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -37,8 +45,17 @@ from bson.raw_bson import RawBSONDocument
 from flowwarden.testing.embedded.changestream_request import check_namespace, parse_spec, resume_token_of
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.eventbson import classic_document_event_bson
+from flowwarden.testing.embedded.largeevents import split_event, too_large
+from flowwarden.testing.embedded.limits import MAX_CHANGE_EVENT_SIZE, MAX_INTERNAL_OBJECT_SIZE
 from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, Oplog, OplogRecord
-from flowwarden.testing.embedded.stages import Stage, compile_pipeline, run_pipeline, stage_touches
+from flowwarden.testing.embedded.stages import (
+    SPLIT_STAGE,
+    Stage,
+    compile_pipeline,
+    ends_with_split,
+    run_pipeline,
+    stage_touches,
+)
 from flowwarden.testing.embedded.tokens import (
     TOKEN_TYPE_EVENT,
     ResumeTokenData,
@@ -47,6 +64,7 @@ from flowwarden.testing.embedded.tokens import (
     ts_key,
 )
 from flowwarden.testing.embedded.updates import bson_equal, oplog_diff, update_description
+from flowwarden.testing.embedded.views import VIEWS_COLLECTION, definition_event, is_definition_write
 
 NON_RESUMABLE = ("NonResumableChangeStreamError",)
 DEFAULT_AWAIT_MS = 1000
@@ -109,9 +127,14 @@ async def open_change_stream(
 
     cluster = check_namespace(db, coll, spec)
     token = resume_token_of(spec, coll)
-    filters_only = all(
-        isinstance(s, Mapping) and ("$match" in s or "$changeStreamSplitLargeEvent" in s) for s in user_stages
-    )
+    split = ends_with_split(user_stages)
+    if token is not None and token.fragment_num is not None and not split:
+        raise CommandError(
+            280,
+            "To resume from a split event, the $changeStream pipeline must include a "
+            "$changeStreamSplitLargeEvent stage",
+        )
+    filters_only = all(isinstance(s, Mapping) and ("$match" in s or SPLIT_STAGE in s) for s in user_stages)
     return ChangeStreamCursor(
         host,
         db,
@@ -122,6 +145,7 @@ async def open_change_stream(
         cluster=cluster,
         early_matches=early,
         filters_only=filters_only,
+        split=split,
     )
 
 
@@ -140,6 +164,7 @@ class ChangeStreamCursor:
         cluster: bool,
         early_matches: int = 0,
         filters_only: bool = False,
+        split: bool = False,
     ) -> None:
         self._host = host
         self._oplog = host.oplog
@@ -169,6 +194,14 @@ class ChangeStreamCursor:
         self._closed = False
         self._pending_invalidate: OplogRecord | None = None
         self._match = self._namespace_matcher()
+        self._split = split
+        # Events produced but not yet returned, in order: the rest of a split event, or an event
+        # that did not fit its batch. Each with its token and cluster time.
+        self._ready: deque[tuple[RawBSONDocument, dict[str, str], int]] = deque()
+        # The client's token is a fragment: the whole event's token, and the fragment's number.
+        self._resume_split: tuple[str, int] | None = None
+        # The record the client's fragment token belongs to, once met, until its event is split.
+        self._split_resume: tuple[OplogRecord, int] | None = None
 
         oplog = self._oplog
         self._resume_position: tuple[int, int, int, int] | None = None
@@ -179,6 +212,8 @@ class ChangeStreamCursor:
                 raise _history_lost()
             self._resume_position = token.position()
             self._resume_data = token.data
+            if token.fragment_num is not None:
+                self._resume_split = (token.event_data, token.fragment_num)
             self._must_find = not token.is_high_water_mark
             index = 0 if token.is_high_water_mark else token.txn_op_index
             self._next_seq = oplog.seek(token.ts_key, index)
@@ -215,6 +250,7 @@ class ChangeStreamCursor:
         if not self._closed:
             self._closed = True
             self._exhausted = True
+            self._ready.clear()
             self._oplog.wake_all()
 
     @property
@@ -263,11 +299,16 @@ class ChangeStreamCursor:
         """
         if self._exhausted:
             return []
+        batch: list[Any] = []
+        cap = -1 if limit is None else limit
+        ready = self._ready
+        size = self._drain(batch, cap, 0) if ready else 0
+        if ready or len(batch) == cap:
+            return batch
         oplog = self._oplog
         if self._next_seq < oplog.first_seq:
             self._exhausted = True
             raise _history_lost()
-        batch: list[Any] = []
         if self._pending_invalidate is not None:
             self._emit_invalidate(batch)
             if self._exhausted:
@@ -275,8 +316,6 @@ class ChangeStreamCursor:
         records, base = oplog.view()
         index = self._next_seq - base
         end = len(records)
-        size = 0
-        cap = -1 if limit is None else limit
         match = self._match
         fast = self._fast
         shape = self._shape
@@ -285,8 +324,12 @@ class ChangeStreamCursor:
         quick_db = self._db if self._coll is not None else None
         quick_coll = self._coll
         last: OplogRecord | None = None
+        batch_limit = MAX_BATCH_BYTES
+        # Events over this size take the slow path; -1 sends the next one there too, while the
+        # event of a client's fragment token is still to be split.
+        large = -1 if self._split_resume is not None else MAX_CHANGE_EVENT_SIZE
         try:
-            while index < end and len(batch) != cap and size < MAX_BATCH_BYTES:
+            while index < end and len(batch) != cap and size < batch_limit:
                 record = records[index]
                 index += 1
                 if record.coll == quick_coll and record.db == quick_db and record.kind in DOCUMENT_OPS:
@@ -295,21 +338,42 @@ class ChangeStreamCursor:
                     verdict = match(record)
                     if not verdict:
                         continue
-                if (self._resume_position is None or self._passes_resume_point(record, 0)) and (
-                    expanded or record.kind in CLASSIC_OPS
-                ):
+                if self._resume_position is None:
+                    wanted = expanded or record.kind in CLASSIC_OPS
+                else:
+                    wanted = self._passes_resume_point(record, 0) and (expanded or record.kind in CLASSIC_OPS)
+                    if self._split_resume is not None:
+                        large = -1
+                if wanted:
                     if fast:
                         raw = record.raw if shape == 0 else None
                         if raw is None:
                             raw = self._encoded_base(record)
-                        size += len(raw.raw)
-                        batch.append(raw)
-                        last = record
                     else:
-                        transformed = self._transform(record)
-                        if transformed is not None:
-                            size += len(transformed.raw)
-                            batch.append(transformed)
+                        raw = self._transform(record)
+                    if raw is not None:
+                        length = len(raw.raw)
+                        if length > large:
+                            if last is not None:
+                                self._pbrt = last.token()
+                                self._latest_key = last.key
+                                last = None
+                            self._queue_large(record, raw)
+                            large = MAX_CHANGE_EVENT_SIZE
+                            size = self._drain(batch, cap, size)
+                            if ready:
+                                if verdict == 2:
+                                    self._pending_invalidate = record
+                                break
+                        elif batch and size + length > batch_limit:
+                            # Held for the next batch, as MongoDB stashes a result that does not fit.
+                            ready.append((raw, record.token(), record.key))
+                            if verdict == 2:
+                                self._pending_invalidate = record
+                            break
+                        else:
+                            size += length
+                            batch.append(raw)
                             last = record
                 if verdict == 2:
                     self._pending_invalidate = record
@@ -325,12 +389,67 @@ class ChangeStreamCursor:
         if last is not None:
             self._pbrt = last.token()
             self._latest_key = last.key
-        if index >= end and self._pending_invalidate is None:
+        if index >= end and self._pending_invalidate is None and not ready:
             newest = oplog.newest_key
             if newest > self._latest_key:
                 self._pbrt = high_water_mark(key_timestamp(newest))
                 self._latest_key = newest
         return batch
+
+    def _drain(self, batch: list[Any], cap: int, size: int) -> int:
+        """Move ready events into ``batch`` while they fit; the batch's new size in bytes.
+
+        A batch takes up to ``cap`` events (-1: any number) and at most 16 MiB of them, though its
+        first event may be bigger, as MongoDB fills a batch.
+        """
+        ready = self._ready
+        while ready and len(batch) != cap:
+            raw, token, key = ready[0]
+            length = len(raw.raw)
+            if batch and size + length > MAX_BATCH_BYTES:
+                break
+            ready.popleft()
+            batch.append(raw)
+            size += length
+            self._pbrt = token
+            self._latest_key = key
+        return size
+
+    def _queue_large(self, record: OplogRecord, raw: RawBSONDocument) -> None:
+        """Queue an event that may be over the size limits: whole, split, or refused.
+
+        Also where a stream resumed from a fragment's token finds that token's event: it is split
+        again and the fragments up to the client's are swallowed, as mongod's split stage and
+        resume check do between them.
+        """
+        skip = 0
+        resume = self._split_resume
+        self._split_resume = None
+        length = len(raw.raw)
+        if resume is not None and resume[0] is record:
+            if length <= MAX_CHANGE_EVENT_SIZE:
+                raise CommandError(
+                    280,
+                    "Attempted to resume from a split event fragment, but the event in the resumed "
+                    "stream was not large enough to be split",
+                    labels=NON_RESUMABLE,
+                )
+            skip = resume[1] + 1
+        if length <= MAX_CHANGE_EVENT_SIZE or (not self._split and length <= MAX_INTERNAL_OBJECT_SIZE):
+            self._ready.append((raw, record.token(), record.key))
+            return
+        event = bytes(raw.raw)  # the same object: RawBSONDocument keeps bytes
+        if not self._split:
+            raise too_large(event)
+        fragments = split_event(event, record.data())
+        if skip > len(fragments):
+            raise CommandError(
+                280,
+                "Attempted to resume from a split event, but the resumed stream produced a different "
+                "split. Ensure that the pipeline used to resume is the same as the original",
+                labels=NON_RESUMABLE,
+            )
+        self._ready.extend((fragment, token, record.key) for fragment, token in fragments[skip:])
 
     def _emit_invalidate(self, batch: list[Any]) -> None:
         """The pending invalidate: swallowed when it is the ``startAfter`` token, else the end."""
@@ -350,12 +469,15 @@ class ChangeStreamCursor:
         """0: not this stream's; 1: an event of this stream; 2: an event that invalidates it."""
         db, coll = self._db, self._coll
         system = self._system
+        expanded = self._expanded
         if self._cluster:
 
             def cluster(record: OplogRecord) -> int:
                 if record.db in INTERNAL_DATABASES:
                     return 0
                 name = record.coll
+                if name == VIEWS_COLLECTION:
+                    return 1 if expanded and is_definition_write(record) else 0
                 if name is not None and name.startswith("system.") and not system:
                     return 0
                 return 1
@@ -369,6 +491,8 @@ class ChangeStreamCursor:
                 name = record.coll
                 if name is None:
                     return 2  # dropDatabase
+                if name == VIEWS_COLLECTION:
+                    return 1 if expanded and is_definition_write(record) else 0
                 if name.startswith("system.") and not system:
                     if (
                         record.kind != "rename"
@@ -408,6 +532,14 @@ class ChangeStreamCursor:
                 self._must_find = False
                 self._resume_position = None
                 return False
+            split = self._resume_split
+            if split is not None and not sub and data == split[0]:
+                # The client's token is a fragment of this event: the event is produced again, to
+                # be split again, and the fragments up to the client's are swallowed then.
+                self._must_find = False
+                self._resume_position = None
+                self._split_resume = (record, split[1])
+                return True
             if self._resume_data is not None and data < self._resume_data:
                 return False
         if self._must_find:
@@ -441,6 +573,8 @@ class ChangeStreamCursor:
 
     def _base_event(self, record: OplogRecord) -> dict[str, Any]:
         """The event as every stream of this shape sees it, before images and user stages."""
+        if record.coll == VIEWS_COLLECTION and self._coll is None:
+            return definition_event(record)
         op = record.op
         kind = record.kind
         expanded = self._expanded
@@ -492,7 +626,12 @@ class ChangeStreamCursor:
     def _with_images(self, record: OplogRecord, event: dict[str, Any]) -> dict[str, Any]:
         """The event with this stream's images; a fresh dict only when something was added."""
         kind = record.kind
-        if kind not in ("update", "replace", "delete") or not self._needs_images:
+        # A view's DDL event (a system.views write) has no images, as in mongod.
+        if (
+            kind not in ("update", "replace", "delete")
+            or not self._needs_images
+            or record.coll == VIEWS_COLLECTION
+        ):
             return event
         event = dict(event)
         op = record.op

@@ -10,6 +10,11 @@ document from :mod:`~flowwarden.testing.embedded.document_updates`; this module 
 does around them: ``_id`` first, unique indexes, upserts, write errors with their indexes, ordered
 and unordered batches, and the 16 MiB document limit. A write that would store a document over the
 limit fails before that document is stored or logged.
+
+A plain (non-transactional) write never changes a document an open transaction has written: the
+statement raises :class:`TransactionLocked` before it changes anything, and the command runs it
+again once that transaction has ended, which is how mongod makes such a write wait. Reads of a
+view run the view's pipeline over the collection it is on (:mod:`~flowwarden.testing.embedded.views`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 import bson
 from bson import ObjectId
 
-from flowwarden.testing.embedded import engine
+from flowwarden.testing.embedded import engine, views
 from flowwarden.testing.embedded.document_updates import (
     apply_update,
     is_replacement,
@@ -48,21 +53,44 @@ def write_conflict() -> CommandError:
     )
 
 
+class TransactionLocked(Exception):
+    """A plain write met a document an open transaction has written; raised before the statement
+    changed anything, so the statement can run again once that transaction ends."""
+
+    def __init__(self, ns: str, key: Hashable) -> None:
+        super().__init__(f"{ns}: document {key!r} is written by an open transaction")
+        self.ns = ns
+        self.key = key
+
+
 @dataclass(slots=True)
 class Scope:
     """Where one command reads and writes, and where the oplog ops of its writes go.
 
     ``txn_id`` is set inside a transaction: a first write to a document then claims it, and fails
     with WriteConflict when another transaction holds it or a commit changed it since the
-    transaction's snapshot, as MongoDB's snapshot isolation does.
+    transaction's snapshot, as MongoDB's snapshot isolation does. Outside a transaction, a write
+    to a document a transaction holds raises :class:`TransactionLocked` instead.
     """
 
     catalog: Catalog
     emit: Callable[[OplogOp], None]
     txn_id: int | None = None
 
+    def check_unlocked(self, coll: Collection, keys: Iterable[Hashable]) -> None:
+        """Outside a transaction: raise :class:`TransactionLocked` if a transaction holds any of ``keys``."""
+        locks = coll.locks
+        if self.txn_id is not None or not locks:
+            return
+        for key in keys:
+            if key in locks:
+                raise TransactionLocked(coll.ns, key)
+
     def claim(self, coll: Collection, key: Hashable) -> None:
-        if self.txn_id is None or coll.origin is None or key in coll.base:
+        if self.txn_id is None:
+            self.check_unlocked(coll, (key,))
+            return
+        if coll.origin is None or key in coll.base:
             return
         main = coll.origin
         current = coll.docs.get(key)
@@ -98,11 +126,7 @@ def select(
         if query:
             _validate_filter(query)
         return []
-    query = query or {}
-    if not isinstance(query, dict):
-        raise CommandError(
-            14, "BSON field 'filter' is the wrong type, expected type 'object'", code_name=None
-        )
+    query = _checked_filter(query)
     try:
         if len(query) == 1 and "_id" in query and _is_plain_value(query["_id"]):
             found = coll.docs.get(value_key(query["_id"]))
@@ -113,6 +137,42 @@ def select(
             docs = list(coll.docs.values())
     except _ENGINE_ERRORS as exc:
         raise engine.command_error(exc) from None
+    return _ordered(docs, sort, skip, limit)
+
+
+def select_in(
+    catalog: Catalog,
+    db: str,
+    name: str,
+    query: Document | None,
+    sort: Document | None = None,
+    skip: int = 0,
+    limit: int = 0,
+) -> list[Document]:
+    """:func:`select` on a collection or a view: a view's filter, sort, skip and limit apply to
+    what its pipeline outputs, as mongod appends them to the view's pipeline."""
+    shown = view_documents(catalog, db, name)
+    if shown is None:
+        return select(catalog.get(db, name), query, sort, skip, limit)
+    query = _checked_filter(query)
+    if query:
+        try:
+            shown = [doc for doc in shown if engine.matches(query, doc)]
+        except _ENGINE_ERRORS as exc:
+            raise engine.command_error(exc) from None
+    return _ordered(shown, sort, skip, limit)
+
+
+def _checked_filter(query: Any) -> Document:
+    query = query or {}
+    if not isinstance(query, dict):
+        raise CommandError(
+            14, "BSON field 'filter' is the wrong type, expected type 'object'", code_name=None
+        )
+    return query
+
+
+def _ordered(docs: list[Document], sort: Document | None, skip: int, limit: int) -> list[Document]:
     if sort:
         docs = sort_documents(docs, sort)
     if skip:
@@ -120,6 +180,16 @@ def select(
     if limit:
         docs = docs[: abs(limit)]
     return docs
+
+
+def view_documents(catalog: Catalog, db: str, name: str) -> list[Document] | None:
+    """What view ``db.name`` shows (its chain's pipeline over the collection it ends at); None
+    when ``name`` is not a view."""
+    resolved = views.resolve(catalog, db, name)
+    if resolved is None:
+        return None
+    source, stages = resolved
+    return _run_stages(catalog, db, source, stages)
 
 
 def _validate_filter(query: Document) -> None:
@@ -157,10 +227,11 @@ def project(tools: Any, docs: Iterable[Document], projection: Document | None) -
         raise engine.command_error(exc, 2) from None
 
 
-def distinct(coll: Collection | None, key: str, query: Document | None) -> list[Any]:
+def distinct(catalog: Catalog, db: str, name: str, key: str, query: Document | None) -> list[Any]:
+    """The distinct values of ``key`` in the matching documents of a collection or view."""
     values: list[Any] = []
     seen: set[Hashable] = set()
-    for doc in select(coll, query):
+    for doc in select_in(catalog, db, name, query):
         try:
             found = engine.dotted_values(doc, key)
         except KeyError:
@@ -176,7 +247,8 @@ def distinct(coll: Collection | None, key: str, query: Document | None) -> list[
 def run_pipeline(
     catalog: Catalog, db: str, coll_name: str | None, pipeline: list[Document]
 ) -> list[Document]:
-    """An ordinary (non change-stream) aggregation over a collection, or over nothing for ``aggregate: 1``."""
+    """An ordinary (non change-stream) aggregation over a collection or a view, or over nothing
+    for ``aggregate: 1``. A view's own pipeline runs first."""
     for stage in pipeline:
         if not isinstance(stage, dict) or len(stage) != 1:
             raise CommandError(40323, "A pipeline stage specification object must contain exactly one field.")
@@ -187,6 +259,15 @@ def run_pipeline(
             )
         if name == "$changeStream":
             raise CommandError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+    if coll_name is not None:
+        resolved = views.resolve(catalog, db, coll_name)
+        if resolved is not None:
+            coll_name, stages = resolved
+            pipeline = stages + pipeline
+    return _run_stages(catalog, db, coll_name, pipeline)
+
+
+def _run_stages(catalog: Catalog, db: str, coll_name: str | None, pipeline: list[Document]) -> list[Document]:
     engine_db = catalog.engine[db]
     try:
         if coll_name is None:
@@ -282,8 +363,16 @@ def pre_image_recorded(coll: Collection) -> bool:
 def insert_documents(
     scope: Scope, db: str, name: str, documents: list[Document], *, ordered: bool = True
 ) -> tuple[int, list[Document]]:
-    """Insert a batch; returns ``(n inserted, writeErrors)``. Ordered batches stop at the first error."""
+    """Insert a batch; returns ``(n inserted, writeErrors)``. Ordered batches stop at the first error.
+
+    Outside a transaction the whole batch waits (:class:`TransactionLocked`, before anything is
+    inserted) while an open transaction holds one of the ``_id`` values it inserts.
+    """
     coll = ensure_collection(scope, db, name)
+    if coll.locks and scope.txn_id is None:
+        scope.check_unlocked(
+            coll, [value_key(raw["_id"]) for raw in documents if isinstance(raw, dict) and "_id" in raw]
+        )
     inserted = 0
     errors: list[Document] = []
     emit = scope.emit
@@ -346,13 +435,19 @@ def update_one_statement(
     array_filters: list[Document] | None = None,
     sort: Document | None = None,
 ) -> UpdateResult:
-    """One update statement (one entry of an ``update`` command, or findAndModify's update)."""
+    """One update statement (one entry of an ``update`` command, or findAndModify's update).
+
+    Outside a transaction it raises :class:`TransactionLocked` before changing anything while an
+    open transaction holds a document it matches (or the ``_id`` an upsert would insert).
+    """
     validate_update(update)
     if multi and is_replacement(update) and update:
         raise CommandError(9, "multi update is not supported for replacement-style update")
     coll = scope.catalog.get(db, name)
     result = UpdateResult()
     matches = select(coll, query, sort=sort, limit=0 if multi else 1)
+    if coll is not None and coll.locks:
+        scope.check_unlocked(coll, [value_key(old["_id"]) for old in matches])
     tools = scope.catalog.engine[db][name]
     replacement = is_replacement(update)
     for old in matches:
@@ -407,13 +502,20 @@ def update_one_statement(
 def delete_statement(
     scope: Scope, db: str, name: str, query: Document, *, limit: int, sort: Document | None = None
 ) -> list[Document]:
-    """Delete the matching documents (at most one when ``limit`` is 1); returns the deleted ones."""
+    """Delete the matching documents (at most one when ``limit`` is 1); returns the deleted ones.
+
+    Outside a transaction it raises :class:`TransactionLocked` before deleting anything while an
+    open transaction holds a document it matches.
+    """
     coll = scope.catalog.get(db, name)
     if coll is None:
         select(None, query)
         return []
     deleted = []
-    for old in select(coll, query, sort=sort, limit=limit):
+    matches = select(coll, query, sort=sort, limit=limit)
+    if coll.locks:
+        scope.check_unlocked(coll, [value_key(old["_id"]) for old in matches])
+    for old in matches:
         key = value_key(old["_id"])
         scope.claim(coll, key)
         coll.remove(key)

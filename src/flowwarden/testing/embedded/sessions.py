@@ -6,12 +6,17 @@ checks that no other write touched the documents the transaction wrote since it 
 (WriteConflict otherwise), installs the new documents, and hands all of the transaction's oplog
 ops to ONE ``oplog.append`` call: one cluster time for the whole transaction, as MongoDB does.
 
+A write outside any transaction to a document an open transaction has written waits for that
+transaction to end (:meth:`SessionRegistry.wait_for_transaction_end`), as mongod's does: every
+commit, abort and expiry wakes the waiting writes, which then try again.
+
 A retryable write (``lsid`` + ``txnNumber``, no ``autocommit``) stores its reply; the same
 ``txnNumber`` again returns that reply without writing twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import itertools
 import time
@@ -100,6 +105,7 @@ class SessionRegistry:
         self._catalog = catalog
         self._oplog = oplog
         self._sessions: dict[Hashable, Session] = {}
+        self._end_waiters: set[asyncio.Future[None]] = set()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -258,12 +264,28 @@ class SessionRegistry:
             self._release(txn)
             txn.ops = []
 
+    async def wait_for_transaction_end(self, timeout: float | None) -> bool:
+        """Wait until an open transaction commits, aborts or expires; False when ``timeout``
+        seconds passed first. Without a timeout the wait is still bounded: a transaction that
+        outlives its lifetime limit is aborted, which ends it."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._end_waiters.add(waiter)
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            self._end_waiters.discard(waiter)
+        return bool(done)
+
     def _release(self, txn: Transaction) -> None:
         for coll in txn.catalog.touched():
             if coll.origin is not None:
                 for key in coll.base:
                     if coll.origin.locks.get(key) == txn.txn_id:
                         del coll.origin.locks[key]
+        waiters, self._end_waiters = self._end_waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _install(self, txn: Transaction) -> None:
         main = self._catalog

@@ -1,9 +1,10 @@
 """The user stages of a change-stream pipeline, applied to one event document at a time.
 
 Only the stages MongoDB allows after ``$changeStream`` exist here: ``$match``, ``$project``,
-``$addFields``/``$set``, ``$unset``, ``$replaceRoot``/``$replaceWith``, ``$redact`` (and
-``$changeStreamSplitLargeEvent``, a no-op since events here never approach 16 MB). Any other stage
-is refused when the stream opens, with MongoDB's error.
+``$addFields``/``$set``, ``$unset``, ``$replaceRoot``/``$replaceWith``, ``$redact``, and
+``$changeStreamSplitLargeEvent``, which is checked here but not compiled: splitting is the
+cursor's work (:mod:`~flowwarden.testing.embedded.largeevents`). Any other stage is refused when
+the stream opens, with MongoDB's error.
 
 Hard rule: a stage never mutates its input document (events are shared between streams and
 cached). ``$match`` is compiled in :mod:`~flowwarden.testing.embedded.eventmatch`; expressions
@@ -22,6 +23,8 @@ from flowwarden.testing.embedded.eventmatch import Event, compile_match
 Stage = Callable[[Event], "Event | None"]
 """One compiled stage: the transformed document, or None when a ``$match`` drops it."""
 
+SPLIT_STAGE = "$changeStreamSplitLargeEvent"
+
 ALLOWED_STAGES = frozenset(
     {
         "$match",
@@ -32,7 +35,7 @@ ALLOWED_STAGES = frozenset(
         "$replaceRoot",
         "$replaceWith",
         "$redact",
-        "$changeStreamSplitLargeEvent",
+        SPLIT_STAGE,
     }
 )
 
@@ -83,8 +86,13 @@ _MISSING: Any = object()
 
 
 def compile_pipeline(stages: list[Any]) -> list[Stage]:
-    """Validate the stages after ``$changeStream`` and compile them, raising MongoDB's errors."""
+    """Validate the stages after ``$changeStream`` and compile them, raising MongoDB's errors.
+
+    A ``$changeStreamSplitLargeEvent`` is left out of the result; like MongoDB, every stage is
+    parsed before its place is checked, so a malformed stage anywhere is reported first.
+    """
     compiled: list[Stage] = []
+    split_at: list[int] = []
     for position, stage in enumerate(stages):
         if not isinstance(stage, Mapping) or len(stage) != 1:
             raise CommandError(40323, "A pipeline stage specification object must contain exactly one field.")
@@ -95,14 +103,20 @@ def compile_pipeline(stages: list[Any]) -> list[Stage]:
             raise CommandError(40602, "$changeStream is only valid as the first stage in a pipeline.")
         if name not in ALLOWED_STAGES:
             raise CommandError(20, f"{name} is not permitted in a $changeStream pipeline")
-        if name == "$changeStreamSplitLargeEvent":
-            if position != len(stages) - 1:
-                raise CommandError(
-                    7182802, "$changeStreamSplitLargeEvent must be the last stage in the pipeline"
-                )
+        if name == SPLIT_STAGE:
+            if not isinstance(spec, Mapping) or spec:
+                raise CommandError(7182800, f"{SPLIT_STAGE} spec should be an empty object")
+            split_at.append(position)
             continue
         compiled.append(_COMPILERS[name](spec))
+    if split_at and split_at[0] != len(stages) - 1:
+        raise CommandError(7182802, f"{SPLIT_STAGE} must be the last stage in the pipeline")
     return compiled
+
+
+def ends_with_split(stages: list[Any]) -> bool:
+    """Whether a pipeline :func:`compile_pipeline` accepted asks for large events to be split."""
+    return bool(stages) and isinstance(stages[-1], Mapping) and SPLIT_STAGE in stages[-1]
 
 
 def run_pipeline(stages: list[Stage], doc: Event) -> Event | None:
@@ -424,8 +438,10 @@ _COMPILERS: dict[str, Callable[[Any], Stage]] = {
 __all__ = [
     "ALLOWED_STAGES",
     "KNOWN_STAGES",
+    "SPLIT_STAGE",
     "Stage",
     "compile_pipeline",
+    "ends_with_split",
     "run_pipeline",
     "stage_touches",
 ]

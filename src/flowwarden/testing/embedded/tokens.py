@@ -11,7 +11,10 @@ A token is ``{"_data": "<UPPERCASE hex>"}``: the KeyString (version 1) encoding 
   ``T`` sorts before every event at ``T`` and after every event before ``T`` ("resume at ``T``
   inclusive", which is exactly what ``startAtOperationTime: T`` means);
 * ``txnOpIndex`` orders the events of one transaction, all sharing one cluster time;
-* ``fromInvalidate`` puts an invalidate right after the command that caused it.
+* ``fromInvalidate`` puts an invalidate right after the command that caused it;
+* a fragment of an event split by ``$changeStreamSplitLargeEvent`` carries the event's token with
+  ``fragmentNum`` (0-based) appended after the event identifier, so the fragments of an event sort
+  after the event's own token, in fragment order, and before the next event.
 
 This module never reads the oplog and never raises anything but
 :class:`~flowwarden.testing.embedded.errors.CommandError` for a token a client sent.
@@ -73,7 +76,8 @@ class ResumeTokenData:
     """The decoded prefix of a resume token: what orders it in the oplog.
 
     ``uuid`` is the collection UUID the token names (None for high-water marks and database-level
-    events). ``data`` is the upper-case hex the token was decoded from.
+    events). ``data`` is the upper-case hex the token was decoded from. ``fragment_num`` is set on
+    the token of a fragment of a split event: the 0-based number of that fragment.
     """
 
     cluster_time: Timestamp
@@ -83,6 +87,7 @@ class ResumeTokenData:
     from_invalidate: bool
     uuid: bytes | None
     data: str
+    fragment_num: int | None = None
 
     @property
     def is_high_water_mark(self) -> bool:
@@ -96,6 +101,14 @@ class ResumeTokenData:
     def position(self) -> tuple[int, int, int, int]:
         """A tuple ordered exactly like the token bytes, down to ``fromInvalidate``."""
         return (self.ts_key, self.token_type, self.txn_op_index, int(self.from_invalidate))
+
+    @property
+    def event_data(self) -> str:
+        """The ``_data`` of the whole event's token: ``data`` without its ``fragmentNum``."""
+        if self.fragment_num is None:
+            return self.data
+        cut = 2 * len(_int_body(self.fragment_num)) + 2
+        return self.data[:-cut] + self.data[-2:]
 
 
 def ts_key(ts: Timestamp) -> int:
@@ -313,6 +326,15 @@ def _document_identifier(operation_type: str, document_key: Mapping[str, Any]) -
     return head + encode_object(document_key)
 
 
+def fragment_token_data(event_data: str, fragment_num: int) -> str:
+    """The ``_data`` of fragment ``fragment_num`` (0-based) of the event whose token is ``event_data``.
+
+    MongoDB appends ``fragmentNum`` to the token's KeyString after the event identifier, so it goes
+    in right before the end byte.
+    """
+    return event_data[:-2] + _int_body(fragment_num).hex().upper() + event_data[-2:]
+
+
 def high_water_mark(cluster_time: Timestamp) -> dict[str, str]:
     """A high-water-mark token: "every event at ``cluster_time`` or later is still to come"."""
     raw = b"".join(
@@ -428,6 +450,76 @@ def _read_int(raw: bytes, pos: int) -> tuple[int, int]:
     raise _bad("Invalid resume token: expected a non-negative integer")
 
 
+_NO_BODY = frozenset({_MIN_KEY, _NULLISH, _NUMERIC_NAN, _NUMERIC_ZERO, _BOOL_FALSE, _BOOL_TRUE, _MAX_KEY})
+_EIGHT_BYTE_BODY = frozenset({_NUMERIC_NEGATIVE_LARGE, _NUMERIC_POSITIVE_LARGE, _DATE, _TIMESTAMP})
+
+
+def _skip_value(raw: bytes, pos: int) -> int:
+    """The position after the KeyString value at ``pos``, as :func:`encode_value` writes values.
+
+    Raises IndexError or ValueError for bytes it did not write.
+    """
+    kind = raw[pos]
+    pos += 1
+    if kind in _NO_BODY:
+        return pos
+    if kind in _EIGHT_BYTE_BODY:
+        return pos + 8
+    if _NUMERIC_POSITIVE_1_BYTE_INT <= kind < _NUMERIC_POSITIVE_1_BYTE_INT + 8:
+        return pos + kind - _NUMERIC_POSITIVE_1_BYTE_INT + 1
+    if _NUMERIC_NEGATIVE_1_BYTE_INT - 7 <= kind <= _NUMERIC_NEGATIVE_1_BYTE_INT:
+        return pos + _NUMERIC_NEGATIVE_1_BYTE_INT - kind + 1
+    if kind == _STRING:
+        while True:
+            nul = raw.index(0, pos)
+            if nul + 1 < len(raw) and raw[nul + 1] == 0xFF:  # an escaped NUL inside the string
+                pos = nul + 2
+                continue
+            return nul + 1
+    if kind == _OBJECT:
+        while raw[pos] != 0:
+            pos = _skip_value(raw, raw.index(0, pos + 1) + 1)  # type byte, field name, value
+        return pos + 1
+    if kind == _ARRAY:
+        while raw[pos] != 0:
+            pos = _skip_value(raw, pos)
+        return pos + 1
+    if kind == _BINDATA:
+        size = raw[pos]
+        pos += 1
+        if size == 0xFF:
+            size = int.from_bytes(raw[pos : pos + 4], "big")
+            pos += 4
+        return pos + 1 + size
+    if kind == _OID:
+        return pos + 12
+    raise ValueError(f"KeyString type {kind} is not one this server writes")
+
+
+def _fragment_num(raw: bytes, pos: int) -> int | None:
+    """The ``fragmentNum`` that follows the UUID (or null) at ``pos`` and the event identifier.
+
+    None when the token has none, and for a token whose identifier this server cannot read (such a
+    token resumes nothing here anyway: the cursor reports it not found).
+    """
+    try:
+        pos = _skip_value(raw, pos)
+        if raw[pos] != _OBJECT:
+            return None
+        pos = _skip_value(raw, pos)
+        if raw[pos] == _END:
+            return None
+    except (IndexError, ValueError):
+        return None
+    kind = raw[pos]
+    if kind != _NUMERIC_ZERO and not _NUMERIC_POSITIVE_1_BYTE_INT <= kind < _NUMERIC_POSITIVE_1_BYTE_INT + 4:
+        raise CommandError(7182501, "Resume token 'fragmentNum' must be a non-negative integer.")
+    fragment, pos = _read_int(raw, pos)
+    if pos != len(raw) - 1 or raw[pos] != _END:
+        raise CommandError(40646, "invalid oversized resume token")
+    return fragment
+
+
 def decode_token(token: Any) -> ResumeTokenData:
     """Decode what orders a client-supplied resume token; errors are MongoDB's for a bad token."""
     data = token.get("_data") if isinstance(token, Mapping) else None
@@ -455,6 +547,7 @@ def decode_token(token: Any) -> ResumeTokenData:
     uuid: bytes | None = None
     if pos + 19 <= len(raw) and raw[pos] == _BINDATA and raw[pos + 1] == 16 and raw[pos + 2] == 4:
         uuid = raw[pos + 3 : pos + 19]
+    fragment = _fragment_num(raw, pos) if version >= 2 and token_type == TOKEN_TYPE_EVENT else None
     return ResumeTokenData(
         cluster_time=key_timestamp(key),
         version=version,
@@ -463,6 +556,7 @@ def decode_token(token: Any) -> ResumeTokenData:
         from_invalidate=from_invalidate,
         uuid=uuid,
         data=data.upper(),
+        fragment_num=fragment,
     )
 
 
@@ -475,6 +569,7 @@ __all__ = [
     "encode_object",
     "encode_value",
     "event_token_data",
+    "fragment_token_data",
     "high_water_mark",
     "key_timestamp",
     "ts_key",

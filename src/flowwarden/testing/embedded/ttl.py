@@ -29,9 +29,12 @@ def expire_ttl_documents(scope: Scope) -> int:
                 cutoff = now - datetime.timedelta(seconds=float(seconds))
                 for doc in list(coll.docs.values()):
                     if _expired(doc.get(path) if "." not in path else None, cutoff):
-                        removed += len(
-                            crud.delete_statement(scope, db, coll.name, {"_id": doc["_id"]}, limit=1)
-                        )
+                        try:
+                            query = {"_id": doc["_id"]}
+                            deleted = crud.delete_statement(scope, db, coll.name, query, limit=1)
+                        except crud.TransactionLocked:
+                            continue  # an open transaction holds it: a later pass deletes it
+                        removed += len(deleted)
     return removed
 
 

@@ -26,7 +26,11 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.errors import BSONError
 
 from flowwarden.testing.embedded.keys import format_value
-from flowwarden.testing.embedded.limits import MAX_MESSAGE_SIZE, MAX_REQUEST_OBJECT_SIZE
+from flowwarden.testing.embedded.limits import (
+    MAX_MESSAGE_SIZE,
+    MAX_REQUEST_OBJECT_SIZE,
+    object_too_large_message,
+)
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -79,11 +83,7 @@ class ObjectTooLarge(ValueError):
         self.op_code = op_code
         self.checksum = checksum
         self.more_to_come = more_to_come
-        # mongod's wording, down to the "(16MB)" it prints for the 16 MiB + 16 KiB limit.
-        self.errmsg = (
-            f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and "
-            f"{MAX_REQUEST_OBJECT_SIZE}({MAX_REQUEST_OBJECT_SIZE >> 20}MB) First element: {first_element}"
-        )
+        self.errmsg = object_too_large_message(size, first_element)
         super().__init__(self.errmsg)
 
 

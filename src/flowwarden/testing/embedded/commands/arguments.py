@@ -105,3 +105,13 @@ def batch_size_of(source: Document | None) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise CommandError(51024, f"BSON field 'batchSize' value must be >= 0, actual value '{value}'")
     return int(value)
+
+
+def max_time_ms(ctx: Context) -> int | None:
+    """The command's ``maxTimeMS`` (None when absent); 2 when it is negative or not a number."""
+    value = ctx.cmd.get("maxTimeMS")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise CommandError(2, f"{value!r} value for maxTimeMS is out of range")
+    return int(value)

@@ -3,7 +3,9 @@
 
 Every change to the catalog is logged to the oplog as MongoDB logs it (``create``, ``drop``,
 ``rename`` with ``dropTarget``, ``modify`` with ``stateBeforeChange``), so change streams see
-the same DDL events as on a real server.
+the same DDL events as on a real server. Views are namespaces too: ``create`` with ``viewOn``
+defines one, ``collMod`` changes it, ``drop`` drops it and ``listCollections`` lists it, all
+through :mod:`~flowwarden.testing.embedded.views`, which logs them as mongod does.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from bson import Int64
 
-from flowwarden.testing.embedded import crud, engine
+from flowwarden.testing.embedded import crud, engine, views
 from flowwarden.testing.embedded.commands.arguments import GENERIC_FIELDS, batch_size_of, typed_field
 from flowwarden.testing.embedded.commands.indexes import modify_index
 from flowwarden.testing.embedded.commands.registry import Context, command
@@ -43,7 +45,10 @@ def _collection_entry(coll: Collection, name_only: bool) -> Document:
 async def cmd_list_collections(ctx: Context) -> Document:
     name_only = bool(ctx.cmd.get("nameOnly", False))
     query = typed_field(ctx, "filter", dict) or {}
-    entries = [_collection_entry(c, name_only) for c in ctx.scope.catalog.collections(ctx.db)]
+    catalog = ctx.scope.catalog
+    # As mongod lists them: the collections, then the views.
+    entries = [_collection_entry(c, name_only) for c in catalog.collections(ctx.db)]
+    entries.extend(views.listing(stored, name_only) for stored in views.definitions(catalog, ctx.db))
     if ctx.db == "local":
         entries.append(
             {"name": "oplog.rs", "type": "collection"}
@@ -100,7 +105,7 @@ async def cmd_db_stats(ctx: Context) -> Document:
     return {
         "db": ctx.db,
         "collections": len(colls),
-        "views": 0,
+        "views": len(views.definitions(ctx.scope.catalog, ctx.db)),
         "objects": objects,
         "indexes": indexes,
         "scaleFactor": 1,
@@ -124,26 +129,31 @@ _CREATE_OPTIONS = (
 )
 
 
+_VIEW_OPTIONS = ("viewOn", "pipeline")
+
+
 @command("create")
 async def cmd_create(ctx: Context) -> Document:
     name = ctx.collection_name()
-    for unsupported in ("viewOn", "timeseries"):
-        if unsupported in ctx.cmd:
-            raise CommandError(
-                2, f"'{unsupported}' collections are not supported by the embedded replica set"
-            )
+    if "timeseries" in ctx.cmd:
+        raise CommandError(2, "'timeseries' collections are not supported by the embedded replica set")
     unknown = [
         k
         for k in ctx.cmd
         if k != "create"
         and k not in GENERIC_FIELDS
         and k not in _CREATE_OPTIONS
+        and k not in _VIEW_OPTIONS
         and k not in ("idIndex", "autoIndexId")
     ]
     if unknown:
         raise CommandError(
             40415, f"BSON field 'create.{unknown[0]}' is an unknown field.", code_name="Location40415"
         )
+    if any(k in ctx.cmd for k in _VIEW_OPTIONS):
+        return _create_view(ctx, name)
+    if views.is_view(ctx.scope.catalog, ctx.db, name):
+        raise CommandError(48, f"A view already exists. NS: {ctx.db}.{name}")
     options = {k: ctx.cmd[k] for k in _CREATE_OPTIONS if k in ctx.cmd}
     _validate_pre_post_images(options.get("changeStreamPreAndPostImages"), "create")
     if options.get("capped") and "size" not in options:
@@ -161,6 +171,60 @@ async def cmd_create(ctx: Context) -> Document:
     return {"ok": 1.0}
 
 
+def _create_view(ctx: Context, name: str) -> Document:
+    if "viewOn" not in ctx.cmd:
+        raise CommandError(
+            72, "'pipeline' requires 'viewOn' to also be specified", code_name="InvalidOptions"
+        )
+    if ctx.in_transaction:
+        raise CommandError(263, "Cannot create a view in a multi-document transaction.")
+    not_for_views = [k for k in ctx.cmd if k in _CREATE_OPTIONS and k != "collation"]
+    not_for_views += [k for k in ("idIndex", "autoIndexId") if k in ctx.cmd]
+    if not_for_views:
+        raise CommandError(
+            72, f"option not supported on a view: {not_for_views[0]}", code_name="InvalidOptions"
+        )
+    view_on, pipeline = _view_definition(ctx)
+    assert view_on is not None and pipeline is not None
+    crud.validate_collection_name(ctx.db, name)
+    if name.startswith("system."):
+        raise CommandError(73, f"Cannot create a view called '{name}'", code_name="InvalidNamespace")
+    catalog = ctx.scope.catalog
+    collation = ctx.cmd.get("collation")
+    existing = views.definition(catalog, ctx.db, name)
+    if existing is not None:
+        same = (existing["viewOn"], existing["pipeline"], existing.get("collation"))
+        if same == (view_on, pipeline, collation):
+            return {"ok": 1.0}
+        raise CommandError(48, f"namespace {ctx.db}.{name} already exists, but with different options")
+    if ctx.get(name) is not None:
+        raise CommandError(48, f"Collection {ctx.db}.{name} already exists.")
+    views.define(ctx.scope, ctx.db, name, view_on, pipeline, collation)
+    return {"ok": 1.0}
+
+
+def _view_definition(ctx: Context) -> tuple[str | None, list[Any] | None]:
+    """The command's ``viewOn`` and ``pipeline`` (None when absent; ``create`` defaults the
+    pipeline to empty), checked as mongod checks them."""
+    view_on = typed_field(ctx, "viewOn", str)
+    if view_on == "":
+        raise CommandError(2, "'viewOn' cannot be empty")
+    pipeline = typed_field(ctx, "pipeline", list)
+    if pipeline is None and ctx.name == "create":
+        pipeline = []
+    for stage in pipeline or []:
+        if not isinstance(stage, dict):
+            raise CommandError(14, "Each element of the 'pipeline' array must be an object")
+        for writing in ("$out", "$merge"):
+            if writing in stage:
+                raise CommandError(
+                    167,
+                    f"{writing} cannot be used in a view definition",
+                    code_name="OptionNotSupportedOnView",
+                )
+    return view_on, pipeline
+
+
 def _validate_pre_post_images(value: Any, command_name: str) -> None:
     if value is None:
         return
@@ -176,6 +240,8 @@ async def cmd_drop(ctx: Context) -> Document:
     name = ctx.collection_name()
     coll = ctx.scope.catalog.drop(ctx.db, name)
     if coll is None:
+        if views.undefine(ctx.scope, ctx.db, name):
+            return {"ns": f"{ctx.db}.{name}", "ok": 1.0}
         # MongoDB 7+ answers ok for a missing collection.
         return {"ok": 1.0}
     ctx.scope.emit(OplogOp("drop", ctx.db, name))
@@ -215,7 +281,13 @@ async def cmd_rename_collection(ctx: Context) -> Document:
     catalog = ctx.scope.catalog
     source = catalog.get(src_db, src_name)
     if source is None:
+        if views.is_view(catalog, src_db, src_name):
+            raise CommandError(
+                166, f"cannot rename view: {src_db}.{src_name}", code_name="CommandNotSupportedOnView"
+            )
         raise CommandError(26, f"Source collection {src_db}.{src_name} does not exist")
+    if views.is_view(catalog, dst_db, dst_name):
+        raise CommandError(48, f"a view already exists with that name: {dst_db}.{dst_name}")
     if (src_db, src_name) == (dst_db, dst_name):
         raise CommandError(20, "Can't rename a collection to itself")
     target = catalog.get(dst_db, dst_name)
@@ -245,6 +317,8 @@ async def cmd_coll_mod(ctx: Context) -> Document:
     name = ctx.collection_name()
     coll = ctx.get(name)
     if coll is None:
+        if views.is_view(ctx.scope.catalog, ctx.db, name):
+            return _modify_view(ctx, name)
         raise CommandError(26, f"ns does not exist: {ctx.db}.{name}")
     changes: Document = {}
     reply: Document = {}
@@ -259,6 +333,8 @@ async def cmd_coll_mod(ctx: Context) -> Document:
         elif key == "index":
             reply.update(modify_index(coll, value))
             changes[key] = value
+        elif key in _VIEW_OPTIONS:
+            raise CommandError(72, f"option only supported on a view: {key}", code_name="InvalidOptions")
         else:
             raise CommandError(
                 40415, f"BSON field 'collMod.{key}' is an unknown field.", code_name="Location40415"
@@ -281,3 +357,14 @@ async def cmd_coll_mod(ctx: Context) -> Document:
     )
     reply["ok"] = 1.0
     return reply
+
+
+def _modify_view(ctx: Context, name: str) -> Document:
+    """``collMod`` of a view: only its ``viewOn`` and ``pipeline`` can change."""
+    for key in ctx.cmd:
+        if key != "collMod" and key not in GENERIC_FIELDS and key not in _VIEW_OPTIONS:
+            raise CommandError(72, f"option not supported on a view: {key}", code_name="InvalidOptions")
+    view_on, pipeline = _view_definition(ctx)
+    if view_on is not None or pipeline is not None:
+        views.redefine(ctx.scope, ctx.db, name, view_on, pipeline)
+    return {"ok": 1.0}

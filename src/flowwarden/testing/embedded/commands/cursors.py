@@ -9,7 +9,7 @@ from __future__ import annotations
 from bson import Int64
 
 from flowwarden.testing.embedded.changestream import ChangeStreamCursor
-from flowwarden.testing.embedded.commands.arguments import batch_size_of, bson_type_name
+from flowwarden.testing.embedded.commands.arguments import batch_size_of, bson_type_name, max_time_ms
 from flowwarden.testing.embedded.commands.registry import Context, command
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.storage import Document
@@ -28,11 +28,7 @@ async def cmd_get_more(ctx: Context) -> Document:
     if not isinstance(collection, str):
         raise CommandError(40414, "BSON field 'getMore.collection' is missing but a required field")
     batch_size = batch_size_of(ctx.cmd)
-    max_time = ctx.cmd.get("maxTimeMS")
-    if max_time is not None and (
-        isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or max_time < 0
-    ):
-        raise CommandError(2, f"{max_time!r} value for maxTimeMS is out of range")
+    max_time = max_time_ms(ctx)
     registry = ctx.host.cursors
     cursor = registry.lookup(cursor_id)
     ns = f"{ctx.db}.{collection}"
@@ -48,9 +44,7 @@ async def cmd_get_more(ctx: Context) -> Document:
         registry.kill(cursor_id)  # a getMore that fails kills its cursor
         raise fault
     try:
-        batch, extra = await cursor.fetch(
-            batch_size, int(max_time) if max_time is not None else None, first=False
-        )
+        batch, extra = await cursor.fetch(batch_size, max_time, first=False)
     except CommandError:
         # A getMore that fails kills its cursor, as MongoDB does.
         registry.kill(cursor_id)

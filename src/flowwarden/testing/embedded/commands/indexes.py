@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowwarden.testing.embedded import crud
+from flowwarden.testing.embedded import crud, views
 from flowwarden.testing.embedded.commands.arguments import batch_size_of, typed_field
 from flowwarden.testing.embedded.commands.registry import Context, command
 from flowwarden.testing.embedded.commands.replies import first_batch_reply
@@ -107,6 +107,10 @@ async def cmd_create_indexes(ctx: Context) -> Document:
     if not specs:
         raise CommandError(2, "Must specify at least one index to create")
     specs = [_validate_index_spec(s) for s in specs]
+    if views.is_view(ctx.scope.catalog, ctx.db, name):
+        raise CommandError(
+            166, f"Cannot create indexes on a view: {ctx.db}.{name}", code_name="CommandNotSupportedOnView"
+        )
     created_collection = ctx.get(name) is None
     coll = crud.ensure_collection(ctx.scope, ctx.db, name)
     before = len(coll.indexes)
@@ -170,6 +174,8 @@ async def cmd_list_indexes(ctx: Context) -> Document:
     name = ctx.collection_name()
     coll = ctx.get(name)
     if coll is None:
+        if views.is_view(ctx.scope.catalog, ctx.db, name):
+            raise views.not_a_collection(ctx.db, name)
         raise CommandError(26, f"ns does not exist: {ctx.db}.{name}")
     specs = [dict(index.spec) for index in coll.indexes.values()]
     cursor = ListCursor(f"{ctx.db}.{name}", specs)
@@ -181,6 +187,8 @@ async def cmd_drop_indexes(ctx: Context) -> Document:
     name = ctx.collection_name()
     coll = ctx.get(name)
     if coll is None:
+        if views.is_view(ctx.scope.catalog, ctx.db, name):
+            raise views.not_a_collection(ctx.db, name)
         raise CommandError(26, f"ns not found {ctx.db}.{name}")
     which = ctx.cmd.get("index")
     before = len(coll.indexes)

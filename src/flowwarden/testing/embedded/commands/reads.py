@@ -3,11 +3,15 @@
 A read that returns documents answers with a cursor's first batch; what is left is served by
 ``getMore`` (:mod:`flowwarden.testing.embedded.commands.cursors`). An ``aggregate`` whose first
 stage is ``$changeStream`` opens a change stream instead of running a pipeline.
+
+Every read works on a view as on a collection: it sees what the view's pipeline outputs, and its
+own filter, sort, skip, limit and projection apply after that pipeline. A change stream cannot be
+opened on a view.
 """
 
 from __future__ import annotations
 
-from flowwarden.testing.embedded import crud, engine
+from flowwarden.testing.embedded import crud, engine, views
 from flowwarden.testing.embedded.commands.arguments import batch_size_of, non_negative, typed_field
 from flowwarden.testing.embedded.commands.registry import Context, command
 from flowwarden.testing.embedded.commands.replies import first_batch_reply
@@ -31,8 +35,7 @@ async def cmd_find(ctx: Context) -> Document:
     if ctx.db == "local" and name == "oplog.rs":
         docs = _oplog_rs(ctx, query, sort, skip, limit)
     else:
-        coll = ctx.get(name)
-        docs = crud.select(coll, query, sort=sort, skip=skip, limit=limit)
+        docs = crud.select_in(ctx.scope.catalog, ctx.db, name, query, sort=sort, skip=skip, limit=limit)
     if projection:
         docs = crud.project(ctx.scope.catalog.engine[ctx.db][name], docs, projection)
     if limit and batch_size is None and limit <= len(docs):
@@ -74,7 +77,7 @@ async def cmd_count(ctx: Context) -> Document:
         if isinstance(limit_value, (int, float)) and not isinstance(limit_value, bool)
         else 0
     )
-    docs = crud.select(ctx.get(name), query, skip=skip, limit=limit)
+    docs = crud.select_in(ctx.scope.catalog, ctx.db, name, query, skip=skip, limit=limit)
     return {"n": len(docs), "ok": 1.0}
 
 
@@ -85,7 +88,7 @@ async def cmd_distinct(ctx: Context) -> Document:
     if not isinstance(key, str):
         raise CommandError(40414, "BSON field 'distinct.key' is missing but a required field")
     query = typed_field(ctx, "query", dict) or {}
-    return {"values": crud.distinct(ctx.get(name), key, query), "ok": 1.0}
+    return {"values": crud.distinct(ctx.scope.catalog, ctx.db, name, key, query), "ok": 1.0}
 
 
 @command("aggregate", counter="command")
@@ -114,6 +117,8 @@ async def cmd_aggregate(ctx: Context) -> Document:
             raise CommandError(
                 263, "Cannot run aggregate with $changeStream in a multi-document transaction."
             )
+        if coll_name is not None and views.is_view(ctx.scope.catalog, ctx.db, coll_name):
+            raise views.not_a_collection(ctx.db, coll_name)
         # Imported here so the rest of the server never depends on the change-stream engine.
         from flowwarden.testing.embedded.changestream import open_change_stream
 

@@ -4,16 +4,59 @@ A statement that fails goes into ``writeErrors`` with its index, as MongoDB repo
 ordered batch stops there, an unordered one goes on. A WriteConflict (112) inside a transaction
 fails the whole command instead, so the transaction aborts. Every reply carries ``opTime``,
 ``electionId`` and, for a write concern this single node cannot satisfy, ``writeConcernError``.
+
+A statement outside any transaction that meets a document an open transaction has written waits
+until that transaction ends and then runs, as mongod's does; with ``maxTimeMS`` the command fails
+with MaxTimeMSExpired (50) once that time has passed. Every statement addressed to a view fails
+with CommandNotSupportedOnView (166).
 """
 
 from __future__ import annotations
 
-from flowwarden.testing.embedded import crud
-from flowwarden.testing.embedded.commands.arguments import typed_field
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+from flowwarden.testing.embedded import crud, views
+from flowwarden.testing.embedded.commands.arguments import max_time_ms, typed_field
 from flowwarden.testing.embedded.commands.registry import Context, command
 from flowwarden.testing.embedded.commands.replies import write_reply
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.storage import Document, DuplicateKey
+
+T = TypeVar("T")
+
+
+def _deadline(ctx: Context) -> float | None:
+    """When the command's ``maxTimeMS`` runs out, on the event loop's clock; None for no limit."""
+    limit = max_time_ms(ctx)
+    return None if not limit else asyncio.get_running_loop().time() + limit / 1000
+
+
+async def _when_unlocked(ctx: Context, deadline: float | None, statement: Callable[[], T]) -> T:
+    """Run ``statement``; each time it meets a document an open transaction holds, wait for a
+    transaction to end and run it again (it changed nothing before raising)."""
+    while True:
+        try:
+            return statement()
+        except crud.TransactionLocked:
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if remaining is not None and remaining <= 0:
+                raise _time_limit_exceeded() from None
+            if not await ctx.host.sessions.wait_for_transaction_end(remaining):
+                raise _time_limit_exceeded() from None
+
+
+def _time_limit_exceeded() -> CommandError:
+    return CommandError(50, "operation exceeded time limit")
+
+
+def _view_write_errors(ctx: Context, name: str, statements: int, ordered: bool) -> list[Document]:
+    """The writeErrors of a batch addressed to a view: its first statement, or all when unordered."""
+    error = views.not_a_collection(ctx.db, name)
+    count = 1 if ordered else statements
+    return [{"index": i, "code": error.code, "errmsg": error.errmsg} for i in range(count)]
 
 
 @command("insert", counter="insert", retryable=True)
@@ -25,7 +68,12 @@ async def cmd_insert(ctx: Context) -> Document:
     if not documents:
         raise CommandError(2, "Write batch sizes must be between 1 and 100000. Got 0 operations.")
     ordered = bool(ctx.cmd.get("ordered", True))
-    n, errors = crud.insert_documents(ctx.scope, ctx.db, name, documents, ordered=ordered)
+    if views.is_view(ctx.scope.catalog, ctx.db, name):
+        return write_reply(
+            ctx, {"n": 0, "writeErrors": _view_write_errors(ctx, name, len(documents), ordered)}
+        )
+    insert = functools.partial(crud.insert_documents, ctx.scope, ctx.db, name, documents, ordered=ordered)
+    n, errors = await _when_unlocked(ctx, _deadline(ctx), insert)
     reply: Document = {"n": n}
     if errors:
         reply["writeErrors"] = errors
@@ -46,9 +94,13 @@ async def cmd_update(ctx: Context) -> Document:
     if not statements:
         raise CommandError(2, "Write batch sizes must be between 1 and 100000. Got 0 operations.")
     ordered = bool(ctx.cmd.get("ordered", True))
+    if views.is_view(ctx.scope.catalog, ctx.db, name):
+        errors = _view_write_errors(ctx, name, len(statements), ordered)
+        return write_reply(ctx, {"n": 0, "nModified": 0, "writeErrors": errors})
+    deadline = _deadline(ctx)
     matched = modified = 0
     upserted: list[Document] = []
-    errors: list[Document] = []
+    errors = []
     for position, statement in enumerate(statements):
         try:
             if not isinstance(statement, dict) or "q" not in statement or "u" not in statement:
@@ -58,7 +110,8 @@ async def cmd_update(ctx: Context) -> Document:
                 raise CommandError(
                     14, "BSON field 'update.updates.q' is the wrong type, expected type 'object'"
                 )
-            result = crud.update_one_statement(
+            update = functools.partial(
+                crud.update_one_statement,
                 ctx.scope,
                 ctx.db,
                 name,
@@ -69,8 +122,9 @@ async def cmd_update(ctx: Context) -> Document:
                 array_filters=statement.get("arrayFilters"),
                 sort=statement.get("sort"),
             )
+            result = await _when_unlocked(ctx, deadline, update)
         except (CommandError, DuplicateKey) as exc:
-            if isinstance(exc, CommandError) and exc.code == 112:
+            if isinstance(exc, CommandError) and exc.code in (50, 112):
                 raise
             errors.append(_statement_error(position, exc))
             if ordered:
@@ -97,6 +151,11 @@ async def cmd_delete(ctx: Context) -> Document:
     if not statements:
         raise CommandError(2, "Write batch sizes must be between 1 and 100000. Got 0 operations.")
     ordered = bool(ctx.cmd.get("ordered", True))
+    if views.is_view(ctx.scope.catalog, ctx.db, name):
+        return write_reply(
+            ctx, {"n": 0, "writeErrors": _view_write_errors(ctx, name, len(statements), ordered)}
+        )
+    deadline = _deadline(ctx)
     deleted = 0
     errors: list[Document] = []
     for position, statement in enumerate(statements):
@@ -106,9 +165,12 @@ async def cmd_delete(ctx: Context) -> Document:
             limit = statement["limit"]
             if limit not in (0, 1):
                 raise CommandError(9, f"The limit field in delete objects must be 0 or 1. Got {limit}")
-            deleted += len(crud.delete_statement(ctx.scope, ctx.db, name, statement["q"], limit=int(limit)))
+            delete = functools.partial(
+                crud.delete_statement, ctx.scope, ctx.db, name, statement["q"], limit=int(limit)
+            )
+            deleted += len(await _when_unlocked(ctx, deadline, delete))
         except CommandError as exc:
-            if exc.code == 112:
+            if exc.code in (50, 112):
                 raise
             errors.append(_statement_error(position, exc))
             if ordered:
@@ -140,13 +202,20 @@ async def cmd_find_and_modify(ctx: Context) -> Document:
         )
     if remove and upsert:
         raise CommandError(9, "Cannot specify both upsert=true and remove=true ")
+    if views.is_view(ctx.scope.catalog, ctx.db, name):
+        raise views.not_a_collection(ctx.db, name)
     tools = ctx.scope.catalog.engine[ctx.db][name]
+    deadline = _deadline(ctx)
     try:
         if remove:
-            deleted = crud.delete_statement(ctx.scope, ctx.db, name, query, limit=1, sort=sort)
+            delete = functools.partial(
+                crud.delete_statement, ctx.scope, ctx.db, name, query, limit=1, sort=sort
+            )
+            deleted = await _when_unlocked(ctx, deadline, delete)
             value = crud.project(tools, deleted, fields)[0] if deleted else None
             return write_reply(ctx, {"lastErrorObject": {"n": len(deleted)}, "value": value})
-        result = crud.update_one_statement(
+        modify = functools.partial(
+            crud.update_one_statement,
             ctx.scope,
             ctx.db,
             name,
@@ -157,6 +226,7 @@ async def cmd_find_and_modify(ctx: Context) -> Document:
             array_filters=cmd.get("arrayFilters"),
             sort=sort,
         )
+        result = await _when_unlocked(ctx, deadline, modify)
     except DuplicateKey as dup:
         raise dup.command_error() from None
     last_error: Document = {
