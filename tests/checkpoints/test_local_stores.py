@@ -15,6 +15,7 @@ from flowwarden.checkpoints import Checkpoint, FileCheckpointStore, InMemoryChec
 from flowwarden.checkpoints.contract import (
     STREAM,
     CheckpointStoreContract,
+    SnapshotStoreContract,
     UnreadableRecordContract,
     damaged_record,
     sample_token,
@@ -22,7 +23,7 @@ from flowwarden.checkpoints.contract import (
 from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 
 
-class TestInMemoryCheckpointStore(CheckpointStoreContract):
+class TestInMemoryCheckpointStore(CheckpointStoreContract, SnapshotStoreContract):
     @pytest.fixture(autouse=True)
     def _backing(self) -> None:
         self.backing = InMemoryCheckpointStore()
@@ -43,7 +44,7 @@ class TestInMemoryCheckpointStore(CheckpointStoreContract):
         assert again is not None and again.metadata == {"n": {"x": 1}}
 
 
-class TestFileCheckpointStore(CheckpointStoreContract):
+class TestFileCheckpointStore(CheckpointStoreContract, SnapshotStoreContract):
     @pytest.fixture(autouse=True)
     def _backing(self, tmp_path: Path) -> None:
         self.path = tmp_path / "checkpoints.json"

@@ -24,7 +24,9 @@ from flowwarden.checkpoints import (
 from flowwarden.checkpoints.contract import (
     STREAM,
     AsyncCheckpointStoreContract,
+    AsyncSnapshotStoreContract,
     CheckpointStoreContract,
+    SnapshotStoreContract,
     UnreadableRecordContract,
     sample_token,
 )
@@ -32,7 +34,7 @@ from flowwarden.errors import CheckpointError, FencedError, UnreadableCheckpoint
 from flowwarden.failures import Failure, classify
 
 
-class TestMongoCheckpointStore(CheckpointStoreContract):
+class TestMongoCheckpointStore(CheckpointStoreContract, SnapshotStoreContract):
     @pytest.fixture(autouse=True)
     def _backing(self, client: pymongo.MongoClient[Any], db_name: str) -> Iterator[None]:
         self.database = client[db_name]
@@ -186,7 +188,7 @@ class TestMongoStoreWithDamagedRecords(UnreadableRecordContract):
             self.make_store().list()
 
 
-class TestAsyncMongoCheckpointStore(AsyncCheckpointStoreContract):
+class TestAsyncMongoCheckpointStore(AsyncCheckpointStoreContract, AsyncSnapshotStoreContract):
     @pytest.fixture(autouse=True)
     async def _backing(
         self, async_client: pymongo.AsyncMongoClient[Any], db_name: str
@@ -212,7 +214,7 @@ class TestAsyncMongoCheckpointStore(AsyncCheckpointStoreContract):
             await dead.close()
 
 
-class TestMotorCheckpointStore(AsyncCheckpointStoreContract):
+class TestMotorCheckpointStore(AsyncCheckpointStoreContract, AsyncSnapshotStoreContract):
     """The async store handed a motor database: same methods, same rules."""
 
     @pytest.fixture(autouse=True)

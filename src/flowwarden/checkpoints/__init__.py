@@ -12,9 +12,9 @@ from __future__ import annotations
 from flowwarden.checkpoints.committer import CheckpointCommitter, is_retryable_save_error
 from flowwarden.checkpoints.file import FileCheckpointStore
 from flowwarden.checkpoints.memory import InMemoryCheckpointStore
-from flowwarden.checkpoints.model import DEFAULT_COLLECTION, Checkpoint, SaveResult
+from flowwarden.checkpoints.model import DEFAULT_COLLECTION, Checkpoint, SaveResult, SnapshotProgress
 from flowwarden.checkpoints.mongo import AsyncMongoCheckpointStore, MongoCheckpointStore
-from flowwarden.checkpoints.store import AsyncCheckpointStore, CheckpointStore
+from flowwarden.checkpoints.store import AsyncCheckpointStore, CheckpointStore, SnapshotStore
 
 __all__ = [
     "DEFAULT_COLLECTION",
@@ -27,5 +27,7 @@ __all__ = [
     "InMemoryCheckpointStore",
     "MongoCheckpointStore",
     "SaveResult",
+    "SnapshotProgress",
+    "SnapshotStore",
     "is_retryable_save_error",
 ]

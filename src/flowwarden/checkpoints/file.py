@@ -28,8 +28,14 @@ from typing import Any, TypeVar
 
 from bson import json_util
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult, utc_now
-from flowwarden.checkpoints.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
+from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress, utc_now
+from flowwarden.checkpoints.transitions import (
+    apply_rewind,
+    apply_save,
+    apply_save_batch_end,
+    apply_save_seen,
+    apply_save_snapshot,
+)
 from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken
 
@@ -111,6 +117,12 @@ class FileCheckpointStore:
     def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         def change(current: Checkpoint | None) -> tuple[SaveResult, Checkpoint | None]:
             return apply_save_batch_end(current, stream_id, token, epoch, utc_now())
+
+        return self._modify(stream_id, change)
+
+    def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
+        def change(current: Checkpoint | None) -> tuple[SaveResult, Checkpoint | None]:
+            return apply_save_snapshot(current, stream_id, progress, epoch, utc_now())
 
         return self._modify(stream_id, change)
 

@@ -12,8 +12,14 @@ import threading
 from dataclasses import replace
 from typing import ClassVar
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult, utc_now
-from flowwarden.checkpoints.transitions import apply_rewind, apply_save, apply_save_batch_end, apply_save_seen
+from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress, utc_now
+from flowwarden.checkpoints.transitions import (
+    apply_rewind,
+    apply_save,
+    apply_save_batch_end,
+    apply_save_seen,
+    apply_save_snapshot,
+)
 from flowwarden.events import ResumeToken
 
 
@@ -59,6 +65,15 @@ class InMemoryCheckpointStore:
         with self._lock:
             result, record = apply_save_batch_end(
                 self._records.get(stream_id), stream_id, token, epoch, utc_now()
+            )
+            if result is SaveResult.STORED:
+                self._records[stream_id] = record
+        return result
+
+    def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
+        with self._lock:
+            result, record = apply_save_snapshot(
+                self._records.get(stream_id), stream_id, progress, epoch, utc_now()
             )
             if result is SaveResult.STORED:
                 self._records[stream_id] = record

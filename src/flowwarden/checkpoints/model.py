@@ -43,6 +43,7 @@ F_EPOCH = "epoch"
 F_UPDATED_AT = "updatedAt"
 F_METADATA = "metadata"
 F_BATCH_END = "batchEndToken"
+F_SNAPSHOT = "snapshot"
 
 DEFAULT_COLLECTION = "_fw_checkpoints"
 
@@ -89,6 +90,80 @@ def token_time(token: ResumeToken | None) -> datetime | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SnapshotProgress:
+    """How far the initial snapshot of a stream's existing documents has come.
+
+    ``token`` is the stream position taken before the copy began: the change stream opens right
+    after it once the copy is done, so nothing written after it is missed. The copy goes through
+    ``namespaces`` in order, each in ``_id`` order; ``namespace`` and ``last_id`` name the last
+    document whose handling finished (``last_id`` None: none of ``namespace`` yet), and
+    ``copied`` counts the documents handled so far. A restart copies on from right after
+    ``last_id``. Within one snapshot (one ``token``) progress never goes back: :attr:`order`
+    only grows.
+    """
+
+    token: ResumeToken
+    namespaces: tuple[str, ...]
+    namespace: str
+    last_id: Any = None
+    copied: int = 0
+    total: int | None = None
+    """An estimate of the documents to copy, taken when the copy began (for progress only)."""
+    done: bool = False
+    started_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token", copy_token(self.token))
+        object.__setattr__(self, "namespaces", tuple(self.namespaces))
+
+    @property
+    def order(self) -> int:
+        """Orders the saves of one snapshot: more documents copied, then done, is newer."""
+        return self.copied * 2 + int(self.done)
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "token": copy_token(self.token),
+            "namespaces": list(self.namespaces),
+            "namespace": self.namespace,
+            "lastId": self.last_id,
+            "copied": self.copied,
+            "total": self.total,
+            "done": self.done,
+            "order": self.order,
+            "startedAt": self.started_at,
+        }
+
+    @classmethod
+    def from_document(cls, document: Any) -> SnapshotProgress:
+        if not isinstance(document, Mapping):
+            raise ValueError(f"{F_SNAPSHOT} must be a document, got {type(document).__name__}")
+        namespaces = document.get("namespaces")
+        if not isinstance(namespaces, (list, tuple)) or not all(isinstance(n, str) for n in namespaces):
+            raise ValueError(f"{F_SNAPSHOT}.namespaces must be a list of namespace names")
+        namespace = document.get("namespace")
+        if not isinstance(namespace, str):
+            raise ValueError(f"{F_SNAPSHOT}.namespace must be a namespace name, got {namespace!r}")
+        done = document.get("done", False)
+        if not isinstance(done, bool):
+            raise ValueError(f"{F_SNAPSHOT}.done must be true or false, got {done!r}")
+        total = document.get("total")
+        token = _read_token(document.get("token"), f"{F_SNAPSHOT}.token")
+        if token is None:
+            raise ValueError(f"{F_SNAPSHOT}.token is missing")
+        return cls(
+            token=token,
+            namespaces=tuple(namespaces),
+            namespace=namespace,
+            last_id=document.get("lastId"),
+            copied=_read_int(document.get("copied"), f"{F_SNAPSHOT}.copied"),
+            total=None if total is None else _read_int(total, f"{F_SNAPSHOT}.total"),
+            done=done,
+            started_at=_read_time(document.get("startedAt"), f"{F_SNAPSHOT}.startedAt"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Checkpoint:
     """One stream's stored position, built with keywords; every field but ``stream_id`` defaults.
 
@@ -116,6 +191,9 @@ class Checkpoint:
     processed position stored with it; after a crash the runtime forms the same batch again, so
     ``ctx.batch_id`` names the same events. Not a resume position: ignored once the resume
     position reaches it."""
+    snapshot: SnapshotProgress | None = None
+    """The initial snapshot's progress, for streams with ``snapshot`` other than NEVER; None when
+    none was ever started (or the position was rewound since)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.stream_id, str) or not self.stream_id:
@@ -166,6 +244,8 @@ class Checkpoint:
         }
         if self.batch_end_token is not None:
             document[F_BATCH_END] = copy_token(self.batch_end_token)
+        if self.snapshot is not None:
+            document[F_SNAPSHOT] = self.snapshot.to_document()
         return document
 
     @classmethod
@@ -202,6 +282,7 @@ class Checkpoint:
                 updated_at=_read_time(document.get(F_UPDATED_AT), F_UPDATED_AT),
                 metadata=dict(metadata),
                 batch_end_token=_read_token(document.get(F_BATCH_END), F_BATCH_END),
+                snapshot=_read_snapshot(document.get(F_SNAPSHOT)),
             )
         except (ValueError, TypeError, OverflowError) as exc:
             sid = stream_id if isinstance(stream_id, str) else None
@@ -210,6 +291,10 @@ class Checkpoint:
                 "(`flowwarden checkpoints delete`); flowwarden will not guess a position.",
                 stream_id=sid,
             ) from exc
+
+
+def _read_snapshot(value: Any) -> SnapshotProgress | None:
+    return None if value is None else SnapshotProgress.from_document(value)
 
 
 def _read_token(value: Any, name: str) -> dict[str, Any] | None:
@@ -261,8 +346,10 @@ def _read_time(value: Any, name: str) -> datetime | None:
 __all__ = [
     "DEFAULT_COLLECTION",
     "F_BATCH_END",
+    "F_SNAPSHOT",
     "Checkpoint",
     "SaveResult",
+    "SnapshotProgress",
     "copy_token",
     "token_time",
     "utc_now",

@@ -18,7 +18,7 @@ of the driver calls it needs, and each store only runs those calls its own way.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -40,14 +40,21 @@ from flowwarden.checkpoints.model import (
     F_PROCESSED_TOKEN,
     F_SEEN_AT,
     F_SEEN_TOKEN,
+    F_SNAPSHOT,
     F_UPDATED_AT,
     Checkpoint,
     SaveResult,
+    SnapshotProgress,
     copy_token,
     token_time,
     utc_now,
 )
-from flowwarden.checkpoints.transitions import check_epoch, is_newer, require_processed_token
+from flowwarden.checkpoints.transitions import (
+    apply_save_snapshot,
+    check_epoch,
+    is_newer,
+    require_processed_token,
+)
 from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken, token_data
 
@@ -147,6 +154,7 @@ def _rewind_write(stream_id: str, token: ResumeToken | None) -> tuple[dict[str, 
             F_SEEN_TOKEN: None,
             F_SEEN_AT: None,
             F_BATCH_END: None,
+            F_SNAPSHOT: None,
             F_UPDATED_AT: utc_now(),
         },
         "$setOnInsert": {F_INSTANCE: None, F_EVENTS: 0, F_EPOCH: 0, F_METADATA: {}},
@@ -244,18 +252,66 @@ def _load(stream_id: str) -> Operation[Checkpoint | None]:
 def _conditional(
     stream_id: str, write: tuple[dict[str, Any], dict[str, Any]], token: ResumeToken, epoch: int, slot: str
 ) -> Operation[SaveResult]:
+    return _upsert(stream_id, write, lambda current: _conflict_result(current, stream_id, token, epoch, slot))
+
+
+def _upsert(
+    stream_id: str,
+    write: tuple[dict[str, Any], dict[str, Any]],
+    collided: Callable[[Checkpoint | None], SaveResult | None],
+) -> Operation[SaveResult]:
+    """A conditional upsert; when its condition fails (a duplicate key), ``collided(stored)``
+    says why: IGNORED, a FencedError, or None to try the write again."""
     query, update = write
     for _ in range(_CONFLICT_ATTEMPTS):
         try:
             yield DriverCall("update_one", (query, update), {"upsert": True})
             return SaveResult.STORED
         except DuplicateKeyError:
-            result = _conflict_result((yield from _load(stream_id)), stream_id, token, epoch, slot)
+            result = collided((yield from _load(stream_id)))
             if result is not None:
                 return result
         except PyMongoError as exc:
             raise _failure("save", stream_id, exc) from exc
     raise _gave_up(stream_id)
+
+
+def _save_snapshot(stream_id: str, progress: SnapshotProgress, epoch: int) -> Operation[SaveResult]:
+    data = token_data(progress.token)
+    # Progress of the stored snapshot only moves forward; another snapshot's replaces it.
+    query = {
+        F_ID: stream_id,
+        "$and": [
+            _epoch_allows(epoch),
+            {
+                "$or": [
+                    {F_SNAPSHOT: None},
+                    {f"{F_SNAPSHOT}.token._data": {"$ne": data}},
+                    {f"{F_SNAPSHOT}.order": {"$lt": progress.order}},
+                ]
+            },
+        ],
+    }
+    update = {
+        "$set": {F_SNAPSHOT: progress.to_document(), F_EPOCH: epoch, F_UPDATED_AT: utc_now()},
+        "$setOnInsert": {
+            F_INSTANCE: None,
+            F_PROCESSED_TOKEN: None,
+            F_PROCESSED_AT: None,
+            F_SEEN_TOKEN: None,
+            F_SEEN_AT: None,
+            F_EVENTS: 0,
+            F_METADATA: {},
+        },
+    }
+
+    def collided(current: Checkpoint | None) -> SaveResult | None:
+        if current is None:
+            return None
+        result, _ = apply_save_snapshot(current, stream_id, progress, epoch, utc_now())
+        return SaveResult.IGNORED if result is SaveResult.IGNORED else None
+
+    return _upsert(stream_id, (query, update), collided)
 
 
 def _save(checkpoint: Checkpoint) -> Operation[SaveResult]:
@@ -364,6 +420,9 @@ class MongoCheckpointStore:
         write = _batch_end_write(stream_id, token, epoch)
         return _run(self.collection, _conditional(stream_id, write, token, epoch, F_BATCH_END))
 
+    def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
+        return _run(self.collection, _save_snapshot(stream_id, progress, epoch))
+
     def delete(self, stream_id: str) -> bool:
         return _run(self.collection, _delete(stream_id))
 
@@ -406,6 +465,9 @@ class AsyncMongoCheckpointStore:
     async def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         write = _batch_end_write(stream_id, token, epoch)
         return await _run_async(self.collection, _conditional(stream_id, write, token, epoch, F_BATCH_END))
+
+    async def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
+        return await _run_async(self.collection, _save_snapshot(stream_id, progress, epoch))
 
     async def delete(self, stream_id: str) -> bool:
         return await _run_async(self.collection, _delete(stream_id))

@@ -27,7 +27,7 @@ import builtins
 import inspect
 from typing import Any, Protocol, runtime_checkable
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult
+from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
 from flowwarden.events import ResumeToken
 
 
@@ -109,7 +109,23 @@ class AsyncCheckpointStore(Protocol):
     async def rewind(self, stream_id: str, token: ResumeToken | None) -> None: ...
 
 
-__all__ = ["AsyncCheckpointStore", "CheckpointStore"]
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """The one more method a store needs for streams with an initial snapshot (``@change_stream(
+    snapshot=...)``); stores without it run every other stream. An asyncio store's method is a
+    coroutine with the same signature.
+
+    ``save_snapshot`` writes ``progress`` as the record's snapshot progress (creating the record if
+    missing), fenced by ``epoch`` like :meth:`CheckpointStore.save_seen`, and touches no token.
+    Progress of the snapshot already stored (same ``progress.token``) never goes back: IGNORED
+    when the stored :attr:`~flowwarden.checkpoints.model.SnapshotProgress.order` is the same or
+    higher. Progress of another snapshot replaces it. :meth:`CheckpointStore.rewind` clears it.
+    """
+
+    def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult: ...
+
+
+__all__ = ["AsyncCheckpointStore", "CheckpointStore", "SnapshotStore"]
 
 
 class AwaitableStore:
@@ -158,3 +174,12 @@ class AwaitableStore:
 
     async def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
         await self._call("rewind", stream_id, token)
+
+    @property
+    def keeps_snapshots(self) -> bool:
+        """Whether the store has ``save_snapshot`` (see :class:`SnapshotStore`)."""
+        return callable(getattr(self.store, "save_snapshot", None))
+
+    async def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
+        result: SaveResult = await self._call("save_snapshot", stream_id, progress, epoch)
+        return result

@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult
+from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
 from flowwarden.errors import FencedError
 from flowwarden.events import ResumeToken, token_data
 
@@ -63,7 +63,31 @@ def apply_save(
         updated_at=now,
         metadata=checkpoint.metadata,
         batch_end_token=None if current is None else current.batch_end_token,
+        snapshot=None if current is None else current.snapshot,
     )
+
+
+def apply_save_snapshot(
+    current: Checkpoint | None, stream_id: str, progress: SnapshotProgress, epoch: int, now: datetime
+) -> tuple[SaveResult, Checkpoint]:
+    """The record after ``save_snapshot(stream_id, progress, epoch)``, and whether it changed.
+
+    Progress of the snapshot already stored (same token) only moves forward (a higher
+    :attr:`~SnapshotProgress.order`); progress of another snapshot replaces it.
+    """
+    token_data(progress.token)
+    check_epoch(current, stream_id, epoch)
+    changed: dict[str, Any] = {"snapshot": progress, "epoch": epoch, "updated_at": now}
+    if current is None:
+        return SaveResult.STORED, Checkpoint(stream_id=stream_id, **changed)
+    stored = current.snapshot
+    if (
+        stored is not None
+        and token_data(stored.token) == token_data(progress.token)
+        and stored.order >= progress.order
+    ):
+        return SaveResult.IGNORED, current
+    return SaveResult.STORED, replace(current, **changed)
 
 
 def apply_save_seen(
@@ -106,7 +130,8 @@ def apply_rewind(
 ) -> Checkpoint | None:
     """The record after ``rewind(stream_id, token)``; None when there is still no record.
 
-    A rewind also forgets the batch end: the batch it ended is not the next one any more.
+    A rewind also forgets the batch end (the batch it ended is not the next one any more) and
+    the snapshot's progress: the stream goes on from the position it was rewound to.
     """
     if token is not None:
         token_data(token)
@@ -121,6 +146,7 @@ def apply_rewind(
         last_seen_token=None,
         last_seen_at=None,
         batch_end_token=None,
+        snapshot=None,
         updated_at=now,
     )
 
@@ -130,6 +156,7 @@ __all__ = [
     "apply_save",
     "apply_save_batch_end",
     "apply_save_seen",
+    "apply_save_snapshot",
     "check_epoch",
     "is_newer",
     "require_processed_token",

@@ -1,0 +1,123 @@
+"""The contract of :class:`~flowwarden.checkpoints.SnapshotStore`: initial-snapshot progress.
+
+Mix :class:`SnapshotStoreContract` (blocking stores) or :class:`AsyncSnapshotStoreContract`
+(asyncio stores) into a store's contract test class when the store has ``save_snapshot``; the
+mixins use the class's ``make_store()`` and ``store`` fixture.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+from typing import Any
+
+import pytest
+from bson import ObjectId
+
+from flowwarden.checkpoints.contract.support import STREAM, sample_token
+from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
+from flowwarden.errors import FencedError
+
+STARTED = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
+# _id values of every kind a collection may hold: the store keeps each as it was given.
+LAST_IDS: tuple[Any, ...] = (7, "sku-9", ObjectId("65a1b2c3d4e5f60718293a4b"), {"region": "eu", "n": 3}, 2.5)
+
+
+def progress(
+    copied: int, *, done: bool = False, token: dict[str, Any] | None = None, last_id: Any = None
+) -> SnapshotProgress:
+    """Progress of the snapshot taken at ``token`` (default: one fixed token)."""
+    return SnapshotProgress(
+        token=token or sample_token(1_700_000_000, 5),
+        namespaces=("shop.orders", "shop.returns"),
+        namespace="shop.orders",
+        last_id=copied if last_id is None else last_id,
+        copied=copied,
+        total=1_000,
+        done=done,
+        started_at=STARTED,
+    )
+
+
+class SnapshotStoreContract(abc.ABC):
+    """Every rule of ``save_snapshot`` on a blocking store."""
+
+    @abc.abstractmethod
+    def make_store(self) -> Any:
+        """A store on this test's data (see :class:`CheckpointStoreContract`)."""
+
+    def test_snapshot_progress_round_trips_and_creates_the_record(self, store: Any) -> None:
+        for index, last_id in enumerate(LAST_IDS):
+            saved = progress(index + 1, last_id=last_id)
+            assert store.save_snapshot(STREAM, saved, 0) is SaveResult.STORED
+            loaded = store.load(STREAM)
+            assert loaded is not None and loaded.snapshot == saved
+            # Progress is not a position: no token was written.
+            assert loaded.resume_token is None
+
+    def test_snapshot_progress_never_goes_back(self, store: Any) -> None:
+        assert store.save_snapshot(STREAM, progress(10), 0) is SaveResult.STORED
+        assert store.save_snapshot(STREAM, progress(10), 0) is SaveResult.IGNORED
+        assert store.save_snapshot(STREAM, progress(4), 0) is SaveResult.IGNORED
+        assert store.save_snapshot(STREAM, progress(10, done=True), 0) is SaveResult.STORED
+        assert store.save_snapshot(STREAM, progress(10), 0) is SaveResult.IGNORED
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(10, done=True)
+
+    def test_another_snapshot_replaces_the_progress(self, store: Any) -> None:
+        store.save_snapshot(STREAM, progress(500, done=True), 0)
+        later = progress(3, token=sample_token(1_700_000_900))
+        assert store.save_snapshot(STREAM, later, 0) is SaveResult.STORED
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == later
+
+    def test_snapshot_progress_is_fenced(self, store: Any) -> None:
+        store.save_snapshot(STREAM, progress(1), 3)
+        with pytest.raises(FencedError):
+            store.save_snapshot(STREAM, progress(2), 2)
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(1) and loaded.epoch == 3
+
+    def test_positions_keep_the_progress_and_a_rewind_clears_it(self, store: Any) -> None:
+        store.save_snapshot(STREAM, progress(8), 0)
+        store.save_seen(STREAM, sample_token(1_700_000_000, 5), 0)
+        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1_700_000_001)))
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(8)
+        store.rewind(STREAM, sample_token(1_700_000_000, 9))
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.snapshot is None
+        assert loaded.last_processed_token == sample_token(1_700_000_000, 9)
+
+
+class AsyncSnapshotStoreContract(abc.ABC):
+    """Every rule of ``save_snapshot`` on an asyncio store."""
+
+    pytestmark = [pytest.mark.asyncio]
+
+    @abc.abstractmethod
+    def make_store(self) -> Any:
+        """A store on this test's data (see :class:`AsyncCheckpointStoreContract`)."""
+
+    async def test_snapshot_progress_round_trips_and_creates_the_record(self, store: Any) -> None:
+        for index, last_id in enumerate(LAST_IDS):
+            saved = progress(index + 1, last_id=last_id)
+            assert await store.save_snapshot(STREAM, saved, 0) is SaveResult.STORED
+            loaded = await store.load(STREAM)
+            assert loaded is not None and loaded.snapshot == saved
+            assert loaded.resume_token is None
+
+    async def test_snapshot_progress_never_goes_back(self, store: Any) -> None:
+        assert await store.save_snapshot(STREAM, progress(10), 0) is SaveResult.STORED
+        assert await store.save_snapshot(STREAM, progress(4), 0) is SaveResult.IGNORED
+        assert await store.save_snapshot(STREAM, progress(10, done=True), 0) is SaveResult.STORED
+        assert await store.save_snapshot(STREAM, progress(10), 0) is SaveResult.IGNORED
+        later = progress(3, token=sample_token(1_700_000_900))
+        assert await store.save_snapshot(STREAM, later, 0) is SaveResult.STORED
+        with pytest.raises(FencedError):
+            await store.save_snapshot(STREAM, progress(50, token=later.token), -1)
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == later
+
+
+__all__ = ["AsyncSnapshotStoreContract", "SnapshotStoreContract", "progress"]
