@@ -183,19 +183,28 @@ def by_hand(events: list[dict[str, Any]], typed: bool) -> list[dict[str, Any]]:
     rows = []
     for event in events:
         update = event.get("updateDescription")
+        to = event.get("to") or {}
         rows.append(
             {
                 "_id": event["_id"]["_data"],
                 "operation_type": event["operationType"],
                 "cluster_time": dt.datetime.fromtimestamp(event["clusterTime"].time, dt.timezone.utc),
+                "cluster_time_increment": event["clusterTime"].inc,
                 "wall_time": event["wallTime"].replace(tzinfo=dt.timezone.utc),
                 "database": event["ns"]["db"],
                 "collection": event["ns"]["coll"],
+                "to_database": to.get("db"),
+                "to_collection": to.get("coll"),
                 "document_key": _json(event["documentKey"]),
                 "full_document": document(event.get("fullDocument")),
                 "full_document_before_change": document(event.get("fullDocumentBeforeChange")),
                 "updated_fields": _json(update["updatedFields"]) if update else None,
                 "removed_fields": update["removedFields"] if update else None,
+                "truncated_arrays": (
+                    [{"field": t["field"], "new_size": t["newSize"]} for t in update["truncatedArrays"]]
+                    if update
+                    else None
+                ),
             }
         )
     return rows

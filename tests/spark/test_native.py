@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from flowwarden.errors import FlowWardenError
 from flowwarden.events import ChangeEvent
-from flowwarden.spark import events_to_arrow, native
+from flowwarden.spark import EVENT_COLUMNS, events_to_arrow, native
 from flowwarden.spark.arrow import UndecodableEventError
 from flowwarden.spark.extjson import JsonMode
 
@@ -149,6 +149,17 @@ def containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 values = st.recursive(scalars(), containers, max_leaves=20)
 documents = st.dictionaries(keys, values, max_size=6)
+namespaces = st.fixed_dictionaries(
+    {}, optional={"db": st.one_of(text, st.none()), "coll": st.one_of(text, st.none())}
+)
+truncations = st.fixed_dictionaries(
+    {
+        "field": text,
+        "newSize": st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**31), 2**31 - 1).map(Int64)),
+    },
+    optional={"other": values},  # a key truncated_arrays does not show
+)
+"""updateDescription.truncatedArrays entries of the shape the C code converts."""
 
 
 @st.composite
@@ -168,12 +179,8 @@ def change_events(draw: st.DrawFn, index: int = 0) -> dict[str, Any]:
     maybe("operationType", st.sampled_from(["insert", "update", "delete", "dropDatabase", "ünïcode"]))
     maybe("clusterTime", st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)))
     maybe("wallTime", millis.map(DatetimeMS))
-    maybe(
-        "ns",
-        st.fixed_dictionaries(
-            {}, optional={"db": st.one_of(text, st.none()), "coll": st.one_of(text, st.none())}
-        ),
-    )
+    maybe("ns", namespaces)
+    maybe("to", namespaces)
     maybe("documentKey", values)
     maybe("fullDocument", documents)
     maybe("fullDocumentBeforeChange", documents)
@@ -184,7 +191,7 @@ def change_events(draw: st.DrawFn, index: int = 0) -> dict[str, Any]:
             optional={
                 "updatedFields": documents,
                 "removedFields": st.one_of(st.none(), st.lists(text, max_size=4)),
-                "truncatedArrays": st.lists(values, max_size=2),
+                "truncatedArrays": st.one_of(st.none(), st.lists(truncations, max_size=3)),
             },
         ),
     )
@@ -347,6 +354,12 @@ LEFT_TO_PYTHON = [
         "removedFields",
     ),
     (event_with({"v": Decimal128.from_bid(bytes(15) + b"\x60")}), "non-canonical Decimal128"),
+    (bson.encode({"_id": {"_data": "8200"}, "to": "shop.orders"}), "to is not a document"),
+    (bson.encode({"_id": {"_data": "8200"}, "to": {"db": "shop", "coll": 5}}), "to.coll"),
+    (
+        bson.encode({"_id": {"_data": "8200"}, "updateDescription": {"truncatedArrays": [{"field": "a"}]}}),
+        "newSize",
+    ),
 ]
 LEFT_IDS = [
     "code-with-scope",
@@ -357,6 +370,9 @@ LEFT_IDS = [
     "db-int",
     "removed-null",
     "dec128",
+    "to-text",
+    "to-coll-int",
+    "truncation-without-size",
 ]
 
 
@@ -396,7 +412,7 @@ def test_events_left_to_python_are_put_back_in_their_places(
     if len(left) < len(data):
         assert isinstance(converted, native.Converted)
         assert [index for index, _ in converted.left] == left
-        assert [len(column) for column in converted.columns] == [len(data) - len(left)] * 11
+        assert [len(column) for column in converted.columns] == [len(data) - len(left)] * len(EVENT_COLUMNS)
     else:
         assert isinstance(converted, str)
     try:
@@ -406,6 +422,97 @@ def test_events_left_to_python_are_put_back_in_their_places(
     got = events_to_arrow([RawBSONDocument(item) for item in data], json_mode=mode).table
     got.validate(full=True)
     assert_same(got, expected)
+
+
+def update_with_truncations(value: Any) -> bytes:
+    return bson.encode(
+        {
+            "_id": {"_data": "8200"},
+            "operationType": "update",
+            "updateDescription": {"updatedFields": {"a": [1]}, "removedFields": [], "truncatedArrays": value},
+        }
+    )
+
+
+def test_truncated_arrays_rename_targets_and_increments_convert_natively() -> None:
+    data = [
+        update_with_truncations(
+            [{"field": "a", "newSize": 1}, {"field": "é.b", "newSize": Int64(0), "x": 1}]
+        ),
+        bson.encode(
+            {
+                "_id": {"_data": "8201"},
+                "operationType": "rename",
+                "clusterTime": Timestamp(T0, 2**32 - 1),
+                "ns": {"db": "shop", "coll": "orders"},
+                "to": {"db": "archive", "coll": "orders_2024"},
+            }
+        ),
+        update_with_truncations([]),
+    ]
+    for mode in MODES:
+        table = native_result(data, mode)
+        assert isinstance(table, pa.Table)
+        assert_same(table, python_table(data, mode))
+        assert table["truncated_arrays"].to_pylist() == [
+            [{"field": "a", "new_size": 1}, {"field": "é.b", "new_size": 0}],
+            None,
+            [],
+        ]
+        assert table["to_database"].to_pylist() == [None, "archive", None]
+        assert table["to_collection"].to_pylist() == [None, "orders_2024", None]
+        assert table["cluster_time_increment"].to_pylist() == [None, 2**32 - 1, None]
+
+
+# truncatedArrays of shapes MongoDB does not write: null in truncated_arrays, the rest of the
+# event converted as usual. The C code leaves each to Python, with a word of its reason.
+TRUNCATIONS_OF_OTHER_SHAPES = [
+    ("a.b", "not an array"),
+    ({"field": "a", "newSize": 1}, "not an array"),
+    ([1], "not a document"),
+    ([{"field": "a", "newSize": 1}, None], "not a document"),
+    ([{"field": 1, "newSize": 2}], "field that is not a string"),
+    ([{"field": Code("a"), "newSize": 2}], "field that is not a string"),
+    ([{"field": None, "newSize": 2}], "field that is not a string"),
+    ([{"newSize": 2}], "field that is not a string"),
+    ([{"field": "a", "newSize": 2.0}], "not an integer"),
+    ([{"field": "a", "newSize": True}], "not an integer"),
+    ([{"field": "a"}], "not an integer"),
+    ([{"field": "a", "newSize": Int64(2**31)}], "32-bit"),
+    ([{"field": "a", "newSize": Int64(-(2**31) - 1)}], "32-bit"),
+    ([{"field": "a", "newSize": 1}, {"$ref": "orders", "$id": 1}], "$ref"),
+]
+
+
+@pytest.mark.parametrize(("value", "reason"), TRUNCATIONS_OF_OTHER_SHAPES, ids=repr)
+def test_truncated_arrays_of_other_shapes_are_null(value: Any, reason: str) -> None:
+    fitting = update_with_truncations([{"field": "a", "newSize": 1}])
+    data = [fitting, update_with_truncations(value), fitting]
+    for mode in MODES:
+        converted = native.convert([RawBSONDocument(item) for item in data], mode)
+        assert isinstance(converted, native.Converted)
+        ((index, why),) = converted.left
+        assert index == 1 and reason in why
+        table = events_to_arrow([RawBSONDocument(item) for item in data], json_mode=mode).table
+        table.validate(full=True)
+        assert_same(table, python_table(data, mode))
+        assert table["truncated_arrays"].to_pylist() == [
+            [{"field": "a", "new_size": 1}],
+            None,
+            [{"field": "a", "new_size": 1}],
+        ]
+        assert table["updated_fields"][1].as_py() == table["updated_fields"][0].as_py()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=200, deadline=None)
+@given(value=st.one_of(st.lists(st.one_of(truncations, values), max_size=3), values))
+def test_truncated_arrays_of_any_shape_give_the_python_table(mode: JsonMode, value: Any) -> None:
+    data = [update_with_truncations(value)]
+    assert_native_equals_python(data, mode, must_convert=False)
+    table = events_to_arrow([RawBSONDocument(data[0])], json_mode=mode).table
+    table.validate(full=True)
+    assert_same(table, python_table(data, mode))
 
 
 def test_duplicate_keys_decode_as_the_last_value_in_the_first_place() -> None:
@@ -654,7 +761,7 @@ def test_without_the_module_the_python_path_converts(monkeypatch: pytest.MonkeyP
 def test_an_empty_batch() -> None:
     converted = native.convert([], JsonMode.CANONICAL)
     assert isinstance(converted, native.Converted) and converted.left == ()
-    assert [len(column) for column in converted.columns] == [0] * 11
+    assert [len(column) for column in converted.columns] == [0] * len(EVENT_COLUMNS)
     assert events_to_arrow([]).table.equals(python_table([], JsonMode.CANONICAL))
 
 
@@ -674,7 +781,7 @@ def test_large_batches_are_converted_in_slices_on_threads(monkeypatch: pytest.Mo
         assert isinstance(converted, native.Converted)
         assert [index for index, _ in converted.left] == left
         assert all("binary subtype 2" in reason for _, reason in converted.left)
-        assert [len(column) for column in converted.columns] == [7000 - len(left)] * 11
+        assert [len(column) for column in converted.columns] == [7000 - len(left)] * len(EVENT_COLUMNS)
         assert events_to_arrow([RawBSONDocument(item) for item in data], json_mode=mode).table.equals(
             python_table(data, mode)
         )

@@ -43,12 +43,14 @@ from pyspark.sql.types import (
 
 from flowwarden.config import SchemaMode
 from flowwarden.errors import SchemaMismatchError
-from flowwarden.spark import events_to_arrow, native
+from flowwarden.spark import EVENT_COLUMNS, events_to_arrow, native
 from flowwarden.spark.extjson import JsonMode
 from flowwarden.spark.plan import conversion_plan
 from flowwarden.spark.schema import ObjectIdStr
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="flowwarden.spark._native is not built")
+
+FULL_DOCUMENT = EVENT_COLUMNS.index("full_document")
 
 
 class Color(enum.Enum):
@@ -293,6 +295,36 @@ def test_an_event_with_a_misfit_is_left_to_the_python_path_which_reports_it() ->
     assert [row.index for row in got.malformed] == [1] and got.table.num_rows == 1
 
 
+def test_a_typed_event_left_to_python_after_its_document_was_written() -> None:
+    """truncatedArrays comes after the typed documents: an event with a shape the C code leaves
+    to Python takes its already written document rows back with it."""
+    data = [fitting_event(i) for i in range(5)]
+    for i, truncations in (
+        (1, [{"field": "lines", "newSize": 1}]),
+        (3, [{"field": "lines", "newSize": 1.5}]),
+    ):
+        event = bson.decode(data[i])
+        event["updateDescription"] = {"updatedFields": {}, "truncatedArrays": truncations}
+        data[i] = bson.encode(event)
+    plan = conversion_plan(Doc, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
+    converted = native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
+    assert isinstance(converted, native.Converted)
+    ((index, reason),) = converted.left
+    assert index == 3 and "newSize" in reason
+    for mode in MODES:
+        got, expected = raw_batch(data, Doc, mode), python_batch(data, Doc, mode)
+        got.table.validate(full=True)
+        assert got.malformed == expected.malformed == ()
+        assert got.table.equals(expected.table)
+        assert got.table["truncated_arrays"].to_pylist() == [
+            None,
+            [{"field": "lines", "new_size": 1}],
+            None,
+            None,
+            None,
+        ]
+
+
 def test_a_misfit_deep_in_an_event_takes_back_only_that_event(monkeypatch: pytest.MonkeyPatch) -> None:
     """A value that does not fit, found after part of its event was written (two line items
     into a list of three), leaves the rows around it converted natively, every mode; also at
@@ -310,7 +342,8 @@ def test_a_misfit_deep_in_an_event_takes_back_only_that_event(monkeypatch: pytes
     converted = native.convert([RawBSONDocument(d) for d in data], JsonMode.CANONICAL, plan.native_document)
     assert isinstance(converted, native.Converted)
     assert [index for index, _ in converted.left] == misfits
-    assert converted.columns[7].num_chunks == 3 and len(converted.columns[7]) == 6200 - len(misfits)
+    documents = converted.columns[FULL_DOCUMENT]
+    assert documents.num_chunks == 3 and len(documents) == 6200 - len(misfits)
     for mode in MODES:
         if mode is SchemaMode.FAILFAST:
             with pytest.raises(SchemaMismatchError, match=re.escape("full_document.lines[].qty")):
@@ -345,7 +378,7 @@ def test_defaults_bson_cannot_carry_exactly_are_left_to_python() -> None:
     plan = conversion_plan(Plain, SchemaMode.PERMISSIVE, JsonMode.CANONICAL)
     converted = native.convert([RawBSONDocument(data[0])], JsonMode.CANONICAL, plan.native_document)
     assert isinstance(converted, native.Converted)
-    assert converted.columns[7].to_pylist() == [{"plain": 7, "label": "x"}]
+    assert converted.columns[FULL_DOCUMENT].to_pylist() == [{"plain": 7, "label": "x"}]
 
 
 def test_arrow_schema_types_of_every_kind() -> None:

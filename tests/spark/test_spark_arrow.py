@@ -92,7 +92,7 @@ def test_every_operation_type() -> None:
             updateDescription={
                 "updatedFields": {"qty": 3, "price": Decimal128("9.90")},
                 "removedFields": ["old", "gone.deep"],
-                "truncatedArrays": [],
+                "truncatedArrays": [{"field": "lines", "newSize": 2}],
             },
             fullDocumentBeforeChange={"_id": oid, "sku": "a", "qty": 2, "old": True},
         ),
@@ -107,9 +107,15 @@ def test_every_operation_type() -> None:
     assert [r["operation_type"] for r in result] == [e["operationType"] for e in events]
     assert [r["_id"] for r in result] == [token(i)["_data"] for i in range(8)]
     assert [r["cluster_time"] for r in result] == [dt.datetime.fromtimestamp(T0 + i, UTC) for i in range(8)]
+    assert [r["cluster_time_increment"] for r in result] == [1] * 8
     assert result[0]["wall_time"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
     assert [(r["database"], r["collection"]) for r in result] == [("shop", "orders")] * 6 + [
         ("shop", None),
+        (None, None),
+    ]
+    assert [(r["to_database"], r["to_collection"]) for r in result] == [(None, None)] * 5 + [
+        ("shop", "orders_old"),
+        (None, None),
         (None, None),
     ]
     key = '{"_id":{"$oid":"65f000000000000000000001"}}'
@@ -120,9 +126,54 @@ def test_every_operation_type() -> None:
     assert result[1]["full_document_before_change"] == dumps(events[1]["fullDocumentBeforeChange"])
     assert result[1]["updated_fields"] == '{"qty":{"$numberInt":"3"},"price":{"$numberDecimal":"9.90"}}'
     assert result[1]["removed_fields"] == ["old", "gone.deep"]
+    assert result[1]["truncated_arrays"] == [{"field": "lines", "new_size": 2}]
     assert result[0]["updated_fields"] is None and result[0]["removed_fields"] is None
+    assert result[0]["truncated_arrays"] is None
     assert [r["full_document"] is None for r in result] == [False, False, False, True, True, True, True, True]
     assert list(result[0]) == list(EVENT_COLUMNS)
+
+
+def test_cluster_time_and_increment_order_events_within_a_second() -> None:
+    increments = [7, 2**32 - 1, 1, 2**31]
+    events = [event(0, "insert", {"_id": n}, clusterTime=Timestamp(T0, n)) for n in increments]
+    events.append(event(1, "insert", {"_id": 0}, clusterTime=Timestamp(T0 + 1, 0)))
+    table = events_to_arrow(events).table
+    ordered = table.sort_by([("cluster_time", "ascending"), ("cluster_time_increment", "ascending")])
+    assert ordered["cluster_time_increment"].to_pylist() == [1, 7, 2**31, 2**32 - 1, 0]
+    assert ordered["full_document"].to_pylist()[-1] == '{"_id":{"$numberInt":"0"}}'
+
+
+@pytest.mark.parametrize(
+    ("truncated", "expected"),
+    [
+        ([], []),
+        (
+            [{"field": "a.b", "newSize": 0}, {"field": "c", "newSize": Int64(2**31 - 1), "extra": 1}],
+            [{"field": "a.b", "new_size": 0}, {"field": "c", "new_size": 2**31 - 1}],
+        ),
+        ((), []),
+        (None, None),
+        ("a", None),
+        ([{"field": "a", "newSize": 1}, "b"], None),
+        ([{"field": Code("a"), "newSize": 1}], None),
+        ([{"field": "a", "newSize": 1.0}], None),
+        ([{"field": "a", "newSize": False}], None),
+        ([{"field": "a", "newSize": 2**31}], None),
+        ([{"newSize": 1}], None),
+    ],
+    ids=repr,
+)
+def test_truncated_arrays_of_every_shape(truncated: Any, expected: Any) -> None:
+    update = event(0, "update", None, updateDescription={"updatedFields": {}, "truncatedArrays": truncated})
+    (row,) = rows(events_to_arrow([update]))
+    assert row["truncated_arrays"] == expected
+    assert row["updated_fields"] == "{}"
+
+
+@pytest.mark.parametrize("value", ["shop.orders", 5, [], None])
+def test_namespaces_that_are_not_documents_are_null(value: Any) -> None:
+    (row,) = rows(events_to_arrow([event(0, "rename", ns=value, to=value)]))
+    assert (row["database"], row["collection"], row["to_database"], row["to_collection"]) == (None,) * 4
 
 
 EVERY_BSON_TYPE = {

@@ -98,14 +98,16 @@ EVENTS = [
         updateDescription={
             "updatedFields": {"paid": False},
             "removedFields": ["note"],
-            "truncatedArrays": [],
+            "truncatedArrays": [{"field": "lines", "newSize": 1}],
         },
         fullDocumentBeforeChange=ORDER,
+        clusterTime=Timestamp(T0 + 1, 2**32 - 1),
     ),
     event(2, "replace", {**ORDER, "customer": "bob"}),
     event(3, "delete", None, documentKey={"_id": OID}),
     event(4, "drop"),
-    event(5, "invalidate", ns=None),
+    event(5, "rename", None, to={"db": "shop", "coll": "orders_old"}),
+    event(6, "invalidate", ns=None),
 ]
 
 
@@ -158,14 +160,34 @@ def test_spark_reads_the_typed_columns(spark: SparkSession) -> None:
         r["operation_type"]: r["n"]
         for r in df.groupBy("operation_type").count().withColumnRenamed("count", "n").collect()
     }
-    assert counts == {"insert": 1, "update": 1, "replace": 1, "delete": 1, "drop": 1, "invalidate": 1}
+    assert counts == {
+        "insert": 1,
+        "update": 1,
+        "replace": 1,
+        "delete": 1,
+        "drop": 1,
+        "rename": 1,
+        "invalidate": 1,
+    }
     update = (
         df.where("operation_type = 'update'")
-        .select("full_document.paid", "full_document_before_change.paid", "updated_fields", "removed_fields")
+        .selectExpr(
+            "full_document.paid",
+            "full_document_before_change.paid",
+            "updated_fields",
+            "removed_fields",
+            "truncated_arrays[0].field",
+            "truncated_arrays[0].new_size + 1",
+            "cluster_time_increment",
+        )
         .first()
     )
     assert update is not None
-    assert tuple(update) == (False, True, '{"paid":false}', ["note"])
+    assert tuple(update) == (False, True, '{"paid":false}', ["note"], "lines", 2, 2**32 - 1)
+    rename = (
+        df.where("operation_type = 'rename'").select("collection", "to_database", "to_collection").first()
+    )
+    assert rename is not None and tuple(rename) == ("orders", "shop", "orders_old")
 
 
 def test_relaxed_json_is_queryable_with_spark_json_functions(spark: SparkSession) -> None:

@@ -47,7 +47,7 @@ from flowwarden.spark import (
     model_to_struct_type,
     struct_type_to_arrow_schema,
 )
-from flowwarden.spark.schema import Kind, document_spec
+from flowwarden.spark.schema import Kind, change_event_ddl, document_spec
 
 
 class Color(enum.Enum):
@@ -276,7 +276,12 @@ def test_change_event_columns() -> None:
     assert untyped.fieldNames() == list(EVENT_COLUMNS)
     assert untyped["full_document"].dataType == StringType()
     assert untyped["cluster_time"].dataType == TimestampType()
+    assert untyped["cluster_time_increment"].dataType == LongType()  # an unsigned 32-bit number
+    assert untyped["to_database"].dataType == untyped["to_collection"].dataType == StringType()
     assert untyped["removed_fields"].dataType == ArrayType(StringType())
+    assert untyped["truncated_arrays"].dataType == ArrayType(
+        StructType([StructField("field", StringType()), StructField("new_size", IntegerType())])
+    )
 
     typed = change_event_struct_type(Address)
     assert typed.fieldNames() == [*EVENT_COLUMNS, CORRUPT_RECORD_COLUMN]
@@ -287,6 +292,18 @@ def test_change_event_columns() -> None:
 
     assert change_event_arrow_schema(Address).equals(to_arrow_schema(typed, timezone="UTC"))
     assert change_event_arrow_schema().equals(to_arrow_schema(untyped, timezone="UTC"))
+
+
+@pytest.mark.spark
+def test_the_ddl_of_the_change_event_columns_is_their_struct_type(spark: Any) -> None:
+    def parsed(ddl: str) -> Any:
+        return spark.createDataFrame([], ddl).schema
+
+    assert parsed(change_event_ddl()) == change_event_struct_type()
+    document = "sku STRING, `odd``name` DECIMAL(10,2), lines ARRAY<STRUCT<n: BIGINT>>, m MAP<STRING, DATE>"
+    typed = change_event_ddl(document, corrupt_record=True)
+    assert parsed(typed) == change_event_struct_type(parsed(document))
+    assert parsed(change_event_ddl(document)).fieldNames() == list(EVENT_COLUMNS)
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:

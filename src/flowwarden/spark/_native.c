@@ -4,8 +4,10 @@
  * One pass over each event's bytes writes every column of the default change-event table
  * (the columns, types and values flowwarden.spark.arrow.events_to_arrow writes for decoded
  * events): string columns as validity bitmap + int32 offsets + UTF-8 data, timestamps as
- * validity + int64 microseconds, removed_fields as a list<string>. Extended JSON text is byte
- * for byte what flowwarden.spark.extjson.dumps writes for the decoded value.
+ * validity + int64 microseconds (the cluster time's increment as a plain int64), removed_fields
+ * as a list<string>, truncated_arrays as a list<struct<field: string, new_size: int32>>.
+ * Extended JSON text is byte for byte what flowwarden.spark.extjson.dumps writes for the
+ * decoded value.
  *
  * Hard rule: this module never guesses. An event it does not convert exactly (a BSON type or
  * case it leaves to Python, bytes bson.decode would refuse, a shape events_to_arrow does not
@@ -1345,6 +1347,7 @@ typedef struct {
     Buf data;
 } StringColumn;
 
+/* int64 values: timestamps (microseconds) and the cluster time's increment */
 typedef struct {
     Py_ssize_t count;
     Py_ssize_t nulls;
@@ -1352,7 +1355,7 @@ typedef struct {
     PyObject *validity_obj;
     int64_t *values;
     PyObject *values_obj;
-} TimestampColumn;
+} Int64Column;
 
 typedef struct {
     StringColumn lists;  /* validity + list offsets; its data holds nothing */
@@ -1360,6 +1363,14 @@ typedef struct {
     Buf element_data;
     Py_ssize_t elements;
 } StringListColumn;
+
+/* truncated_arrays, a list<struct<field: string, new_size: int32>>: the list offsets and the
+ * `field` strings as in a StringListColumn, and each element's new_size beside them. No
+ * element nor field is ever null: an event with another shape is left to Python. */
+typedef struct {
+    StringListColumn fields;
+    Buf sizes; /* int32 */
+} TruncationsColumn;
 
 static int new_bitmap(Py_ssize_t rows, PyObject **obj, uint8_t **bits) {
     Py_ssize_t n = (rows + 7) / 8;
@@ -1411,7 +1422,7 @@ static inline int string_null(Ctx *ctx, StringColumn *c) {
     return OK;
 }
 
-static int timestamp_column_init(TimestampColumn *c, Py_ssize_t rows) {
+static int int64_column_init(Int64Column *c, Py_ssize_t rows) {
     memset(c, 0, sizeof(*c));
     if (new_bitmap(rows, &c->validity_obj, &c->validity) < 0) {
         return PYERR;
@@ -1424,14 +1435,14 @@ static int timestamp_column_init(TimestampColumn *c, Py_ssize_t rows) {
     return OK;
 }
 
-static void timestamp_column_free(TimestampColumn *c) {
+static void int64_column_free(Int64Column *c) {
     Py_CLEAR(c->validity_obj);
     Py_CLEAR(c->values_obj);
 }
 
-static inline void timestamp_put(TimestampColumn *c, int64_t value) { c->values[c->count++] = value; }
+static inline void int64_put(Int64Column *c, int64_t value) { c->values[c->count++] = value; }
 
-static inline void timestamp_null(TimestampColumn *c) {
+static inline void int64_null(Int64Column *c) {
     c->validity[c->count / 8] &= (uint8_t)~(1u << (c->count % 8));
     c->values[c->count++] = 0;
     c->nulls++;
@@ -1458,7 +1469,7 @@ static PyObject *string_column_result(StringColumn *c) {
     return Py_BuildValue("(NnNN)", validity, c->nulls, offsets, data);
 }
 
-static PyObject *timestamp_column_result(TimestampColumn *c) {
+static PyObject *int64_column_result(Int64Column *c) {
     PyObject *validity = validity_or_none(&c->validity_obj, c->nulls);
     PyObject *values = c->values_obj;
     c->values_obj = NULL;
@@ -2377,6 +2388,7 @@ enum {
     F_CLUSTER_TIME,
     F_WALL_TIME,
     F_NS,
+    F_TO,
     F_DOCUMENT_KEY,
     F_UPDATE,
     F_FULL,
@@ -2387,7 +2399,10 @@ enum {
 static int event_field(const uint8_t *key, Py_ssize_t len) {
     switch (len) {
     case 2:
-        return memcmp(key, "ns", 2) == 0 ? F_NS : -1;
+        if (memcmp(key, "ns", 2) == 0) {
+            return F_NS;
+        }
+        return memcmp(key, "to", 2) == 0 ? F_TO : -1;
     case 3:
         return memcmp(key, "_id", 3) == 0 ? F_ID : -1;
     case 8:
@@ -2470,13 +2485,25 @@ static int update_field(const uint8_t *key, Py_ssize_t len) {
     if (len == 13 && memcmp(key, "updatedFields", 13) == 0) {
         return 0;
     }
-    return (len == 13 && memcmp(key, "removedFields", 13) == 0) ? 1 : -1;
+    if (len == 13 && memcmp(key, "removedFields", 13) == 0) {
+        return 1;
+    }
+    return (len == 15 && memcmp(key, "truncatedArrays", 15) == 0) ? 2 : -1;
+}
+
+static int truncation_field(const uint8_t *key, Py_ssize_t len) {
+    if (len == 5 && memcmp(key, "field", 5) == 0) {
+        return 0;
+    }
+    return (len == 7 && memcmp(key, "newSize", 7) == 0) ? 1 : -1;
 }
 
 typedef struct {
-    StringColumn id, operation, database, collection, document_key, full, before, updated;
-    TimestampColumn cluster_time, wall_time;
+    StringColumn id, operation, database, collection, to_database, to_collection, document_key, full, before,
+        updated;
+    Int64Column cluster_time, cluster_increment, wall_time;
     StringListColumn removed;
+    TruncationsColumn truncated;
     Node *typed_full, *typed_before; /* NULL: Extended JSON documents */
 } Table;
 
@@ -2531,12 +2558,39 @@ static int put_typed_field(Writer *w, Node *node, const Field *f) {
     return node_value(w, node, f->type, f->value, f->avail, &used, 1);
 }
 
-static int put_removed_fields(Ctx *ctx, StringListColumn *c, const Field *f) {
+static void list_null(StringListColumn *c) {
     StringColumn *lists = &c->lists;
+    lists->validity[lists->count / 8] &= (uint8_t)~(1u << (lists->count % 8));
+    lists->nulls++;
+    lists->offsets[++lists->count] = (int32_t)c->elements;
+}
+
+/* Ends the current list row (whose elements are already written). */
+static inline void list_end_row(StringListColumn *c) { c->lists.offsets[++c->lists.count] = (int32_t)c->elements; }
+
+/* Appends the string value at p (validated by read_fields) as an element of the current row. */
+static int list_put_string(Ctx *ctx, StringListColumn *c, const uint8_t *p, Py_ssize_t avail, Py_ssize_t *used) {
+    Py_ssize_t text = 0;
+    *used = string_value(p, avail, &text);
+    if (*used < 0) {
+        return fallback(ctx, "a malformed string");
+    }
+    if (reserve(&c->element_data, text) < 0 || reserve(&c->element_offsets, 4) < 0) {
+        return PYERR;
+    }
+    put(&c->element_data, (const char *)p + 4, text);
+    if (c->element_data.len > INT32_MAX || c->elements >= INT32_MAX) {
+        return fallback(ctx, "an array column of more than 2 GiB");
+    }
+    int32_t end = (int32_t)c->element_data.len;
+    put(&c->element_offsets, (const char *)&end, 4);
+    c->elements++;
+    return OK;
+}
+
+static int put_removed_fields(Ctx *ctx, StringListColumn *c, const Field *f) {
     if (f->type == 0 || f->type == 0x0A || f->type == 0x06) {
-        lists->validity[lists->count / 8] &= (uint8_t)~(1u << (lists->count % 8));
-        lists->nulls++;
-        lists->offsets[++lists->count] = (int32_t)c->elements;
+        list_null(c);
         return OK;
     }
     if (f->type != 0x04) {
@@ -2551,25 +2605,94 @@ static int put_removed_fields(Ctx *ctx, StringListColumn *c, const Field *f) {
         if (t != 0x02 && t != 0x0E) {
             return fallback(ctx, "removedFields holds a value that is not a string");
         }
-        Py_ssize_t text = 0;
-        Py_ssize_t used = string_value(q, last - q, &text);
-        if (used < 0) { /* validated by read_fields */
-            return fallback(ctx, "a malformed string");
+        Py_ssize_t used;
+        int rc = list_put_string(ctx, c, q, last - q, &used);
+        if (rc < 0) {
+            return rc;
         }
-        if (reserve(&c->element_data, text) < 0 || reserve(&c->element_offsets, 4) < 0) {
-            return PYERR;
-        }
-        put(&c->element_data, (const char *)q + 4, text);
-        if (c->element_data.len > INT32_MAX || c->elements >= INT32_MAX) {
-            return fallback(ctx, "removed_fields of more than 2 GiB");
-        }
-        int32_t end = (int32_t)c->element_data.len;
-        put(&c->element_offsets, (const char *)&end, 4);
-        c->elements++;
         q += used;
     }
-    lists->offsets[++lists->count] = (int32_t)c->elements;
+    list_end_row(c);
     return OK;
+}
+
+/* updateDescription.truncatedArrays: an array of {field: string, newSize: 32-bit integer}
+ * documents (other keys ignored, as a struct column ignores them). Any other shape is left to
+ * Python, which writes null for it. */
+static int put_truncated_arrays(Ctx *ctx, TruncationsColumn *c, const Field *f) {
+    if (f->type == 0 || f->type == 0x0A || f->type == 0x06) {
+        list_null(&c->fields);
+        return OK;
+    }
+    if (f->type != 0x04) {
+        return fallback(ctx, "truncatedArrays is not an array");
+    }
+    Py_ssize_t size = doc_size(f->value, f->avail);
+    const uint8_t *q = f->value + 4, *last = f->value + size - 1;
+    while (q < last) {
+        uint8_t t = *q++;
+        const uint8_t *nul = name_end(q, last);
+        q = nul + 1; /* validated by read_fields */
+        if (t != 0x03) {
+            return fallback(ctx, "truncatedArrays holds a value that is not a document");
+        }
+        Py_ssize_t used = doc_size(q, last - q);
+        Field parts[2];
+        memset(parts, 0, sizeof(parts));
+        /* validates again, for the $ref check only read_fields makes; an element sits at depth 3
+         * (event > updateDescription > truncatedArrays > element) */
+        int rc = read_fields(ctx, q, used, 3, truncation_field, parts, 0);
+        if (rc < 0) {
+            return rc;
+        }
+        const Field *name = &parts[0], *new_size = &parts[1];
+        if (name->type != 0x02 && name->type != 0x0E) {
+            return fallback(ctx, "truncatedArrays holds a field that is not a string");
+        }
+        int64_t n;
+        if (new_size->type == 0x10) {
+            n = (int32_t)rd32(new_size->value);
+        } else if (new_size->type == 0x12) {
+            n = (int64_t)rd64(new_size->value);
+        } else {
+            return fallback(ctx, "truncatedArrays holds a newSize that is not an integer");
+        }
+        if (n < INT32_MIN || n > INT32_MAX) {
+            return fallback(ctx, "truncatedArrays holds a newSize out of the 32-bit range");
+        }
+        Py_ssize_t text_used;
+        if ((rc = list_put_string(ctx, &c->fields, name->value, name->avail, &text_used)) < 0) {
+            return rc;
+        }
+        if (reserve(&c->sizes, 4) < 0) {
+            return PYERR;
+        }
+        int32_t value = (int32_t)n;
+        put(&c->sizes, (const char *)&value, 4);
+        q += used;
+    }
+    list_end_row(&c->fields);
+    return OK;
+}
+
+/* A namespace document {db, coll} into two string columns: nulls when absent or null. */
+static int put_namespace(Ctx *ctx, StringColumn *db, StringColumn *coll, const Field *f, const char *not_document,
+                         const char *db_not_string, const char *coll_not_string) {
+    Field names[2];
+    memset(names, 0, sizeof(names));
+    if (f->type == 0x03) {
+        int rc = read_fields(ctx, f->value, doc_size(f->value, f->avail), 1, ns_field, names, 0);
+        if (rc < 0) {
+            return rc;
+        }
+    } else if (f->type != 0 && f->type != 0x0A && f->type != 0x06) {
+        return fallback(ctx, not_document);
+    }
+    int rc = put_text_field(ctx, db, &names[0], db_not_string);
+    if (rc < 0) {
+        return rc;
+    }
+    return put_text_field(ctx, coll, &names[1], coll_not_string);
 }
 
 static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t len) {
@@ -2581,7 +2704,7 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
     memset(fields, 0, sizeof(fields));
     /* documents read further below are validated there, not twice */
     int rc = read_fields(ctx, p, len, 0, event_field, fields,
-                         (1u << F_ID) | (1u << F_NS) | (1u << F_UPDATE) | (1u << F_DOCUMENT_KEY) |
+                         (1u << F_ID) | (1u << F_NS) | (1u << F_TO) | (1u << F_UPDATE) | (1u << F_DOCUMENT_KEY) |
                              (1u << F_FULL) | (1u << F_BEFORE));
     if (rc < 0) {
         return rc;
@@ -2609,34 +2732,27 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
     }
 
     const Field *cluster = &fields[F_CLUSTER_TIME];
-    if (cluster->type == 0x11) {
-        timestamp_put(&table->cluster_time, (int64_t)rd32(cluster->value + 4) * 1000000);
+    if (cluster->type == 0x11) { /* increment, then seconds: two little-endian uint32 */
+        int64_put(&table->cluster_time, (int64_t)rd32(cluster->value + 4) * 1000000);
+        int64_put(&table->cluster_increment, (int64_t)rd32(cluster->value));
     } else {
-        timestamp_null(&table->cluster_time);
+        int64_null(&table->cluster_time);
+        int64_null(&table->cluster_increment);
     }
     const Field *wall = &fields[F_WALL_TIME];
     int64_t ms = wall->type == 0x09 ? (int64_t)rd64(wall->value) : 0;
     if (wall->type == 0x09 && ms >= MIN_DATETIME_MS && ms <= MAX_DATETIME_MS) {
-        timestamp_put(&table->wall_time, ms * 1000);
+        int64_put(&table->wall_time, ms * 1000);
     } else {
-        timestamp_null(&table->wall_time);
+        int64_null(&table->wall_time);
     }
 
-    const Field *ns = &fields[F_NS];
-    Field names[2];
-    memset(names, 0, sizeof(names));
-    if (ns->type == 0x03) {
-        rc = read_fields(ctx, ns->value, doc_size(ns->value, ns->avail), 1, ns_field, names, 0);
-        if (rc < 0) {
-            return rc;
-        }
-    } else if (ns->type != 0 && ns->type != 0x0A && ns->type != 0x06) {
-        return fallback(ctx, "ns is not a document");
-    }
-    if ((rc = put_text_field(ctx, &table->database, &names[0], "ns.db is not a string")) < 0) {
+    if ((rc = put_namespace(ctx, &table->database, &table->collection, &fields[F_NS], "ns is not a document",
+                            "ns.db is not a string", "ns.coll is not a string")) < 0) {
         return rc;
     }
-    if ((rc = put_text_field(ctx, &table->collection, &names[1], "ns.coll is not a string")) < 0) {
+    if ((rc = put_namespace(ctx, &table->to_database, &table->to_collection, &fields[F_TO],
+                            "to is not a document", "to.db is not a string", "to.coll is not a string")) < 0) {
         return rc;
     }
 
@@ -2658,7 +2774,7 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
     }
 
     const Field *update = &fields[F_UPDATE];
-    Field parts[2];
+    Field parts[3];
     memset(parts, 0, sizeof(parts));
     if (update->type == 0x03) {
         rc = read_fields(ctx, update->value, doc_size(update->value, update->avail), 1, update_field, parts, 1u << 0);
@@ -2666,18 +2782,16 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
             return rc;
         }
         /* updateDescription without updatedFields gives the text "null", as json(None) does */
-        if ((rc = put_json_field(w, &table->updated, &parts[0], 1)) < 0) {
-            return rc;
-        }
-        return put_removed_fields(ctx, &table->removed, &parts[1]);
-    }
-    if (update->type != 0 && update->type != 0x0A && update->type != 0x06) {
+        rc = put_json_field(w, &table->updated, &parts[0], 1);
+    } else if (update->type != 0 && update->type != 0x0A && update->type != 0x06) {
         return fallback(ctx, "updateDescription is not a document");
+    } else {
+        rc = string_null(ctx, &table->updated);
     }
-    if ((rc = string_null(ctx, &table->updated)) < 0) {
+    if (rc < 0 || (rc = put_removed_fields(ctx, &table->removed, &parts[1])) < 0) {
         return rc;
     }
-    return put_removed_fields(ctx, &table->removed, &parts[1]);
+    return put_truncated_arrays(ctx, &table->truncated, &parts[2]);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2772,12 +2886,12 @@ static void string_rewind(StringColumn *c, Py_ssize_t rows) {
     c->data.len = c->offsets[rows];
 }
 
-static void timestamp_rewind(TimestampColumn *c, Py_ssize_t rows) {
+static void int64_rewind(Int64Column *c, Py_ssize_t rows) {
     c->nulls -= bitmap_reset(c->validity, rows, c->count);
     c->count = rows;
 }
 
-static void removed_rewind(StringListColumn *c, Py_ssize_t rows) {
+static void string_list_rewind(StringListColumn *c, Py_ssize_t rows) {
     StringColumn *lists = &c->lists;
     lists->nulls -= bitmap_reset(lists->validity, rows, lists->count);
     lists->count = rows;
@@ -2788,14 +2902,18 @@ static void removed_rewind(StringListColumn *c, Py_ssize_t rows) {
 
 /* Every column back to its first `rows` rows. */
 static void table_rewind(Table *t, Py_ssize_t rows) {
-    StringColumn *strings[] = {&t->id,           &t->operation, &t->database, &t->collection,
-                               &t->document_key, &t->full,      &t->before,   &t->updated};
+    StringColumn *strings[] = {&t->id,           &t->operation,     &t->database,     &t->collection,
+                               &t->to_database,  &t->to_collection, &t->document_key, &t->full,
+                               &t->before,       &t->updated};
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
         string_rewind(strings[i], rows);
     }
-    timestamp_rewind(&t->cluster_time, rows);
-    timestamp_rewind(&t->wall_time, rows);
-    removed_rewind(&t->removed, rows);
+    int64_rewind(&t->cluster_time, rows);
+    int64_rewind(&t->cluster_increment, rows);
+    int64_rewind(&t->wall_time, rows);
+    string_list_rewind(&t->removed, rows);
+    string_list_rewind(&t->truncated.fields, rows);
+    t->truncated.sizes.len = t->truncated.fields.elements * 4;
     if (t->typed_full != NULL) {
         node_rewind(t->typed_full, rows);
         node_rewind(t->typed_before, rows);
@@ -2805,43 +2923,60 @@ static void table_rewind(Table *t, Py_ssize_t rows) {
 /* ---------------------------------------------------------------------------------------- */
 /* Module */
 
+static void string_list_free(StringListColumn *c) {
+    string_column_free(&c->lists);
+    buf_free(&c->element_offsets);
+    buf_free(&c->element_data);
+}
+
 static void table_free(Table *t) {
-    StringColumn *strings[] = {&t->id,           &t->operation, &t->database, &t->collection,
-                               &t->document_key, &t->full,      &t->before,   &t->updated,
-                               &t->removed.lists};
+    StringColumn *strings[] = {&t->id,           &t->operation,     &t->database,     &t->collection,
+                               &t->to_database,  &t->to_collection, &t->document_key, &t->full,
+                               &t->before,       &t->updated};
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
         string_column_free(strings[i]);
     }
-    timestamp_column_free(&t->cluster_time);
-    timestamp_column_free(&t->wall_time);
-    buf_free(&t->removed.element_offsets);
-    buf_free(&t->removed.element_data);
+    int64_column_free(&t->cluster_time);
+    int64_column_free(&t->cluster_increment);
+    int64_column_free(&t->wall_time);
+    string_list_free(&t->removed);
+    string_list_free(&t->truncated.fields);
+    buf_free(&t->truncated.sizes);
     node_free(t->typed_full);
     node_free(t->typed_before);
 }
 
+static int string_list_init(StringListColumn *c, Py_ssize_t rows) {
+    if (string_column_init(&c->lists, rows) < 0 || reserve(&c->element_offsets, 4) < 0) {
+        return PYERR;
+    }
+    int32_t zero = 0;
+    put(&c->element_offsets, (const char *)&zero, 4);
+    return OK;
+}
+
 static int table_init(Table *t, Py_ssize_t rows) {
     memset(t, 0, sizeof(*t));
-    StringColumn *strings[] = {&t->id,           &t->operation, &t->database, &t->collection,
-                               &t->document_key, &t->full,      &t->before,   &t->updated,
-                               &t->removed.lists};
+    StringColumn *strings[] = {&t->id,           &t->operation,     &t->database,     &t->collection,
+                               &t->to_database,  &t->to_collection, &t->document_key, &t->full,
+                               &t->before,       &t->updated};
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
         if (string_column_init(strings[i], rows) < 0) {
             return PYERR;
         }
     }
-    if (timestamp_column_init(&t->cluster_time, rows) < 0 || timestamp_column_init(&t->wall_time, rows) < 0) {
+    if (int64_column_init(&t->cluster_time, rows) < 0 || int64_column_init(&t->cluster_increment, rows) < 0 ||
+        int64_column_init(&t->wall_time, rows) < 0) {
         return PYERR;
     }
-    if (reserve(&t->removed.element_offsets, 4) < 0) {
+    if (string_list_init(&t->removed, rows) < 0 || string_list_init(&t->truncated.fields, rows) < 0) {
         return PYERR;
     }
-    int32_t zero = 0;
-    put(&t->removed.element_offsets, (const char *)&zero, 4);
     return OK;
 }
 
-static PyObject *removed_result(StringListColumn *c) {
+/* (validity or None, null count, list offsets, elements, element offsets, element data) */
+static PyObject *string_list_result(StringListColumn *c) {
     PyObject *element_offsets = buf_finish(&c->element_offsets);
     PyObject *element_data = element_offsets ? buf_finish(&c->element_data) : NULL;
     if (element_data == NULL) {
@@ -2853,6 +2988,20 @@ static PyObject *removed_result(StringListColumn *c) {
     c->lists.offsets_obj = NULL;
     return Py_BuildValue("(NnNnNN)", validity, c->lists.nulls, offsets, c->elements, element_offsets,
                          element_data);
+}
+
+/* (string_list_result of the fields, the int32 new sizes) */
+static PyObject *truncated_result(TruncationsColumn *c) {
+    PyObject *sizes = buf_finish(&c->sizes);
+    if (sizes == NULL) {
+        return NULL;
+    }
+    PyObject *fields = string_list_result(&c->fields);
+    if (fields == NULL) {
+        Py_DECREF(sizes);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", fields, sizes);
 }
 
 /* The BSON bytes of one event, held for the whole conversion: the GIL is released while the
@@ -2981,11 +3130,14 @@ static PyObject *slice_result(Slice *c) {
     }
     PyObject *full = t->typed_full ? node_result(t->typed_full) : string_column_result(&t->full);
     PyObject *before = t->typed_full ? node_result(t->typed_before) : string_column_result(&t->before);
-    return Py_BuildValue("(n(NNNNNNNNNNN)N)", c->rows, string_column_result(&t->id),
-                         string_column_result(&t->operation), timestamp_column_result(&t->cluster_time),
-                         timestamp_column_result(&t->wall_time), string_column_result(&t->database),
-                         string_column_result(&t->collection), string_column_result(&t->document_key), full, before,
-                         string_column_result(&t->updated), removed_result(&t->removed), deferred);
+    /* in EVENT_COLUMNS order (flowwarden.spark.schema) */
+    return Py_BuildValue("(n(NNNNNNNNNNNNNNN)N)", c->rows, string_column_result(&t->id),
+                         string_column_result(&t->operation), int64_column_result(&t->cluster_time),
+                         int64_column_result(&t->cluster_increment), int64_column_result(&t->wall_time),
+                         string_column_result(&t->database), string_column_result(&t->collection),
+                         string_column_result(&t->to_database), string_column_result(&t->to_collection),
+                         string_column_result(&t->document_key), full, before, string_column_result(&t->updated),
+                         string_list_result(&t->removed), truncated_result(&t->truncated), deferred);
 }
 
 #define MAX_THREADS 16

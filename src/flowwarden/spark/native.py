@@ -28,6 +28,7 @@ from bson.raw_bson import RawBSONDocument
 
 from flowwarden.spark._extra import require
 from flowwarden.spark.extjson import JsonMode
+from flowwarden.spark.schema import EVENT_COLUMNS, change_event_arrow_schema
 from flowwarden.spark.valuespec import FieldSpec, Kind, ValueSpec
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
@@ -70,21 +71,9 @@ if type(_RAW_SLOT).__name__ != "member_descriptor":
     _RAW_SLOT = None
 
 _STRING = pa.string()
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
-_STRING_LIST = pa.list_(pa.field("element", pa.string()))
-_KINDS = (
-    _STRING,  # _id
-    _STRING,  # operation_type
-    _TIMESTAMP,  # cluster_time
-    _TIMESTAMP,  # wall_time
-    _STRING,  # database
-    _STRING,  # collection
-    _STRING,  # document_key
-    _STRING,  # full_document
-    _STRING,  # full_document_before_change
-    _STRING,  # updated_fields
-    _STRING_LIST,  # removed_fields
-)
+_KINDS = tuple(field.type for field in change_event_arrow_schema())
+"""The Arrow types of the columns _native.c writes, in its order (EVENT_COLUMNS), with both
+document columns as Extended JSON strings."""
 
 
 # Kind codes and default kinds as _native.c numbers them.
@@ -108,7 +97,7 @@ _KIND_CODES = {
     Kind.MAP: 17,
     Kind.STRUCT: 18,
 }
-_DOCUMENT_COLUMNS = (7, 8)  # full_document, full_document_before_change
+_DOCUMENT_COLUMNS = (EVENT_COLUMNS.index("full_document"), EVENT_COLUMNS.index("full_document_before_change"))
 _NO_DEFAULT, _NULL_DEFAULT, _BSON_DEFAULT, _PYTHON_DEFAULT = range(4)
 
 Document = tuple[tuple[Any, ...], Any]
@@ -164,16 +153,24 @@ def _buffer(data: bytes | None) -> Any:
 
 
 def _array(kind: Any, count: int, column: tuple[Any, ...]) -> Any:
-    validity, nulls = column[0], column[1]
-    if kind is _STRING_LIST:
-        _, _, offsets, elements, element_offsets, element_data = column
-        strings = pa.Array.from_buffers(
-            _STRING, elements, [None, pa.py_buffer(element_offsets), pa.py_buffer(element_data)], 0
-        )
-        return pa.Array.from_buffers(
-            kind, count, [_buffer(validity), pa.py_buffer(offsets)], nulls, children=[strings]
-        )
-    return pa.Array.from_buffers(kind, count, [_buffer(validity), *map(pa.py_buffer, column[2:])], nulls)
+    """The array of one default column; list columns hold strings (removed_fields) or
+    {field, new_size} structs (truncated_arrays), neither with a null element."""
+    if not pa.types.is_list(kind):
+        validity, nulls = column[0], column[1]
+        return pa.Array.from_buffers(kind, count, [_buffer(validity), *map(pa.py_buffer, column[2:])], nulls)
+    sizes = None
+    if pa.types.is_struct(kind.value_type):
+        column, sizes = column
+    validity, nulls, offsets, elements, element_offsets, element_data = column
+    values = pa.Array.from_buffers(
+        _STRING, elements, [None, pa.py_buffer(element_offsets), pa.py_buffer(element_data)], 0
+    )
+    if sizes is not None:
+        new_sizes = pa.Array.from_buffers(pa.int32(), elements, [None, pa.py_buffer(sizes)], 0)
+        values = pa.StructArray.from_arrays([values, new_sizes], fields=list(kind.value_type))
+    return pa.Array.from_buffers(
+        kind, count, [_buffer(validity), pa.py_buffer(offsets)], nulls, children=[values]
+    )
 
 
 def _typed_array(kind: Any, column: tuple[Any, ...]) -> Any:
@@ -203,7 +200,8 @@ class Converted(NamedTuple):
     """What :func:`convert` made of a batch."""
 
     columns: list[Any]
-    """The eleven change-event columns of every event not in ``left``, in event order."""
+    """The change-event columns (:data:`~flowwarden.spark.schema.EVENT_COLUMNS`) of every event
+    not in ``left``, in event order."""
     left: tuple[tuple[int, str], ...]
     """(index in the batch, reason) of each event left to Python, in event order."""
 

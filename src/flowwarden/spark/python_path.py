@@ -35,16 +35,21 @@ from flowwarden.spark.columns import columns_reader
 from flowwarden.spark.extjson import Encoder, JsonMode, encoder_for
 from flowwarden.spark.misfits import FirstMisfits, MalformedRow
 from flowwarden.spark.plan import ConversionPlan
+from flowwarden.spark.schema import change_event_arrow_schema
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
 
 __all__ = ["UndecodableEventError", "decode_events", "python_table", "unwrap_events"]
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_TRUNCATIONS_TYPE = change_event_arrow_schema().field("truncated_arrays").type
 
 _EVENT_KEYS = (
     "operationType",
     "clusterTime",
     "wallTime",
     "ns",
+    "to",
     "documentKey",
     "updateDescription",
     "fullDocument",
@@ -118,6 +123,67 @@ def _document_keys(keys: list[Any], json: Encoder) -> list[str | None]:
     return out
 
 
+def _namespaces(values: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The ``db`` and ``coll`` of each namespace document (``ns``, a rename's ``to``): both
+    null when the event has none, or a value that is not a document."""
+    databases: list[Any] = []
+    collections: list[Any] = []
+    for value in values:
+        if isinstance(value, Mapping):
+            databases.append(value.get("db"))
+            collections.append(value.get("coll"))
+        else:
+            databases.append(None)
+            collections.append(None)
+    return databases, collections
+
+
+def _truncations(value: Any) -> list[tuple[str, int]] | None:
+    """``updateDescription.truncatedArrays`` as (field, newSize) pairs: None when missing or of
+    another shape than an array of documents with a string ``field`` and a 32-bit integer
+    ``newSize`` (the compiled converter leaves those events here)."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    pairs = []
+    for entry in value:
+        if not isinstance(entry, Mapping):
+            return None
+        field, size = entry.get("field"), entry.get("newSize")
+        # str, not its subclasses (bson.Code); int and Int64, not bool
+        if type(field) is not str or not isinstance(size, int) or isinstance(size, bool):
+            return None
+        if not _INT32_MIN <= size <= _INT32_MAX:
+            return None
+        pairs.append((field, int(size)))
+    return pairs
+
+
+def _truncated_arrays(updates: list[Any]) -> Any:
+    """The truncated_arrays column: a list<struct<field, new_size>> built from flat lists,
+    without a dict per element."""
+    offsets = [0]
+    fields: list[str] = []
+    sizes: list[int] = []
+    nulls: list[bool] = []
+    for update in updates:
+        pairs = _truncations(update.get("truncatedArrays")) if update is not None else None
+        nulls.append(pairs is None)
+        for field, size in pairs or ():
+            fields.append(field)
+            sizes.append(size)
+        offsets.append(len(fields))
+    entries = pa.StructArray.from_arrays(
+        [pa.array(fields, type=pa.string()), pa.array(sizes, type=pa.int32())],
+        fields=list(_TRUNCATIONS_TYPE.value_type),
+    )
+    return pa.ListArray.from_arrays(
+        pa.array(offsets, type=pa.int32()),
+        entries,
+        type=_TRUNCATIONS_TYPE,
+        mask=pa.array(nulls, type=pa.bool_()) if True in nulls else None,
+    )
+
+
 def python_table(
     raws: list[Mapping[str, Any]], plan: ConversionPlan, json_mode: JsonMode
 ) -> tuple[Any, tuple[MalformedRow, ...]]:
@@ -128,9 +194,10 @@ def python_table(
     count = len(raws)
 
     ids = _token_data(raws)
-    operation, cluster, wall, ns, keys, updates, full, before = columns_reader(_EVENT_KEYS)(raws, None)
-    cluster_us = [ts.time * 1_000_000 if type(ts) is Timestamp else None for ts in cluster]
-    namespaces = [n if n is not None else {} for n in ns]
+    operation, cluster, wall, ns, to, keys, updates, full, before = columns_reader(_EVENT_KEYS)(raws, None)
+    stamps = [ts if type(ts) is Timestamp else None for ts in cluster]
+    databases, collections = _namespaces(ns)
+    to_databases, to_collections = _namespaces(to)
 
     misfits = FirstMisfits()
     owners = range(count)
@@ -146,10 +213,16 @@ def python_table(
     arrays = [
         pa.array(ids, type=pa.string()),
         pa.array(operation, type=pa.string()),
-        pa.array(cluster_us, type=pa.timestamp("us", tz="UTC")),
+        pa.array(
+            [ts.time * 1_000_000 if ts is not None else None for ts in stamps],
+            type=pa.timestamp("us", tz="UTC"),
+        ),
+        pa.array([ts.inc if ts is not None else None for ts in stamps], type=pa.int64()),
         pa.array([w if isinstance(w, datetime) else None for w in wall], type=pa.timestamp("us", tz="UTC")),
-        pa.array([ns.get("db") for ns in namespaces], type=pa.string()),
-        pa.array([ns.get("coll") for ns in namespaces], type=pa.string()),
+        pa.array(databases, type=pa.string()),
+        pa.array(collections, type=pa.string()),
+        pa.array(to_databases, type=pa.string()),
+        pa.array(to_collections, type=pa.string()),
         pa.array(_document_keys(keys, json), type=pa.string()),
         full_array,
         before_array,
@@ -161,6 +234,7 @@ def python_table(
             [u.get("removedFields") if u is not None else None for u in updates],
             type=pa.list_(pa.field("element", pa.string())),
         ),
+        _truncated_arrays(updates),
     ]
 
     malformed = tuple(

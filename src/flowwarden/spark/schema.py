@@ -4,11 +4,13 @@ Owns the public schema API: the change-event columns (:data:`EVENT_COLUMNS`,
 :data:`CORRUPT_RECORD_COLUMN`), the Arrow and Spark types of a
 :class:`~flowwarden.spark.valuespec.ValueSpec` (:func:`arrow_type`, :func:`spark_type`), the
 schemas of whole tables and DataFrames (:func:`change_event_arrow_schema`,
-:func:`change_event_struct_type`, :func:`model_to_struct_type` ...), and :data:`ObjectIdStr`
-for pydantic models. A full-document schema is first compiled into a ``ValueSpec`` tree
-(:func:`~flowwarden.spark.spec_compiler.document_spec`, re-exported here with the spec
-types); both the Arrow and the Spark types are derived from that one tree, so the two can
-never disagree.
+:func:`change_event_struct_type`, :func:`change_event_ddl`, :func:`model_to_struct_type` ...),
+and :data:`ObjectIdStr` for pydantic models. The columns and their types are declared once,
+here; every other list of them (the compiled converter's, the streaming source's) is derived
+from this one or checked against it by a test. A full-document schema is first compiled into a
+``ValueSpec`` tree (:func:`~flowwarden.spark.spec_compiler.document_spec`, re-exported here
+with the spec types); both the Arrow and the Spark types are derived from that one tree, so
+the two can never disagree.
 
 Rules that hold for every schema:
 
@@ -48,6 +50,7 @@ __all__ = [
     "ValueSpec",
     "arrow_type",
     "change_event_arrow_schema",
+    "change_event_ddl",
     "change_event_struct_type",
     "document_spec",
     "model_to_arrow_schema",
@@ -68,20 +71,36 @@ ObjectIdStr = Annotated[str, BeforeValidator(_objectid_to_str), PlainSerializer(
 DataFrames, but only ``ObjectIdStr`` makes ``ChangeEvent.document(Model)`` accept them."""
 
 
-EVENT_COLUMNS: tuple[str, ...] = (
-    "_id",
-    "operation_type",
-    "cluster_time",
-    "wall_time",
-    "database",
-    "collection",
-    "document_key",
-    "full_document",
-    "full_document_before_change",
-    "updated_fields",
-    "removed_fields",
+_TEXT = ValueSpec(Kind.STRING)
+_TRUNCATION = ValueSpec(
+    Kind.STRUCT,
+    fields=(
+        FieldSpec("field", "field", _TEXT, none_ok=True),
+        FieldSpec("new_size", "newSize", ValueSpec(Kind.INT32), none_ok=True),
+    ),
 )
-"""The change-event columns, in DataFrame order (DESIGN.md, "Spark")."""
+_DOCUMENT_COLUMNS = ("full_document", "full_document_before_change")
+_EVENT_FIELDS: tuple[tuple[str, ValueSpec], ...] = (
+    ("_id", _TEXT),
+    ("operation_type", _TEXT),
+    ("cluster_time", ValueSpec(Kind.TIMESTAMP)),
+    # Timestamp.inc is an unsigned 32-bit number: int would not hold the upper half.
+    ("cluster_time_increment", ValueSpec(Kind.INT64)),
+    ("wall_time", ValueSpec(Kind.TIMESTAMP)),
+    ("database", _TEXT),
+    ("collection", _TEXT),
+    ("to_database", _TEXT),
+    ("to_collection", _TEXT),
+    ("document_key", ValueSpec(Kind.JSON)),
+    ("full_document", ValueSpec(Kind.JSON)),  # or the schema's struct
+    ("full_document_before_change", ValueSpec(Kind.JSON)),  # or the schema's struct
+    ("updated_fields", ValueSpec(Kind.JSON)),
+    ("removed_fields", ValueSpec(Kind.LIST, element=_TEXT)),
+    ("truncated_arrays", ValueSpec(Kind.LIST, element=_TRUNCATION)),
+)
+
+EVENT_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _EVENT_FIELDS)
+"""The change-event columns, in DataFrame order (docs/spark.md, "Columns")."""
 
 CORRUPT_RECORD_COLUMN = "_corrupt_record"
 """Added after the event columns in PERMISSIVE mode with a typed schema: the Extended JSON of a
@@ -190,20 +209,9 @@ def struct_type_to_arrow_schema(struct: StructType) -> pa.Schema:
 
 
 def _event_fields(document: ValueSpec | None, corrupt_record: bool) -> list[tuple[str, ValueSpec]]:
-    text = ValueSpec(Kind.STRING)
-    doc = document if document is not None else ValueSpec(Kind.JSON)
     columns = [
-        ("_id", text),
-        ("operation_type", text),
-        ("cluster_time", ValueSpec(Kind.TIMESTAMP)),
-        ("wall_time", ValueSpec(Kind.TIMESTAMP)),
-        ("database", text),
-        ("collection", text),
-        ("document_key", ValueSpec(Kind.JSON)),
-        ("full_document", doc),
-        ("full_document_before_change", doc),
-        ("updated_fields", ValueSpec(Kind.JSON)),
-        ("removed_fields", ValueSpec(Kind.LIST, element=text)),
+        (name, document if document is not None and name in _DOCUMENT_COLUMNS else spec)
+        for name, spec in _EVENT_FIELDS
     ]
     if corrupt_record:
         columns.append((CORRUPT_RECORD_COLUMN, ValueSpec(Kind.JSON)))
@@ -240,6 +248,40 @@ def change_event_struct_type(
             t.StructField(name, spark_type(spec), nullable=True)
             for name, spec in _event_fields(document, has_corrupt_record(schema, mode))
         ]
+    )
+
+
+def _ddl(spec: ValueSpec) -> str:
+    kind = spec.kind
+    if kind is Kind.LIST:
+        assert spec.element is not None
+        return f"ARRAY<{_ddl(spec.element)}>"
+    if kind is Kind.MAP:
+        assert spec.element is not None
+        return f"MAP<STRING, {_ddl(spec.element)}>"
+    if kind is Kind.STRUCT:
+        return "STRUCT<" + ", ".join(f"{_quoted(f.name)}: {_ddl(f.value)}" for f in spec.fields) + ">"
+    if kind is Kind.DECIMAL:
+        return f"DECIMAL({spec.precision},{spec.scale})"
+    if kind in (Kind.STRING, Kind.UUID, Kind.JSON):
+        return "STRING"
+    return str(kind.value).upper()
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def change_event_ddl(document_ddl: str | None = None, *, corrupt_record: bool = False) -> str:
+    """The change-event columns as a Spark DDL field list, what a Python data source's
+    ``schema()`` returns: the same columns and types as :func:`change_event_struct_type`, without
+    building pyspark types. ``document_ddl`` (a DDL field list such as ``"sku STRING, qty INT"``)
+    types both document columns as ``STRUCT<document_ddl>``; None keeps them Extended JSON.
+    ``corrupt_record`` appends ``_corrupt_record``."""
+    document = f"STRUCT<{document_ddl}>" if document_ddl else None
+    return ", ".join(
+        f"{_quoted(name)} {document if document is not None and name in _DOCUMENT_COLUMNS else _ddl(spec)}"
+        for name, spec in _event_fields(None, corrupt_record)
     )
 
 

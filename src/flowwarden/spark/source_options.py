@@ -173,25 +173,11 @@ class SourceOptions:
 
     def schema_ddl_of_events(self) -> str:
         """The DDL of the source's rows (Spark parses it; the source never needs a JVM)."""
-        from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN
+        from flowwarden.spark.schema import change_event_ddl
 
-        document = f"STRUCT<{self.schema_ddl}>" if self.schema_ddl else "STRING"
-        columns = [
-            "`_id` STRING",
-            "`operation_type` STRING",
-            "`cluster_time` TIMESTAMP",
-            "`wall_time` TIMESTAMP",
-            "`database` STRING",
-            "`collection` STRING",
-            "`document_key` STRING",
-            f"`full_document` {document}",
-            f"`full_document_before_change` {document}",
-            "`updated_fields` STRING",
-            "`removed_fields` ARRAY<STRING>",
-        ]
-        if self.schema_ddl and self.mode is SchemaMode.PERMISSIVE:
-            columns.append(f"`{CORRUPT_RECORD_COLUMN}` STRING")
-        return ", ".join(columns)
+        return change_event_ddl(
+            self.schema_ddl, corrupt_record=bool(self.schema_ddl) and self.mode is SchemaMode.PERMISSIVE
+        )
 
 
 def _validated(model: type[OptionsT], shared: Mapping[str, Any]) -> OptionsT:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ LAST_IDS: tuple[Any, ...] = (7, "sku-9", ObjectId("65a1b2c3d4e5f60718293a4b"), {
 
 
 def progress(
-    copied: int, *, done: bool = False, token: dict[str, Any] | None = None, last_id: Any = None
+    copied: int, *, done: bool = False, token: Mapping[str, Any] | None = None, last_id: Any = None
 ) -> SnapshotProgress:
     """Progress of the snapshot taken at ``token`` (default: one fixed token)."""
     return SnapshotProgress(
