@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from flowwarden.config import OnInvalidate as OnInvalidate
     from flowwarden.config import RetryPolicy as RetryPolicy
     from flowwarden.config import SchemaMode as SchemaMode
+    from flowwarden.config import Snapshot as Snapshot
     from flowwarden.config import StartPosition as StartPosition
     from flowwarden.decorators import StreamSpec as StreamSpec
     from flowwarden.decorators import change_stream as change_stream
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from flowwarden.decorators import on_delete as on_delete
     from flowwarden.decorators import on_insert as on_insert
     from flowwarden.decorators import on_replace as on_replace
+    from flowwarden.decorators import on_snapshot as on_snapshot
     from flowwarden.decorators import on_update as on_update
     from flowwarden.decorators import pipeline as pipeline
     from flowwarden.decorators import retry_policy as retry_policy
@@ -65,6 +67,7 @@ _LAZY = {
     "OnInvalidate": "flowwarden.config",
     "RetryPolicy": "flowwarden.config",
     "SchemaMode": "flowwarden.config",
+    "Snapshot": "flowwarden.config",
     "StartPosition": "flowwarden.config",
     "StreamSpec": "flowwarden.decorators",
     "change_stream": "flowwarden.decorators",
@@ -76,6 +79,7 @@ _LAZY = {
     "on_delete": "flowwarden.decorators",
     "on_insert": "flowwarden.decorators",
     "on_replace": "flowwarden.decorators",
+    "on_snapshot": "flowwarden.decorators",
     "on_update": "flowwarden.decorators",
     "pipeline": "flowwarden.decorators",
     "retry_policy": "flowwarden.decorators",
@@ -117,6 +121,7 @@ __all__ = [
     "OnInvalidate",
     "RetryPolicy",
     "SchemaMode",
+    "Snapshot",
     "StartPosition",
     "StreamContext",
     "StreamError",
@@ -134,6 +139,7 @@ __all__ = [
     "on_delete",
     "on_insert",
     "on_replace",
+    "on_snapshot",
     "on_update",
     "pipeline",
     "retry_policy",

@@ -220,6 +220,18 @@ def on_delete(func: F | None = None, /) -> F | Callable[[F], F]:
 
 
 @overload
+def on_snapshot(func: F, /) -> F: ...
+@overload
+def on_snapshot() -> Callable[[F], F]: ...
+def on_snapshot(func: F | None = None, /) -> F | Callable[[F], F]:
+    """Handle the rows of the initial snapshot (``@change_stream(snapshot=...)``): ``(self, event:
+    ChangeEvent[, ctx: StreamContext])`` with ``event.operation_type == "snapshot"`` and the
+    existing document as ``event.full_document``. Without it they go to ``@on_insert``, else
+    ``@on_change``."""
+    return _event_handler(func, "on_snapshot", ("snapshot",))
+
+
+@overload
 def on_change(func: F, /) -> F: ...
 @overload
 def on_change() -> Callable[[F], F]: ...
@@ -481,6 +493,7 @@ __all__ = [
     "on_delete",
     "on_insert",
     "on_replace",
+    "on_snapshot",
     "on_update",
     "pipeline",
     "retry_policy",

@@ -135,6 +135,8 @@ class ChangeEvent:
         """The event's resume token (its ``_id``)."""
         token = self.raw.get("_id")
         if not isinstance(token, Mapping):
+            if self.raw.get("operationType") == "snapshot":
+                raise InvalidTokenError("an initial-snapshot row has no resume token: it is not a position")
             raise InvalidTokenError(
                 "change event has no _id resume token; a pipeline stage must not remove or rewrite _id"
             )

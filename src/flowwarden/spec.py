@@ -25,6 +25,7 @@ from flowwarden.config import (
     PipelineOptions,
     RetryPolicy,
     SchemaMode,
+    Snapshot,
 )
 from flowwarden.errors import ConfigurationError
 
@@ -135,7 +136,10 @@ class StreamSpec:
         return "event"
 
     def handler_for(self, operation_type: str) -> HandlerMethod | None:
-        """The per-event method for ``operation_type``, or None (the event just completes)."""
+        """The per-event method for ``operation_type``, or None (the event just completes).
+        Snapshot rows go to ``@on_snapshot``, else ``@on_insert``, else ``@on_change``."""
+        if operation_type == "snapshot" and "snapshot" not in self.event_handlers:
+            return self.event_handlers.get("insert", self.fallback)
         return self.event_handlers.get(operation_type, self.fallback)
 
 
@@ -345,8 +349,19 @@ def _event_dispatch(
                 )
             claimed[operation_type] = (name, mark)
 
+    if "snapshot" in claimed and stream.snapshot == Snapshot.NEVER:
+        name, mark = claimed["snapshot"]
+        raise ConfigurationError(
+            f"handler {_describe(name, mark)} can never run: the stream copies no existing "
+            "documents (snapshot=NEVER)",
+            owner=owner,
+            option="snapshot",
+            value=stream.snapshot,
+            allowed="INITIAL, INITIAL_ONLY or WHEN_NEEDED with @on_snapshot",
+        )
     if stream.operation_types is not None:
-        passed = set(stream.operation_types) | {"invalidate"}
+        # Snapshot rows do not come from the change stream: operation_types does not filter them.
+        passed = set(stream.operation_types) | {"invalidate", "snapshot"}
         for operation_type, (name, mark) in claimed.items():
             if operation_type not in passed:
                 raise ConfigurationError(

@@ -252,3 +252,30 @@ def test_a_partitioned_dataframe_stream_writes_each_event_once_from_its_bucket(
         assert [token for token, _ in frames[partition_name("orders", index, 2)]] == expected
     keys = [key for rows in frames.values() for _, key in rows]
     assert len(keys) == len(set(keys)) == 150
+
+
+def test_snapshot_rows_reach_a_dataframe_method_as_rows_without_a_token(spark, mongodb_uri, client, db_name):
+    from flowwarden import Snapshot
+
+    client[db_name].orders.insert_many([{"_id": i, "qty": i, "sku": f"s{i}"} for i in range(30)])
+    rows: list[Any] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot=Snapshot.INITIAL, max_await_time_ms=50)
+    class Frames:
+        @on_dataframe(max_events=12, max_wait_seconds=0.2, schema=Item)
+        def write(self, df: Any, ctx: StreamContext) -> None:
+            rows.extend(df.collect())
+
+    connector = Connector(mongodb_uri, [Frames], spark=spark)
+    connector.start()
+    try:
+        wait_until(lambda: len(rows) == 30, what="the copy")
+        client[db_name].orders.insert_one({"_id": 30, "qty": 30, "sku": "s30"})
+        wait_until(lambda: len(rows) == 31, what="the change after it")
+    finally:
+        connector.stop()
+    assert [r["operation_type"] for r in rows] == ["snapshot"] * 30 + ["insert"]
+    assert [r["full_document"]["qty"] for r in rows] == list(range(31))
+    assert all(r["_id"] is None for r in rows[:30]) and rows[30]["_id"]
+    assert all(r["database"] == db_name and r["collection"] == "orders" for r in rows)
+    assert rows[0]["cluster_time"] == rows[29]["cluster_time"] <= rows[30]["cluster_time"]

@@ -535,6 +535,23 @@ def test_a_missing_resume_token_is_the_python_paths_error() -> None:
         events_to_arrow([RawBSONDocument(bson.encode({"operationType": "insert"}))])
 
 
+def test_an_initial_snapshot_row_has_no_token_and_a_null_id_on_both_paths() -> None:
+    row = {
+        "operationType": "snapshot",
+        "clusterTime": Timestamp(1_700_000_000, 3),
+        "ns": {"db": "shop", "coll": "orders"},
+        "documentKey": {"_id": 7},
+        "fullDocument": {"_id": 7, "qty": 2},
+    }
+    data = bson.encode(row)
+    table = native_result([data], JsonMode.CANONICAL)
+    assert isinstance(table, pa.Table), table  # converted natively, not left to Python
+    assert table["_id"].to_pylist() == [None]
+    assert table["operation_type"].to_pylist() == ["snapshot"]
+    assert table["cluster_time_increment"].to_pylist() == [3]
+    assert_same(table, python_table([data], JsonMode.CANONICAL))
+
+
 # ----------------------------------------------------------------------------------------------
 # Malformed bytes: a fallback (then the Python path's error), never a crash
 

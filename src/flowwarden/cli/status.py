@@ -74,6 +74,7 @@ def _row(
         "instanceId": None,
         "leaseHolder": _holder(lease, now),
         "inOplog": None,
+        "snapshot": None,
         "unreadable": reason,
     }
     if checkpoint is None:
@@ -84,6 +85,9 @@ def _row(
         eventsProcessed=checkpoint.events_processed,
         instanceId=checkpoint.instance_id,
     )
+    if checkpoint.snapshot is not None:
+        progress = checkpoint.snapshot
+        row["snapshot"] = {"copied": progress.copied, "total": progress.total, "done": progress.done}
     token = checkpoint.resume_token
     if token is not None:
         at = token_cluster_time(token)
@@ -105,6 +109,16 @@ def _holder(lease: dict[str, Any] | None, now: Timestamp | None) -> str | None:
     return str(lease["owner"])
 
 
+def _snapshot_text(snapshot: dict[str, Any] | None) -> str:
+    """The initial snapshot's progress: "done: 5,000", "1,200 of ~5,000", or "-" (none)."""
+    if snapshot is None:
+        return "-"
+    if snapshot["done"]:
+        return f"done: {snapshot['copied']:,}"
+    total = snapshot["total"]
+    return f"{snapshot['copied']:,}" + ("" if total is None else f" of ~{total:,}")
+
+
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
@@ -123,11 +137,12 @@ def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp 
         ("instance", "left"),
         ("lease holder", "left"),
         ("in oplog", "left"),
+        ("snapshot", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in rows:
         if row["unreadable"]:
-            table.add_row(str(row["stream"]), f"unreadable: {row['unreadable']}", *[""] * 6)
+            table.add_row(str(row["stream"]), f"unreadable: {row['unreadable']}", *[""] * 7)
             continue
         table.add_row(
             str(row["stream"]),
@@ -138,6 +153,7 @@ def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp 
             row["instanceId"] or "-",
             row["leaseHolder"] or "-",
             {True: "yes", False: "NO: history lost", None: "?"}[row["inOplog"]],
+            _snapshot_text(row["snapshot"]),
         )
     console.print(table)
     if oldest is None:

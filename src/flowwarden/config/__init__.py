@@ -18,6 +18,7 @@ from flowwarden.config.choices import (
     OnHistoryLost,
     OnInvalidate,
     SchemaMode,
+    Snapshot,
     StartPosition,
 )
 from flowwarden.config.delivery import BatchOptions, DataFrameOptions, DeadLetterOptions, RetryPolicy
@@ -50,6 +51,7 @@ __all__ = [
     "PipelineOptions",
     "RetryPolicy",
     "SchemaMode",
+    "Snapshot",
     "StartPosition",
     "backoff_delay",
     "new_root_fate",

@@ -75,6 +75,19 @@ class OnInvalidate(Choice):
     RESTART = "restart"
 
 
+class Snapshot(Choice):
+    """Whether a stream first copies the documents that already exist (its initial snapshot)."""
+
+    NEVER = "NEVER"
+    """Only changes: what exists before the stream's start position is not read."""
+    INITIAL = "INITIAL"
+    """Copy the existing documents once, then stream their changes from before the copy."""
+    INITIAL_ONLY = "INITIAL_ONLY"
+    """Copy the existing documents once and stop."""
+    WHEN_NEEDED = "WHEN_NEEDED"
+    """Copy when the stream has no checkpoint, or its position fell out of the oplog."""
+
+
 def choices_text(enum: type[Choice]) -> str:
     return ", ".join(repr(member.value) for member in enum)
 

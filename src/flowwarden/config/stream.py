@@ -10,7 +10,7 @@ from pydantic import ValidationInfo, field_validator, model_validator
 
 from flowwarden.config.backoff import backoff_delay
 from flowwarden.config.base import OptionProblem, Options, option
-from flowwarden.config.choices import Deployment, OnInvalidate, coerce_choice
+from flowwarden.config.choices import Deployment, OnInvalidate, Snapshot, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
 from flowwarden.partitions import MAX_PARTITIONS
 
@@ -121,6 +121,17 @@ class ChangeStreamOptions(Options):
         ge=1,
         le=MAX_PARTITIONS,
     )
+    snapshot: Snapshot = option(
+        Snapshot.NEVER,
+        "Copy the documents that already exist before (or instead of) streaming their changes; "
+        "rows reach the methods as operation_type 'snapshot'.",
+    )
+    snapshot_chunk_size: int = option(
+        1000,
+        "Documents the initial snapshot reads at a time; its progress is saved after each chunk "
+        "was handled.",
+        ge=1,
+    )
 
     @field_validator("collection")
     @classmethod
@@ -149,6 +160,11 @@ class ChangeStreamOptions(Options):
     @classmethod
     def _deployment(cls, value: Any, info: ValidationInfo) -> Any:
         return coerce_choice(Deployment, value, info.field_name or "")
+
+    @field_validator("snapshot", mode="before")
+    @classmethod
+    def _snapshot(cls, value: Any, info: ValidationInfo) -> Any:
+        return coerce_choice(Snapshot, value, info.field_name or "")
 
     @field_validator("on_invalidate", mode="before")
     @classmethod

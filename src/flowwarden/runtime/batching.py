@@ -200,26 +200,43 @@ class BatchDelivery:
         last = batch.last_token
         await committer.flush()
         await committer.save_batch_end(last)
-        outcome = "ok"
-        try:
-            calls, dropped = await self._hand_over(batch.changes)
-            outcome = "ok" if calls == 1 else "retried"
-            if dropped:
-                await self._giving_up.park_malformed(dropped)
-        except Exhausted as exhausted:
-            await self._giving_up.give_up(batch.changes, exhausted.error, exhausted.attempts)
-            outcome = ""  # counted by giving_up
-        except Interrupted:
+        if not await self._run(batch.changes, str(batch.first_token["_data"]), batch.operations):
             return  # stopping: the batch stays unfinished, the checkpoint stays before it
-        if self._metrics is not None:
-            self._metrics.batch_events.observe(len(batch))
-            if outcome:
-                for operation, count in batch.operations.items():
-                    self._metrics.handled(operation, outcome, count)
         await committer.commit_through(batch.last_sequence, last)
         self._delivered(len(batch))
         if self._ctx.take_save_request():
             await committer.flush()
+
+    async def _run(self, changes: list[Mapping[str, Any]], batch_id: str, operations: Counter[str]) -> bool:
+        """The method on one batch under the retry policy, or ``on_exhausted`` once it gave up;
+        False when the stream stopped while a failed call waited for its next attempt."""
+        outcome = "ok"
+        try:
+            calls, dropped = await self._hand_over(changes, batch_id)
+            outcome = "ok" if calls == 1 else "retried"
+            if dropped:
+                await self._giving_up.park_malformed(dropped)
+        except Exhausted as exhausted:
+            await self._giving_up.give_up(changes, exhausted.error, exhausted.attempts)
+            outcome = ""  # counted by giving_up
+        except Interrupted:
+            return False
+        if self._metrics is not None:
+            self._metrics.batch_events.observe(len(changes))
+            if outcome:
+                for operation, count in operations.items():
+                    self._metrics.handled(operation, outcome, count)
+        return True
+
+    async def deliver_rows(self, rows: list[Any], batch_id: str) -> bool:
+        """Initial-snapshot rows, in batches of at most ``max_events``, each handed over once the
+        one before it returned; False when a stop interrupted one."""
+        await self.settle()
+        for start in range(0, len(rows), self.max_events):
+            part = rows[start : start + self.max_events]
+            if not await self._run(part, f"{batch_id}+{start}", Counter(snapshot=len(part))):
+                return False
+        return True
 
     def add(self, sequence: int, change: MutableMapping[str, Any]) -> None:
         self._batch.add(sequence, change)
@@ -271,7 +288,7 @@ class BatchDelivery:
         return batch
 
     async def _hand_over(
-        self, changes: list[Mapping[str, Any]]
+        self, changes: list[Mapping[str, Any]], batch_id: str
     ) -> tuple[int, list[tuple[Mapping[str, Any], Any]]]:
         """Hand the batch to the method (with its retry policy).
 
@@ -281,7 +298,7 @@ class BatchDelivery:
         BSON cannot be decoded is given up on alone (on_exhausted at once: decoding again cannot
         help), and the rest of the batch is converted without it.
         """
-        self._ctx.batch_id = str(changes[0]["_id"]["_data"])
+        self._ctx.batch_id = batch_id
         if not self._dataframe:
             return await self._invoker([ChangeEvent(change) for change in changes]), []
         from flowwarden.spark import events_to_dataframe

@@ -93,6 +93,8 @@ class EventDispatch:
                     self._invokers[operation] = self._invoker(method)
             if spec.fallback is not None:
                 self._fallback = self._invoker(spec.fallback)
+            if "snapshot" not in self._invokers and "insert" in self._invokers:
+                self._invokers["snapshot"] = self._invokers["insert"]  # see StreamSpec.handler_for
         self._scheduler: KeyedScheduler | None = None
         self._sequence = 0
         self.halt = False
@@ -266,9 +268,18 @@ class EventDispatch:
 
         ``first_error``: the first attempt already ran inline and failed with it.
         """
+        if not await self._run_handler(change, first_error):
+            return  # stopping: this event stays unfinished, the checkpoint stays before it
+        await committer.commit(sequence, change["_id"])
+        self.events_processed += 1
+        if self.ctx.take_save_request():
+            await committer.flush()
+
+    async def _run_handler(self, change: MutableMapping[str, Any], first_error: BaseException | None = None) -> bool:
+        """The event's method under the retry policy, or ``on_exhausted`` once it gave up;
+        False when the stream stopped while a failed call waited for its next attempt."""
         operation = change.get("operationType", "")
         invoker = self._invokers.get(operation, self._fallback)
-        token = change["_id"]
         outcome = "ok"
         if invoker is not None:
             try:
@@ -281,13 +292,26 @@ class EventDispatch:
                 await self._giving_up.give_up([change], exhausted.error, exhausted.attempts)
                 outcome = ""  # counted by giving_up
             except Interrupted:
-                return  # stopping: this event stays unfinished, the checkpoint stays before it
-        await committer.commit(sequence, token)
-        self.events_processed += 1
+                return False
         if self.metrics is not None and outcome:
             self.metrics.handled(operation, outcome)
-        if self.ctx.take_save_request():
-            await committer.flush()
+        return True
+
+    async def deliver_snapshot(self, rows: list[Any], batch_id: str) -> None:
+        """Hand one chunk of initial-snapshot rows to the methods; return once every row was
+        handled or given up on (see :mod:`flowwarden.runtime.snapshot`). A stop that interrupts
+        a row sets :attr:`halt` and returns early: the chunk is then not finished."""
+        if self.batch is not None:
+            if not await self.batch.deliver_rows(rows, batch_id):
+                self.halt = True
+            return
+        width = max(1, self._concurrency)
+        for start in range(0, len(rows), width):
+            # Each document appears once in a snapshot: its rows need no order among themselves.
+            done = await asyncio.gather(*(self._run_handler(row) for row in rows[start : start + width]))
+            if not all(done):
+                self.halt = True
+                return
 
     # -- events that cannot be decoded -------------------------------------------------------------
 

@@ -178,6 +178,19 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
     dead_letters = CounterMetricFamily(
         "flowwarden_dead_letters", "Events written to the dead-letter collection.", labels=["stream"]
     )
+    snapshot_copied = GaugeMetricFamily(
+        "flowwarden_snapshot_documents_copied",
+        "Documents the initial snapshot handed to the methods so far.",
+        labels=["stream"],
+    )
+    snapshot_total = GaugeMetricFamily(
+        "flowwarden_snapshot_documents_estimated",
+        "The documents the initial snapshot was to copy, estimated when it began.",
+        labels=["stream"],
+    )
+    snapshot_done = GaugeMetricFamily(
+        "flowwarden_snapshot_done", "1 once the initial snapshot was copied.", labels=["stream"]
+    )
     now = time.time()
     for runner in runners:
         name = runner.name
@@ -197,12 +210,17 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
         for each in StreamState:
             state.add_metric([name, each.value], 1.0 if status.state == each else 0.0)
         lease.add_metric([name], 1.0 if runner.holds_lease else 0.0)
+        if status.snapshot is not None:
+            snapshot_copied.add_metric([name], status.snapshot.copied)
+            if status.snapshot.total is not None:
+                snapshot_total.add_metric([name], status.snapshot.total)
+            snapshot_done.add_metric([name], 1.0 if status.snapshot.done else 0.0)
         if status.last_processed_time is not None:
             behind.add_metric([name], max(0.0, now - status.last_processed_time.timestamp()))
         if status.last_seen_time is not None:
             seen_behind.add_metric([name], max(0.0, now - status.last_seen_time.timestamp()))
     yield from (events, durations, batches, saves, failures, save_seconds, behind, seen_behind)
-    yield from (restarts, state, lease, dead_letters)
+    yield from (restarts, state, lease, dead_letters, snapshot_copied, snapshot_total, snapshot_done)
 
 
 COLLECTOR = FlowwardenCollector()

@@ -151,6 +151,11 @@ class StreamOpener:
             self.spec.checkpoint.start_position.value,
         )
 
+    async def current_position(self) -> dict[str, Any]:
+        """The stream's position now, as the server names it (the token a stream opened now
+        would resume after)."""
+        return await self._token_of({})
+
     async def _token_of(self, start: Mapping[str, Any]) -> dict[str, Any]:
         return await opening_token(self.watch_target(), start, **self.watch_options())
 

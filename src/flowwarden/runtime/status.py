@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from flowwarden.checkpoints.model import SnapshotProgress
+
 
 class StreamState(str, enum.Enum):
     STARTING = "STARTING"
@@ -36,3 +38,6 @@ class StreamStatus:
     events_waiting: int = 0
     """Events read from the stream and not yet handed to a method: read ahead, and gathered in
     the batch being formed while the one before it is in flight."""
+    snapshot: SnapshotProgress | None = None
+    """The initial snapshot's progress (``copied``, ``total`` estimate, ``done``), for streams
+    with ``snapshot`` other than NEVER once they loaded or began one."""

@@ -31,6 +31,7 @@ from pymongo.errors import OperationFailure
 
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
+from flowwarden.config import Snapshot
 from flowwarden.errors import (
     ConfigurationError,
     FencedError,
@@ -50,6 +51,7 @@ from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.runtime.ownership import Ownership
 from flowwarden.runtime.read_ahead import ReadAhead
 from flowwarden.runtime.restarts import Restarts
+from flowwarden.runtime.snapshot import SnapshotCopy, SnapshotStopped
 from flowwarden.runtime.status import StreamState, StreamStatus
 from flowwarden.spec import StreamSpec
 
@@ -65,6 +67,10 @@ class _HistoryLost(Exception):
     def __init__(self, error: OperationFailure) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class _SnapshotOnly(Exception):
+    """A ``snapshot=INITIAL_ONLY`` stream copied what exists: it stops without streaming."""
 
 
 class _LostOwnership(Exception):
@@ -126,6 +132,15 @@ class StreamRunner:
         )
         self._restarts = Restarts(self.name, spec.stream, self.log, self._stopping)
         self._reader: ReadAhead | None = None
+        self._snapshot = SnapshotCopy(
+            spec,
+            client=client,
+            store=store,
+            opener=self._opener,
+            dispatch=self._dispatch,
+            stopping=self._stopping,
+            log=self.log,
+        )
 
         # Status, read from other threads through status(): plain attributes, replaced whole.
         self.state = StreamState.STARTING
@@ -206,6 +221,7 @@ class StreamRunner:
             last_error=self.last_error,
             reason=self.reason,
             events_waiting=self._dispatch.waiting() + (len(reader.items) if (reader := self._reader) else 0),
+            snapshot=self._snapshot.progress,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -229,6 +245,9 @@ class StreamRunner:
                     if self._opener.forced_start is not None:
                         continue  # history-lost strategy chosen: re-open at once
                     break
+                except _SnapshotOnly:
+                    self.reason = "initial snapshot copied; snapshot=INITIAL_ONLY streams no changes"
+                    break
                 except Invalidated as invalidated:
                     self.reason = str(invalidated.error)
                     self.error = invalidated.error  # not a graceful stop: Connector.stream_errors() says
@@ -242,7 +261,17 @@ class StreamRunner:
                     self.state = StreamState.STANDBY
                     continue
                 except _HistoryLost as lost:
-                    await self._opener.history_lost(lost.error)
+                    if self.spec.stream.snapshot is Snapshot.WHEN_NEEDED:
+                        # The snapshot is this stream's strategy: copy everything again from now.
+                        self.log.warning(
+                            "stream %s: its position fell out of the oplog (%s); snapshot=WHEN_NEEDED: "
+                            "copying the existing documents again",
+                            self.name,
+                            lost.error,
+                        )
+                        self._snapshot.anew = True
+                    else:
+                        await self._opener.history_lost(lost.error)
                     continue
                 except BaseException as error:
                     if isinstance(error, (asyncio.CancelledError, SystemExit, KeyboardInterrupt)):
@@ -329,6 +358,8 @@ class StreamRunner:
     async def _run_once(self) -> None:
         self._dispatch.halt = self._stopping.is_set() or self._ownership.lost
         try:
+            if self._snapshot.enabled and not await self._copy_existing():
+                return  # a stop came while copying; the chunk in hand stays unsaved
             opened = await self._until_stopped(self._open_from_checkpoint(), None)
         except OperationFailure as error:
             if error.code == HISTORY_LOST:
@@ -369,6 +400,29 @@ class StreamRunner:
             raise
         else:
             await self._drain_and_close(committer)
+
+    async def _copy_existing(self) -> bool:
+        """The initial snapshot, when this run needs one (see :mod:`flowwarden.runtime.snapshot`);
+        False when a stop interrupted it. Raises :class:`_SnapshotOnly` once a
+        ``snapshot=INITIAL_ONLY`` stream has nothing left to copy."""
+        snapshot = self._snapshot
+        checkpoint = await self._store.load(self.name)
+        if checkpoint is not None and snapshot.progress is None:
+            snapshot.progress = checkpoint.snapshot
+        if snapshot.needed(checkpoint):
+            if checkpoint is None:
+                await self._check_layout()
+            epoch = self._ownership.epoch
+            if epoch is None:
+                epoch = checkpoint.epoch if checkpoint is not None else 0
+            self.state = StreamState.RUNNING
+            try:
+                await snapshot.run(checkpoint, epoch)
+            except SnapshotStopped:
+                return False
+        if self.spec.stream.snapshot is Snapshot.INITIAL_ONLY:
+            raise _SnapshotOnly()
+        return True
 
     async def _check_layout(self) -> None:
         """Refuse to start a stream with no checkpoint of its own while checkpoints of it are
@@ -461,6 +515,7 @@ class StreamRunner:
             stream,
             2 * (self.spec.stream.batch_size or _DEFAULT_READ_AHEAD_BATCH),
             raw=self.spec.dataframe is not None,
+            read_error=self._opener.read_error,
         )
         self._reader = reader
         try:

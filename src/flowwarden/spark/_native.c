@@ -2695,6 +2695,15 @@ static int put_namespace(Ctx *ctx, StringColumn *db, StringColumn *coll, const F
     return put_text_field(ctx, coll, &names[1], coll_not_string);
 }
 
+/* Whether operationType is "snapshot": an initial-snapshot row, the one event without a token. */
+static int is_snapshot_row(const Field *operation) {
+    Py_ssize_t text = 0;
+    if (operation->type != 0x02 || string_value(operation->value, operation->avail, &text) < 0) {
+        return 0;
+    }
+    return text == 8 && memcmp(operation->value + 4, "snapshot", 8) == 0;
+}
+
 static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t len) {
     Ctx *ctx = w->ctx;
     if (len < 5 || (Py_ssize_t)rd32(p) != len || p[len - 1] != 0) {
@@ -2710,22 +2719,28 @@ static int convert_event(Writer *w, Table *table, const uint8_t *p, Py_ssize_t l
         return rc;
     }
 
-    /* _id: the resume token's _data */
+    /* _id: the resume token's _data; an initial-snapshot row has none (it is not a position) */
     const Field *id = &fields[F_ID];
-    if (id->type != 0x03) {
-        return fallback(ctx, "no resume token _id document");
-    }
-    Field data[1];
-    memset(data, 0, sizeof(data));
-    rc = read_fields(ctx, id->value, doc_size(id->value, id->avail), 1, data_field, data, 0);
-    if (rc < 0) {
-        return rc;
-    }
-    if (data[0].type != 0x02 && data[0].type != 0x0E) {
-        return fallback(ctx, "no resume token _id._data string");
-    }
-    if ((rc = put_text_field(ctx, &table->id, &data[0], "")) < 0) {
-        return rc;
+    if (id->type == 0 && is_snapshot_row(&fields[F_OPERATION])) {
+        if ((rc = put_text_field(ctx, &table->id, id, "")) < 0) {
+            return rc;
+        }
+    } else {
+        if (id->type != 0x03) {
+            return fallback(ctx, "no resume token _id document");
+        }
+        Field data[1];
+        memset(data, 0, sizeof(data));
+        rc = read_fields(ctx, id->value, doc_size(id->value, id->avail), 1, data_field, data, 0);
+        if (rc < 0) {
+            return rc;
+        }
+        if (data[0].type != 0x02 && data[0].type != 0x0E) {
+            return fallback(ctx, "no resume token _id._data string");
+        }
+        if ((rc = put_text_field(ctx, &table->id, &data[0], "")) < 0) {
+            return rc;
+        }
     }
     if ((rc = put_text_field(ctx, &table->operation, &fields[F_OPERATION], "operationType is not a string")) < 0) {
         return rc;

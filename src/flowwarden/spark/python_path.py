@@ -94,18 +94,22 @@ def decode_events(
     return out
 
 
-def _token_data(raws: list[Mapping[str, Any]]) -> list[str]:
+def _token_data(raws: list[Mapping[str, Any]]) -> list[str | None]:
+    """Each event's resume token ``_data``; None for an event without ``_id`` (an
+    initial-snapshot row, which is not a position)."""
     try:
         return [raw["_id"]["_data"] for raw in raws]
     except (KeyError, TypeError):
         for index, raw in enumerate(raws):
             token = raw.get("_id") if isinstance(raw, Mapping) else None
+            if isinstance(raw, Mapping) and "_id" not in raw and raw.get("operationType") == "snapshot":
+                continue
             if not isinstance(token, Mapping) or not isinstance(token.get("_data"), str):
                 raise InvalidTokenError(
                     f"event {index} of the batch has no resume token _id._data (got {token!r}); "
                     "a pipeline stage must not remove or rewrite _id"
                 ) from None
-        raise
+        return [raw["_id"]["_data"] if "_id" in raw else None for raw in raws]
 
 
 def _document_keys(keys: list[Any], json: Encoder) -> list[str | None]:

@@ -1,0 +1,363 @@
+"""The initial snapshot: existing documents first, then their changes, with no gap.
+
+The claim that matters most is tested with real processes: a connector SIGKILLed in the middle
+of copying 5,000 documents while a writer inserts, updates and deletes, then restarted; every row
+it delivered, applied in order (snapshot rows as upserts), rebuilds the collection exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+from bson import json_util
+
+from flowwarden import (
+    ChangeEvent,
+    Snapshot,
+    StreamContext,
+    StreamState,
+    change_stream,
+    checkpoint,
+    on_batch,
+    on_change,
+    on_insert,
+    on_snapshot,
+    stream_spec,
+)
+from flowwarden.checkpoints import InMemoryCheckpointStore
+from flowwarden.errors import ConfigurationError
+from flowwarden.partitions import partition_name
+from flowwarden.testing import EmbeddedReplicaSet
+
+from .conftest import checkpoint_doc, running, wait_until
+
+WORKER = Path(__file__).with_name("snapshot_worker.py")
+
+
+def _rows_class(db: str, mode: Snapshot, seen: list[Any], **stream: Any) -> type:
+    @change_stream("orders", db, name="orders", snapshot=mode, max_await_time_ms=50, **stream)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Orders:
+        @on_snapshot
+        def copied(self, event: ChangeEvent) -> None:
+            seen.append(("snapshot", event.document_key["_id"], event.full_document))
+
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            key = event.document_key
+            seen.append((event.operation_type, key["_id"] if key else None, None))
+
+    return Orders
+
+
+def test_initial_copies_existing_documents_then_streams_changes_after_the_copy_began(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i, "qty": i} for i in range(25)])
+    seen: list[Any] = []
+    with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL, seen, snapshot_chunk_size=10)]) as c:
+        wait_until(lambda: len(seen) == 25, what="the copy")
+        orders.insert_one({"_id": 100})
+        orders.delete_one({"_id": 3})
+        wait_until(lambda: len(seen) == 27, what="the changes after the copy")
+        status = c.status()["orders"]
+    assert seen[:25] == [("snapshot", i, {"_id": i, "qty": i}) for i in range(25)]
+    assert seen[25:] == [("insert", 100, None), ("delete", 3, None)]
+    assert status.snapshot is not None and status.snapshot.done and status.snapshot.copied == 25
+    assert status.snapshot.total == 25
+    stored = checkpoint_doc(client, db_name, "orders")
+    assert stored is not None and stored["snapshot"]["done"] is True and stored["snapshot"]["copied"] == 25
+    # The copy began at the stored snapshot token: the stream resumed right after it.
+    assert stored["lastSeenToken"] is not None
+
+    # A restart does not copy again: it goes on with the changes.
+    seen.clear()
+    with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL, seen)]):
+        orders.insert_one({"_id": 101})
+        wait_until(lambda: seen == [("insert", 101, None)], what="the next change only")
+
+
+def test_snapshot_rows_carry_the_document_and_go_to_on_insert_without_on_snapshot(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    client[db_name].orders.insert_many([{"_id": "a", "sku": "tea"}, {"_id": "b", "sku": "jam"}])
+    events: list[ChangeEvent] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot="initial", max_await_time_ms=50)
+    class Orders:
+        @on_insert
+        def created(self, event: ChangeEvent) -> None:
+            events.append(event)
+
+    with running(mongodb_uri, [Orders]):
+        wait_until(lambda: len(events) == 2, what="both rows")
+    first = events[0]
+    assert first.operation_type == "snapshot"
+    assert first.full_document == {"_id": "a", "sku": "tea"}
+    assert first.document_key == {"_id": "a"}
+    assert first.namespace == (db_name, "orders")
+    assert first.cluster_time is not None and first.cluster_time == events[1].cluster_time
+    assert first.raw.get("_id") is None  # a row is not a position: no resume token
+
+
+def test_batch_methods_receive_snapshot_rows_in_batches(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(23)])
+    batches: list[tuple[str, list[tuple[str, int]]]] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot=Snapshot.INITIAL, snapshot_chunk_size=10)
+    class Orders:
+        @on_batch(max_events=4, max_wait_seconds=0.05)
+        def handle(self, events: list[ChangeEvent], ctx: StreamContext) -> None:
+            assert ctx.batch_id is not None
+            batches.append((ctx.batch_id, [(e.operation_type, e.document_key["_id"]) for e in events]))
+
+    with running(mongodb_uri, [Orders]):
+        wait_until(lambda: sum(len(rows) for _, rows in batches) == 23, what="every row")
+        client[db_name].orders.insert_one({"_id": 99})
+        wait_until(lambda: batches[-1][1] == [("insert", 99)], what="the change after the copy")
+    rows = [row for _, rows in batches[:-1] for row in rows]
+    assert rows == [("snapshot", i) for i in range(23)]
+    assert max(len(rows) for _, rows in batches) == 4
+    assert len({batch_id for batch_id, _ in batches}) == len(batches)
+
+
+def test_initial_only_copies_and_stops(mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(5)])
+    seen: list[Any] = []
+    with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL_ONLY, seen)]) as connector:
+        wait_until(lambda: connector.status()["orders"].state is StreamState.STOPPED, what="the stop")
+        status = connector.status()["orders"]
+    assert [key for _, key, _ in seen] == [0, 1, 2, 3, 4]
+    assert "INITIAL_ONLY" in (status.reason or "")
+    assert connector.stream_errors() == {}
+    # Started again, it has nothing left to copy and stops at once.
+    client[db_name].orders.insert_one({"_id": 5})
+    with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL_ONLY, seen)]) as connector:
+        wait_until(lambda: connector.status()["orders"].state is StreamState.STOPPED, what="the stop")
+    assert len(seen) == 5
+
+
+def test_a_database_stream_copies_its_collections_in_order_and_not_flowwardens_own(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    database = client[db_name]
+    database.returns.insert_many([{"_id": 1}, {"_id": 2}])
+    database.orders.insert_one({"_id": 1})
+    database["_fw_dlq"].insert_one({"_id": "not user data"})
+    seen: list[tuple[str, Any]] = []
+
+    @change_stream(database=db_name, name="shop", snapshot=Snapshot.INITIAL, max_await_time_ms=50)
+    class Shop:
+        @on_snapshot
+        def copied(self, event: ChangeEvent) -> None:
+            seen.append((event.namespace[1] or "", event.document_key["_id"]))
+
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            pass  # the database's changes, checkpoint writes included
+
+    with running(mongodb_uri, [Shop]) as connector:
+        wait_until(lambda: (s := connector.status()["shop"].snapshot) is not None and s.done, what="the copy")
+    assert seen == [("orders", 1), ("returns", 1), ("returns", 2)]
+
+
+def test_partitioned_streams_copy_their_own_bucket(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    if client.server_info()["versionArray"][0] < 7:
+        pytest.skip("needs MongoDB 7.0+ ($toHashedIndexKey splits the stream)")
+    client[db_name].orders.insert_many([{"_id": i} for i in range(60)])
+    seen: list[tuple[str, int]] = []
+
+    @change_stream("orders", db_name, name="orders", partitions=3, snapshot=Snapshot.INITIAL)
+    class Orders:
+        @on_snapshot
+        def copied(self, event: ChangeEvent, ctx: StreamContext) -> None:
+            seen.append((ctx.stream, event.document_key["_id"]))
+
+    with running(mongodb_uri, [Orders]):
+        wait_until(lambda: len(seen) == 60, what="every document once")
+    assert sorted(key for _, key in seen) == list(range(60))
+    buckets = {stream for stream, _ in seen}
+    assert buckets == {partition_name("orders", i, 3) for i in range(3)}
+    # A document's bucket is the one its changes go to: its hashed _id modulo 3.
+    hashes = {
+        row["_id"]: row["h"]
+        for row in client[db_name].orders.aggregate([{"$project": {"h": {"$toHashedIndexKey": "$_id"}}}])
+    }
+    for stream, key in seen:
+        assert stream == partition_name("orders", ((hashes[key] % 3) + 3) % 3, 3)
+
+
+@pytest.mark.embedded_only
+def test_when_needed_copies_again_once_history_is_lost() -> None:
+    with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient(rs.uri) as client:
+        orders = client.shop.orders
+        orders.insert_many([{"_id": i} for i in range(3)])
+        seen: list[Any] = []
+        with running(rs.uri, [_rows_class("shop", Snapshot.WHEN_NEEDED, seen)]):
+            wait_until(lambda: len(seen) == 3, what="the first copy")
+            orders.insert_one({"_id": 3})
+            wait_until(lambda: len(seen) == 4, what="a change")
+        assert [kind for kind, _, _ in seen] == ["snapshot"] * 3 + ["insert"]
+        orders.insert_many([{"_id": i} for i in range(4, 40)])  # the stored position leaves the oplog
+        seen.clear()
+        with running(rs.uri, [_rows_class("shop", Snapshot.WHEN_NEEDED, seen)]) as connector:
+            wait_until(lambda: len(seen) == 40, what="the second copy")
+            assert connector.status()["orders"].state is StreamState.RUNNING
+            orders.insert_one({"_id": 40})
+            wait_until(lambda: len(seen) == 41, what="changes after the second copy")
+        assert seen[:40] == [("snapshot", i, {"_id": i}) for i in range(40)]
+        assert seen[40][:2] == ("insert", 40)
+
+
+def test_a_store_without_snapshot_support_is_refused_by_name(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    class Minimal:  # the seven methods of the store SPI, and no save_snapshot
+        def __init__(self) -> None:
+            self._inner = InMemoryCheckpointStore()
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "save_snapshot":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    store = Minimal()
+    seen: list[Any] = []
+    with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL, seen)], checkpoint_store=store) as c:
+        wait_until(lambda: c.status()["orders"].state is StreamState.FAILED, what="the refusal")
+        error = c.stream_errors()["orders"]
+    assert isinstance(error, ConfigurationError) and "save_snapshot" in str(error)
+    assert seen == []
+
+
+def test_on_snapshot_without_a_snapshot_is_refused_at_decoration() -> None:
+    with pytest.raises(ConfigurationError, match="snapshot=NEVER"):
+
+        @change_stream("orders", "shop")
+        class Orders:
+            @on_snapshot
+            def copied(self, event: ChangeEvent) -> None:
+                pass
+
+        stream_spec(Orders)
+
+
+# -- a crash in the middle of the copy, with writes going on ------------------------------------------
+
+
+class _Writer:
+    """Inserts, updates and deletes random documents of ``orders`` until stopped."""
+
+    def __init__(self, collection: Any, seed: int) -> None:
+        self._collection = collection
+        self._random = random.Random(seed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.writes = 0
+
+    def _run(self) -> None:
+        next_id = 5_000
+        while not self._stop.is_set():
+            choice = self._random.random()
+            key = self._random.randrange(next_id)
+            if choice < 0.3:
+                self._collection.insert_one({"_id": next_id, "qty": 0, "note": "new"})
+                next_id += 1
+            elif choice < 0.8:
+                self._collection.update_one({"_id": key}, {"$inc": {"qty": 1}, "$set": {"by": "writer"}})
+            else:
+                self._collection.delete_one({"_id": key})
+            self.writes += 1
+
+    def __enter__(self) -> _Writer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _start(uri: str, db: str, log: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, str(WORKER), uri, db, str(log), "250"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def _rows(log: Path) -> list[list[Any]]:
+    return [json_util.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _rebuild(rows: list[list[Any]]) -> dict[Any, Any]:
+    """The collection as the delivered rows say, applied in order: snapshot rows and changes with
+    a document as upserts, deletes as deletes (an update whose lookup found the document gone
+    carries none, and its delete follows)."""
+    state: dict[Any, Any] = {}
+    for operation, key, document in rows:
+        if operation == "delete":
+            state.pop(key, None)
+        elif document is not None:
+            state[key] = document
+    return state
+
+
+def test_a_crash_in_the_middle_of_the_copy_loses_nothing(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, tmp_path: Path
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i, "qty": i % 7, "sku": f"s{i}"} for i in range(5_000)])
+    log = tmp_path / "rows.jsonl"
+    with _Writer(orders, seed=7) as writer:
+        first = _start(mongodb_uri, db_name, log)
+        try:
+            wait_until(lambda: log.exists() and len(_rows(log)) >= 1_200, timeout=60, what="part of the copy")
+        finally:
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(30)
+        stored = checkpoint_doc(client, db_name, "orders")
+        assert stored is not None and not stored["snapshot"]["done"]
+        copied_before = stored["snapshot"]["copied"]
+        assert 0 < copied_before < 5_000, "the kill did not land in the middle of the copy"
+
+        second = _start(mongodb_uri, db_name, log)
+        try:
+            wait_until(
+                lambda: (checkpoint_doc(client, db_name, "orders") or {}).get("snapshot", {}).get("done"),
+                timeout=120,
+                what="the copy to finish",
+            )
+            writer.stop()
+            orders.insert_one({"_id": "end"})
+            wait_until(lambda: any(row[1] == "end" for row in _rows(log)), timeout=60, what="the last write")
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(30)
+    assert writer.writes > 100
+    rows = _rows(log)
+    snapshot_rows = [row for row in rows if row[0] == "snapshot"]
+    # The restart went on from the saved progress: it repeated at most the chunk in flight.
+    assert len(snapshot_rows) - len({row[1] for row in snapshot_rows}) <= 250
+    assert _rebuild(rows) == {document["_id"]: document for document in orders.find()}
