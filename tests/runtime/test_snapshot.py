@@ -31,6 +31,7 @@ from flowwarden import (
     on_change,
     on_insert,
     on_snapshot,
+    pipeline,
     stream_spec,
 )
 from flowwarden.checkpoints import InMemoryCheckpointStore
@@ -361,3 +362,49 @@ def test_a_crash_in_the_middle_of_the_copy_loses_nothing(
     # The restart went on from the saved progress: it repeated at most the chunk in flight.
     assert len(snapshot_rows) - len({row[1] for row in snapshot_rows}) <= 250
     assert _rebuild(rows) == {document["_id"]: document for document in orders.find()}
+
+
+def test_match_stages_on_the_document_filter_the_copy_too(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i, "status": "A" if i % 3 else "B"} for i in range(12)])
+    seen: list[Any] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot=Snapshot.INITIAL, full_document="updateLookup")
+    @pipeline([{"$match": {"fullDocument.status": "B"}}])
+    class Orders:
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            seen.append((event.operation_type, event.document_key["_id"]))
+
+    with running(mongodb_uri, [Orders]):
+        wait_until(lambda: len(seen) == 4, what="the B documents")
+        client[db_name].orders.insert_many([{"_id": 20, "status": "A"}, {"_id": 21, "status": "B"}])
+        wait_until(lambda: len(seen) == 5, what="the B change")
+    assert seen == [("snapshot", 0), ("snapshot", 3), ("snapshot", 6), ("snapshot", 9), ("insert", 21)]
+
+
+@pytest.mark.parametrize(
+    ("query", "documents"),
+    [
+        ({"fullDocument.status": "A"}, {"status": "A"}),
+        ({"documentKey._id": {"$gt": 5}}, {"_id": {"$gt": 5}}),
+        (
+            {"$or": [{"fullDocument.qty": {"$gte": 2}}, {"fullDocument.tags": "x"}]},
+            {"$or": [{"qty": {"$gte": 2}}, {"tags": "x"}]},
+        ),
+        (
+            {"$expr": {"$eq": [{"$mod": [{"$toHashedIndexKey": "$documentKey._id"}, 4]}, 1]}},
+            {"$expr": {"$eq": [{"$mod": [{"$toHashedIndexKey": "$_id"}, 4]}, 1]}},
+        ),
+        ({"operationType": {"$in": ["insert"]}}, None),
+        ({"fullDocument.status": "A", "ns.coll": "orders"}, None),
+        ({"$or": [{"fullDocument.status": "A"}, {"operationType": "delete"}]}, None),
+        ({"$expr": {"$eq": ["$updateDescription.updatedFields.qty", 1]}}, None),
+        ({"fullDocument": {"$exists": True}}, None),
+    ],
+)
+def test_document_query_reads_the_document_or_gives_up(query: dict[str, Any], documents: Any) -> None:
+    from flowwarden.runtime.snapshot import document_query
+
+    assert document_query(query) == documents

@@ -11,6 +11,9 @@ The rules this module keeps:
   collection; a chunk's progress is saved only after every row of it was handled (or given up on
   under the retry policy's ``on_exhausted``), so a restart copies on right after the last saved
   chunk and hands at most one chunk over again;
+- the stream's ``$match`` stages that read only the document (``fullDocument.*``,
+  ``documentKey._id``) filter the copy too (:func:`document_query`), so a partitioned stream's
+  bucket, or a filter on a document field, copies what its changes would deliver;
 - rows are ChangeEvents with ``operation_type == "snapshot"``, the document as
   ``full_document``, its ``_id`` as ``document_key``, the namespace as ``ns`` and ``T``'s cluster
   time as ``cluster_time``; they carry no resume token (``_id``): they are not positions.
@@ -35,7 +38,6 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Snapshot
 from flowwarden.errors import ConfigurationError
 from flowwarden.events import token_cluster_time
-from flowwarden.partitions import bucket_stage
 from flowwarden.raw_events import RawEvent
 from flowwarden.runtime.context import StreamLog
 from flowwarden.runtime.dispatch import EventDispatch
@@ -195,16 +197,20 @@ class SnapshotCopy:
                 return progress
 
     def _filter(self) -> dict[str, Any]:
-        """The find filter of a partitioned stream's bucket (its hash bucket of ``_id``)."""
-        stages = self.spec.pipeline
-        if self.spec.stream.partitions == 1 or not stages:
+        """The find filter of the copy: the stream's ``$match`` stages that read only the document
+        (``fullDocument.*``, ``documentKey._id``), rewritten to read it directly; a partitioned
+        stream's bucket is one of them. Stages after the first one that is not a ``$match`` may
+        see reshaped events, so the filter stops there."""
+        applied: list[dict[str, Any]] = []
+        for stage in self.spec.pipeline:
+            if set(stage) != {"$match"}:
+                break
+            query = document_query(stage["$match"])
+            if query is not None:
+                applied.append(query)
+        if not applied:
             return {}
-        bucket = stages[0]
-        # The bucket stage (see flowwarden.partitions) reads documentKey._id; a document's own
-        # _id hashes the same.
-        index = _bucket_index(bucket, self.spec.stream.partitions)
-        expression = bucket_stage(index, self.spec.stream.partitions)["$match"]["$expr"]
-        return {"$expr": _rewrite_key(expression)}
+        return applied[0] if len(applied) == 1 else {"$and": applied}
 
     async def _namespaces(self) -> list[str]:
         """The collections the stream covers, in name order."""
@@ -257,22 +263,62 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _bucket_index(stage: Mapping[str, Any], count: int) -> int:
-    for index in range(count):
-        if dict(stage) == bucket_stage(index, count):
-            return index
-    raise AssertionError(f"a partitioned stream's first stage is its bucket, got {stage!r}")
+def document_query(query: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A change-stream ``$match`` query as a query on the documents themselves, or None when it
+    reads anything else (the operation type, the namespace, the update description...)."""
+    out: dict[str, Any] = {}
+    for key, value in query.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(value, list) or not value:
+                return None
+            parts = [document_query(part) if isinstance(part, Mapping) else None for part in value]
+            if any(part is None for part in parts):
+                return None
+            out[key] = parts
+        elif key == "$expr":
+            expression = _document_expression(value)
+            if expression is None:
+                return None
+            out[key] = expression
+        elif key.startswith("$"):
+            return None
+        else:
+            field = _document_field(key)
+            if field is None:
+                return None
+            out[field] = value
+    return out
 
 
-def _rewrite_key(expression: Any) -> Any:
-    """``expression`` with ``$documentKey._id`` read from the document itself (``$_id``)."""
-    if expression == "$documentKey._id":
-        return "$_id"
-    if isinstance(expression, dict):
-        return {key: _rewrite_key(value) for key, value in expression.items()}
+def _document_field(path: str) -> str | None:
+    """``fullDocument.a.b`` -> ``a.b``; ``documentKey._id[.x]`` -> ``_id[.x]``; else None."""
+    if path.startswith("fullDocument."):
+        return path[len("fullDocument.") :]
+    if path == "documentKey._id" or path.startswith("documentKey._id."):
+        return path[len("documentKey.") :]
+    return None
+
+
+def _document_expression(expression: Any) -> Any:
+    """An aggregation expression with its field paths read from the document; None when it
+    reads a field of the event outside the document."""
+    if isinstance(expression, str) and expression.startswith("$") and not expression.startswith("$$"):
+        field = _document_field(expression[1:])
+        return None if field is None else f"${field}"
+    if isinstance(expression, Mapping):
+        out = {}
+        for key, value in expression.items():
+            rewritten = _document_expression(value)
+            if rewritten is None and value is not None:
+                return None
+            out[key] = rewritten
+        return out
     if isinstance(expression, list):
-        return [_rewrite_key(value) for value in expression]
+        items = [_document_expression(item) for item in expression]
+        if any(new is None and old is not None for new, old in zip(items, expression, strict=True)):
+            return None
+        return items
     return expression
 
 
-__all__ = ["SnapshotCopy", "SnapshotStopped"]
+__all__ = ["SnapshotCopy", "SnapshotStopped", "document_query"]
