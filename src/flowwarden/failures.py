@@ -89,6 +89,7 @@ FATAL_CODES = frozenset(
         286,  # ChangeStreamHistoryLost, when the strategy is FAIL (the runner handles the others)
         8000,  # AtlasError: Atlas refused the credentials or the operation
         10334,  # BSONObjectTooLarge: a change event over 16 MiB (split large events to read it)
+        7182500,  # one field of an event too large for any $changeStreamSplitLargeEvent fragment
         40324,  # unrecognized pipeline stage name
         40415,  # unknown field in a command or stage
         40573,  # $changeStream needs a replica set or a sharded cluster

@@ -21,7 +21,7 @@ from flowwarden import ChangeEvent, Connector, Snapshot, change_stream, checkpoi
 
 def main() -> int:
     uri, database, log_path, chunk = sys.argv[1:5]
-    log: IO[str] = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+    log: IO[str] = open(log_path, "a", encoding="utf-8")  # open for the whole run
 
     def record(event: ChangeEvent) -> None:
         key = event.document_key

@@ -134,7 +134,9 @@ def test_batch_methods_receive_snapshot_rows_in_batches(
     assert len({batch_id for batch_id, _ in batches}) == len(batches)
 
 
-def test_initial_only_copies_and_stops(mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str) -> None:
+def test_initial_only_copies_and_stops(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
     client[db_name].orders.insert_many([{"_id": i} for i in range(5)])
     seen: list[Any] = []
     with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL_ONLY, seen)]) as connector:

@@ -22,7 +22,9 @@ def _version() -> tuple[int, int]:
 def test_the_streaming_source_registers_exactly_from_the_pyspark_it_needs(spark: SparkSession) -> None:
     if _version() >= STREAMING_SOURCE_PYSPARK:
         register(spark)
-        assert spark.readStream.format("flowwarden").option("uri", "mongodb://h/?replicaSet=rs0").load().columns
+        assert (
+            spark.readStream.format("flowwarden").option("uri", "mongodb://h/?replicaSet=rs0").load().columns
+        )
     else:
         with pytest.raises(ConfigurationError, match=f"this process runs PySpark {pyspark.__version__}"):
             register(spark)

@@ -128,9 +128,13 @@ class ChangeStreamOptions(Options):
     )
     snapshot_chunk_size: int = option(
         1000,
-        "Documents the initial snapshot reads at a time; its progress is saved after each chunk "
-        "was handled.",
+        "Documents the initial snapshot reads at a time; its progress is saved after each chunk was handled.",
         ge=1,
+    )
+    split_large_events: bool = option(
+        False,
+        "Add $changeStreamSplitLargeEvent and join the fragments of events over 16 MB into one "
+        "event before any method sees it (MongoDB 7.0+).",
     )
 
     @field_validator("collection")

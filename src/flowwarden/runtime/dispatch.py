@@ -275,7 +275,9 @@ class EventDispatch:
         if self.ctx.take_save_request():
             await committer.flush()
 
-    async def _run_handler(self, change: MutableMapping[str, Any], first_error: BaseException | None = None) -> bool:
+    async def _run_handler(
+        self, change: MutableMapping[str, Any], first_error: BaseException | None = None
+    ) -> bool:
         """The event's method under the retry policy, or ``on_exhausted`` once it gave up;
         False when the stream stopped while a failed call waited for its next attempt."""
         operation = change.get("operationType", "")

@@ -9,7 +9,11 @@ The rules this module keeps:
   its start position is, and that position is stored before the first event is handled (see
   :mod:`flowwarden.positions`);
 - lost history is handled by :func:`flowwarden.positions.recover_from_history_loss`, and the gap
-  given up on purpose is recorded in the checkpoint's metadata with the new position.
+  given up on purpose is recorded in the checkpoint's metadata with the new position;
+- a stream that splits large events (``split_large_events``, or a pipeline ending with
+  ``$changeStreamSplitLargeEvent``) is opened with that stage last and read through
+  :class:`~flowwarden.fragments.AsyncJoinedChangeStream`, so nothing past the opening sees a
+  fragment; one that does not fails on an event over 16 MB with an error naming the option.
 
 Nothing here reads events or handles them; :class:`~flowwarden.runtime.stream.StreamRunner` does.
 """
@@ -29,6 +33,13 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import StartPosition
 from flowwarden.errors import FlowWardenError, ResumePositionError, StreamError
 from flowwarden.events import token_data, token_datetime
+from flowwarden.fragments import (
+    AsyncJoinedChangeStream,
+    is_too_large,
+    splits_large_events,
+    too_large_error,
+    with_split_stage,
+)
 from flowwarden.positions import (
     ahead_of_server,
     maybe_await,
@@ -220,33 +231,66 @@ class StreamOpener:
             return None
         return RAW_EVENT_OPTIONS
 
+    @property
+    def splits_large_events(self) -> bool:
+        """Whether the stream's events over 16 MB come as fragments (which :meth:`open` joins)."""
+        return self.spec.stream.split_large_events or splits_large_events(self.spec.pipeline)
+
     def watch_options(self) -> dict[str, Any]:
         options: dict[str, Any] = self.spec.stream.watch_options()
-        options["pipeline"] = list(self.spec.pipeline)
+        pipeline = self.spec.pipeline
+        options["pipeline"] = (
+            with_split_stage(pipeline) if self.spec.stream.split_large_events else list(pipeline)
+        )
         options["max_await_time_ms"] = self._await_ms()
         options["comment"] = f"flowwarden:{self.name}"
         return options
 
     async def open(self, start: Mapping[str, Any], codec_options: CodecOptions[Any] | None = None) -> Any:
-        """The change stream from ``start``; a token the server refuses raises ResumePositionError."""
+        """The change stream from ``start``; a token the server refuses raises ResumePositionError.
+
+        A stream that splits large events is returned joining their fragments
+        (:class:`~flowwarden.fragments.AsyncJoinedChangeStream`).
+        """
         kwargs: dict[str, Any] = {**self.watch_options(), **start}
         target = self.watch_target(codec_options)
         try:
             try:
-                return await open_change_stream(target, **kwargs)
+                stream = await open_change_stream(target, **kwargs)
             except OperationFailure as error:
                 if error.code == INVALID_RESUME_TOKEN and "resume_after" in kwargs:
                     # The token is an invalidate notification's: only startAfter may start after it.
                     kwargs["start_after"] = kwargs.pop("resume_after")
-                    return await open_change_stream(target, **kwargs)
-                raise
+                    stream = await open_change_stream(target, **kwargs)
+                else:
+                    raise
         except OperationFailure as error:
             token = kwargs.get("resume_after", kwargs.get("start_after"))
             if token is not None and refused_position(error):
                 raise ResumePositionError(
                     self.name, token=dict(token), reason=f"the server refused it: {error}"
                 ) from error
+            if is_too_large(error):
+                raise self.read_error(error) from error
             raise
+        if self.splits_large_events:
+            return AsyncJoinedChangeStream(stream, f"stream {self.name!r}", self.name)
+        return stream
+
+    def read_error(self, error: BaseException) -> BaseException:
+        """What reading the stream failed with, as the stream fails with it: ``error`` itself, but
+        for an event over 16 MB without the split stage an error that names ``split_large_events``
+        (raised from ``error``)."""
+        if is_too_large(error):
+            described = too_large_error(
+                error,
+                owner=f"stream {self.name!r}",
+                stream=self.name,
+                remedy="@change_stream(split_large_events=True)",
+            )
+            described.__cause__ = error
+            return described
+        return error
 
     def _await_ms(self) -> int:
         """getMore's maxAwaitTimeMS: short enough for batch deadlines and a prompt stop."""

@@ -13,6 +13,12 @@ which the read loop judges when it reaches the marker), and the error ``try_next
 the place it was raised. Nothing read ahead is acknowledged anywhere: events read but not yet
 handled when the loop ends are simply read again from the checkpoint.
 
+A stream that splits large events is read as the opener returns it, joining their fragments
+(:mod:`flowwarden.fragments`): only whole events are queued, and an :class:`EmptyRead` taken while
+fragments are held carries no token (one then lies between fragments, never a resume point).
+``read_error`` words an error as the stream fails with it (an event over 16 MB without the split
+stage names the option that reads it: :meth:`~flowwarden.runtime.opening.StreamOpener.read_error`).
+
 ``raw`` readers (streams whose events are ``RawBSONDocument``) keep what they read lean
 (:func:`flowwarden.raw_events.lean`). At most ``limit`` items wait; the reader pauses when that
 many do (and the driver holds at most one more batch), so memory stays bounded however far behind
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowwarden.raw_events import lean
@@ -55,9 +61,17 @@ class ReadAhead:
     otherwise (no coroutine per event on the hot path). Call :meth:`close` when done.
     """
 
-    def __init__(self, stream: Any, limit: int, *, raw: bool = False) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        limit: int,
+        *,
+        raw: bool = False,
+        read_error: Callable[[BaseException], BaseException] | None = None,
+    ) -> None:
         self.items: deque[Any] = deque()
         self._raw = raw
+        self._read_error = read_error
         self._stream = stream
         self._limit = max(limit, 1)
         self._ready = asyncio.Event()
@@ -86,7 +100,7 @@ class ReadAhead:
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # handed to the read loop, which raises it in its place
-            items.append(FailedRead(error))
+            items.append(FailedRead(self._read_error(error) if self._read_error is not None else error))
             ready.set()
 
     async def wait(self) -> Any:

@@ -177,9 +177,11 @@ class SnapshotCopy:
                 raise SnapshotStopped()
             bounded = dict(query)
             if progress.last_id is not None:
-                bounded = {"$and": [query, {"_id": {"$gt": progress.last_id}}]} if query else {
-                    "_id": {"$gt": progress.last_id}
-                }
+                bounded = (
+                    {"$and": [query, {"_id": {"$gt": progress.last_id}}]}
+                    if query
+                    else {"_id": {"$gt": progress.last_id}}
+                )
             cursor = target.find(bounded, sort=[("_id", 1)], limit=chunk, batch_size=chunk)
             documents = await cursor.to_list(None)
             if not documents:

@@ -41,6 +41,6 @@ def require_pyspark(version: str, oldest: tuple[int, int], feature: str) -> None
         wanted = ".".join(map(str, oldest))
         raise ConfigurationError(
             f"{feature} needs PySpark {wanted} or newer; this process runs PySpark {version}. "
-            f"Upgrade the cluster's Spark (or pip install \"pyspark>={wanted}\"); DataFrames in "
+            f'Upgrade the cluster\'s Spark (or pip install "pyspark>={wanted}"); DataFrames in '
             "the connector (@on_dataframe) need only PySpark 4.0"
         )

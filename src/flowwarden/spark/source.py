@@ -13,7 +13,9 @@ Offsets are resume tokens, never timestamps. A micro-batch covers the events aft
 token up to and including its end token; ``read`` re-opens the change stream with
 ``startAfter=<start>`` and stops at ``<end>``, so a micro-batch replayed after a failure, or
 re-run after a restart from the query's checkpointLocation, yields exactly the same events, and
-the next one begins right after the last committed event. The offset JSON kept in the
+the next one begins right after the last committed event. With ``split_large_events`` an event
+over 16 MB arrives in fragments and is one row; its offset is its last fragment's token, and no
+range ends between fragments (:mod:`flowwarden.fragments`). The offset JSON kept in the
 checkpoint is ``{"_data": "<token hex>"}``; two other shapes exist:
 
 - ``{"startAtOperationTime": {"t": .., "i": ..}}``: only a query's initial offset for
@@ -66,6 +68,7 @@ from pyspark.sql.types import StructType
 from flowwarden.config import SchemaMode, StartPosition
 from flowwarden.errors import ConfigurationError, StreamError
 from flowwarden.events import compare_tokens, token_datetime
+from flowwarden.fragments import JoinedChangeStream, splits_large_events
 from flowwarden.partitions import bucket_stage
 from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
 from flowwarden.raw_events import RawEvent
@@ -82,7 +85,6 @@ from flowwarden.spark.source_ranges import (
     covers,
     offset_timestamp,
     offset_token,
-    splits_large_events,
     timestamp_offset,
 )
 
@@ -118,7 +120,8 @@ class FlowWardenDataSource(DataSource):
     resume_from_now), ``schema`` (a DDL field list typing ``full_document``, e.g.
     ``"sku STRING, qty INT"``; without it the document is Extended JSON), ``mode`` (permissive,
     dropmalformed, failfast: what a document that does not fit ``schema`` does), ``json_mode``
-    (canonical, relaxed).
+    (canonical, relaxed), ``split_large_events`` (true: events over 16 MB are split by the
+    server and read as one row each; false, the default: such an event fails the query).
 
     The start position only matters for a new query: a query restarted from its
     checkpointLocation continues after its last committed offset.
@@ -560,6 +563,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         (:func:`~flowwarden.partitions.bucket_stage`, ahead of the user's stages).
         ``counting`` streams only find where a micro-batch ends: they see the same events but
         bring back only ``_id``, and look up no document the pipeline does not read.
+        A stream that splits large events returns them whole
+        (:class:`~flowwarden.fragments.JoinedChangeStream`): every event it returns, and so every
+        offset, ends at a whole event.
         """
         client: Any = self._raw_client_for() if raw else self._client_for()
         options = self.options
@@ -573,17 +579,24 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             kwargs["batch_size"] = 0
         elif batch_size is not None:
             kwargs["batch_size"] = batch_size
-        documents = not counting or counting_needs_documents(options.pipeline)
+        stages = options.stream_pipeline
+        splits = splits_large_events(stages)
+        documents = not counting or counting_needs_documents(stages)
         if options.full_document != "default" and documents:
             kwargs["full_document"] = options.full_document
         if options.full_document_before_change != "off" and documents:
             kwargs["full_document_before_change"] = options.full_document_before_change
-        pipeline = [dict(stage) for stage in options.pipeline]
+        pipeline = [dict(stage) for stage in stages]
         if bucket is not None:
             pipeline.insert(0, bucket_stage(*bucket))
-        if counting and not splits_large_events(options.pipeline):
+        if counting and not splits:
+            # Never with the split stage (which must stay last anyway): an event projected to
+            # _id is not split, and its token is not the last fragment's the executor reads.
             pipeline.append({"$project": {"_id": 1}})
-        return target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
+        stream = target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
+        if splits and not position_only:
+            return JoinedChangeStream(stream, f"{_OWNER} {options.namespace}", options.namespace)
+        return stream
 
 
 def _spark_arrow_schema(schema: StructType) -> Any:

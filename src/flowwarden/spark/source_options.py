@@ -1,7 +1,7 @@
 """The options of the ``flowwarden`` streaming source, read from Spark's strings.
 
-An option the decorators also have (``database``, ``full_document``, ``start_position``,
-``max_await_time_ms``, ``mode``...) has the same name, values and default here, and is checked by
+An option the decorators also have (``database``, ``full_document``, ``split_large_events``,
+``start_position``, ``mode``...) has the same name, values and default here, and is checked by
 the same model: each string is turned into the field's type and validated by the option model
 that declares it (:data:`SHARED`). The source's own options (``uri``, ``pipeline``,
 ``max_events_per_trigger``, ``schema``, ``json_mode``, ``partitions``) are declared in
@@ -36,6 +36,7 @@ from flowwarden.config import (
 )
 from flowwarden.config.base import OptionProblem, OptionsT, option
 from flowwarden.errors import ConfigurationError
+from flowwarden.fragments import with_split_stage
 from flowwarden.partitions import MAX_PARTITIONS
 from flowwarden.spark.extjson import JsonMode
 
@@ -49,6 +50,7 @@ SHARED: dict[str, type[Options]] = {
     "full_document": ChangeStreamOptions,
     "full_document_before_change": ChangeStreamOptions,
     "max_await_time_ms": ChangeStreamOptions,
+    "split_large_events": ChangeStreamOptions,
     "start_position": CheckpointOptions,
     "start_at": CheckpointOptions,
     "on_history_lost": CheckpointOptions,
@@ -128,6 +130,7 @@ class SourceOptions:
     json_mode: JsonMode = JsonMode.CANONICAL
     max_await_time_ms: int = 1000
     partitions: int = 1
+    split_large_events: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -163,7 +166,16 @@ class SourceOptions:
             json_mode=own.json_mode,
             max_await_time_ms=stream.max_await_time_ms,
             partitions=own.partitions,
+            split_large_events=stream.split_large_events,
         )
+
+    @property
+    def stream_pipeline(self) -> tuple[dict[str, Any], ...]:
+        """The stages the source's change streams run after ``$changeStream``: ``pipeline``, then
+        ``$changeStreamSplitLargeEvent`` with ``split_large_events``."""
+        if not self.split_large_events:
+            return self.pipeline
+        return tuple(with_split_stage(self.pipeline))
 
     @property
     def namespace(self) -> str:

@@ -20,6 +20,7 @@ from bson import Timestamp, json_util
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import InputPartition
 
+from flowwarden import fragments
 from flowwarden.errors import ConfigurationError, ResumePositionError
 from flowwarden.events import compare_tokens, token_cluster_time
 from flowwarden.failures import Failure, classify
@@ -38,7 +39,6 @@ __all__ = [
     "covers",
     "offset_timestamp",
     "offset_token",
-    "splits_large_events",
     "timestamp_offset",
 ]
 
@@ -115,14 +115,9 @@ def counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
     when a stage reads them (a ``$match`` on a field of the document, say) or the pipeline
     splits large events, whose fragments depend on the documents' sizes. Otherwise they never
     change which events the stream returns: ``required`` images missing make the read that
-    replays the range fail, as they would make the planning fail."""
-    return splits_large_events(pipeline) or "fullDocument" in json_util.dumps(list(pipeline))
-
-
-def splits_large_events(pipeline: tuple[dict[str, Any], ...]) -> bool:
-    """Whether the pipeline ends with ``$changeStreamSplitLargeEvent`` (its fragments must keep
-    every field: a planning stream cannot project them to ``_id``)."""
-    return bool(pipeline) and "$changeStreamSplitLargeEvent" in pipeline[-1]
+    replays the range fail, as they would make the planning fail. ``pipeline`` is what the
+    stream runs (:attr:`~flowwarden.spark.source_options.SourceOptions.stream_pipeline`)."""
+    return fragments.splits_large_events(pipeline) or "fullDocument" in json_util.dumps(list(pipeline))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +184,7 @@ class PlanAhead:
 class TransientRetry:
     """The source's retry rule: transient errors (flowwarden.failures) are waited out with
     backoff for up to TRANSIENT_RETRY_SECONDS; a refused position becomes ResumePositionError;
+    an event over 16 MB without the split stage an error naming ``split_large_events``;
     anything else is raised as it is."""
 
     def __init__(self, namespace: str) -> None:
@@ -208,6 +204,13 @@ class TransientRetry:
                 reason=f"the server refused it: {error}",
                 hint="Offsets live in the query's checkpointLocation: to read from a new position, "
                 "start the query with a new checkpointLocation and the start_position you want.",
+            ) from error
+        if fragments.is_too_large(error):
+            raise fragments.too_large_error(
+                error,
+                owner=f"{_OWNER} {self.namespace}",
+                stream=self.namespace,
+                remedy='.option("split_large_events", "true")',
             ) from error
         if classify(error) is not Failure.TRANSIENT or time.monotonic() >= self.deadline:
             raise error
