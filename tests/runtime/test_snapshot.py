@@ -407,6 +407,6 @@ def test_match_stages_on_the_document_filter_the_copy_too(
     ],
 )
 def test_document_query_reads_the_document_or_gives_up(query: dict[str, Any], documents: Any) -> None:
-    from flowwarden.runtime.snapshot import document_query
+    from flowwarden.snapshots import document_query
 
     assert document_query(query) == documents

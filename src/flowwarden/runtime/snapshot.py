@@ -12,8 +12,9 @@ The rules this module keeps:
   under the retry policy's ``on_exhausted``), so a restart copies on right after the last saved
   chunk and hands at most one chunk over again;
 - the stream's ``$match`` stages that read only the document (``fullDocument.*``,
-  ``documentKey._id``) filter the copy too (:func:`document_query`), so a partitioned stream's
-  bucket, or a filter on a document field, copies what its changes would deliver;
+  ``documentKey._id``) filter the copy too, so a partitioned stream's
+  bucket, or a filter on a document field, copies what its changes would deliver
+  (:func:`flowwarden.snapshots.document_query`);
 - rows are ChangeEvents with ``operation_type == "snapshot"``, the document as
   ``full_document``, its ``_id`` as ``document_key``, the namespace as ``ns`` and ``T``'s cluster
   time as ``cluster_time``; they carry no resume token (``_id``): they are not positions.
@@ -25,12 +26,8 @@ the stored position once the copy is done.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
-
-import bson
-from bson.raw_bson import RawBSONDocument
 
 from flowwarden.checkpoints import Checkpoint, SnapshotProgress
 from flowwarden.checkpoints.model import utc_now
@@ -38,16 +35,11 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Snapshot
 from flowwarden.errors import ConfigurationError
 from flowwarden.events import token_cluster_time
-from flowwarden.raw_events import RawEvent
 from flowwarden.runtime.context import StreamLog
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.opening import StreamOpener, describe_token
+from flowwarden.snapshots import copied_collection, copied_database, document_query, plain_id, snapshot_row
 from flowwarden.spec import StreamSpec
-
-# Databases a cluster stream's snapshot never copies: the server's own.
-SYSTEM_DATABASES = frozenset({"admin", "config", "local"})
-# flowwarden's own collections (checkpoints, dead letters, leases) are not the user's data.
-INTERNAL_PREFIX = "_fw_"
 
 
 class SnapshotStopped(Exception):
@@ -186,13 +178,15 @@ class SnapshotCopy:
             documents = await cursor.to_list(None)
             if not documents:
                 return progress
-            rows = [_row(document, database, collection, cluster_time, raw) for document in documents]
+            rows = [
+                snapshot_row(document, database, collection, cluster_time, raw=raw) for document in documents
+            ]
             batch_id = f"snapshot:{progress.token['_data']}:{progress.copied}"
             await self._dispatch.deliver_snapshot(rows, batch_id)
             if self._stopping.is_set() and self._dispatch.halt:
                 raise SnapshotStopped()
             last = documents[-1]["_id"]
-            progress = replace(progress, last_id=_plain(last), copied=progress.copied + len(documents))
+            progress = replace(progress, last_id=plain_id(last), copied=progress.copied + len(documents))
             await self._store.save_snapshot(self.name, progress, epoch)
             self.progress = progress
             if len(documents) < chunk:
@@ -223,16 +217,12 @@ class SnapshotCopy:
         namespaces: list[str] = []
         for database in databases:
             names = await self._client[database].list_collection_names(filter={"type": "collection"})
-            namespaces.extend(
-                f"{database}.{name}"
-                for name in sorted(names)
-                if not name.startswith("system.") and not name.startswith(INTERNAL_PREFIX)
-            )
+            namespaces.extend(f"{database}.{name}" for name in sorted(names) if copied_collection(name))
         return namespaces
 
     async def _databases(self) -> list[str]:
         names = await self._client.list_database_names()
-        return sorted(name for name in names if name not in SYSTEM_DATABASES)
+        return sorted(name for name in names if copied_database(name))
 
     async def _estimate(self, namespaces: list[str]) -> int:
         total = 0
@@ -242,85 +232,4 @@ class SnapshotCopy:
         return total
 
 
-def _row(document: Any, database: str, collection: str, cluster_time: Any, raw: bool) -> Any:
-    """A snapshot row: the change event a copied document reaches the methods as."""
-    key = document["_id"]
-    event = {
-        "operationType": "snapshot",
-        "clusterTime": cluster_time,
-        "ns": {"db": database, "coll": collection},
-        "documentKey": {"_id": key},
-        "fullDocument": document,
-    }
-    if raw:
-        # DataFrame streams read events as raw BSON; the document's bytes are embedded as they came.
-        return RawEvent(bson.encode(event))
-    return event
-
-
-def _plain(value: Any) -> Any:
-    """An ``_id`` read as raw BSON, as a plain value a store can keep."""
-    if isinstance(value, RawBSONDocument):
-        return bson.decode(value.raw)
-    return value
-
-
-def document_query(query: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A change-stream ``$match`` query as a query on the documents themselves, or None when it
-    reads anything else (the operation type, the namespace, the update description...)."""
-    out: dict[str, Any] = {}
-    for key, value in query.items():
-        if key in ("$and", "$or", "$nor"):
-            if not isinstance(value, list) or not value:
-                return None
-            parts = [document_query(part) if isinstance(part, Mapping) else None for part in value]
-            if any(part is None for part in parts):
-                return None
-            out[key] = parts
-        elif key == "$expr":
-            expression = _document_expression(value)
-            if expression is None:
-                return None
-            out[key] = expression
-        elif key.startswith("$"):
-            return None
-        else:
-            field = _document_field(key)
-            if field is None:
-                return None
-            out[field] = value
-    return out
-
-
-def _document_field(path: str) -> str | None:
-    """``fullDocument.a.b`` -> ``a.b``; ``documentKey._id[.x]`` -> ``_id[.x]``; else None."""
-    if path.startswith("fullDocument."):
-        return path[len("fullDocument.") :]
-    if path == "documentKey._id" or path.startswith("documentKey._id."):
-        return path[len("documentKey.") :]
-    return None
-
-
-def _document_expression(expression: Any) -> Any:
-    """An aggregation expression with its field paths read from the document; None when it
-    reads a field of the event outside the document."""
-    if isinstance(expression, str) and expression.startswith("$") and not expression.startswith("$$"):
-        field = _document_field(expression[1:])
-        return None if field is None else f"${field}"
-    if isinstance(expression, Mapping):
-        out = {}
-        for key, value in expression.items():
-            rewritten = _document_expression(value)
-            if rewritten is None and value is not None:
-                return None
-            out[key] = rewritten
-        return out
-    if isinstance(expression, list):
-        items = [_document_expression(item) for item in expression]
-        if any(new is None and old is not None for new, old in zip(items, expression, strict=True)):
-            return None
-        return items
-    return expression
-
-
-__all__ = ["SnapshotCopy", "SnapshotStopped", "document_query"]
+__all__ = ["SnapshotCopy", "SnapshotStopped"]

@@ -1,0 +1,116 @@
+"""What an initial snapshot copies and the rows it hands over, shared by the connector
+(:mod:`flowwarden.runtime.snapshot`) and the Spark source (:mod:`flowwarden.spark.source_snapshot`).
+
+A snapshot row is the change event a copied document reaches the methods as: ``operationType``
+``"snapshot"``, ``clusterTime`` (the cluster time of the position the changes follow from),
+``ns``, ``documentKey`` and ``fullDocument``, and no ``_id``: a row is not a position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+from bson.raw_bson import RawBSONDocument
+
+from flowwarden.raw_events import RawEvent
+
+# Databases a cluster stream's snapshot never copies: the server's own.
+SYSTEM_DATABASES = frozenset({"admin", "config", "local"})
+# flowwarden's own collections (checkpoints, dead letters, leases) are not the user's data.
+INTERNAL_PREFIX = "_fw_"
+
+
+def copied_database(name: str) -> bool:
+    """Whether a cluster stream's snapshot copies database ``name``."""
+    return name not in SYSTEM_DATABASES
+
+
+def copied_collection(name: str) -> bool:
+    """Whether a snapshot copies collection ``name`` (not ``system.*``, not flowwarden's own)."""
+    return not name.startswith("system.") and not name.startswith(INTERNAL_PREFIX)
+
+
+def snapshot_row(document: Any, database: str, collection: str, cluster_time: Any, *, raw: bool) -> Any:
+    """A snapshot row: the change event a copied document reaches the methods as."""
+    key = document["_id"]
+    event = {
+        "operationType": "snapshot",
+        "clusterTime": cluster_time,
+        "ns": {"db": database, "coll": collection},
+        "documentKey": {"_id": key},
+        "fullDocument": document,
+    }
+    if raw:
+        # DataFrame streams read events as raw BSON; the document's bytes are embedded as they came.
+        return RawEvent(bson.encode(event))
+    return event
+
+
+def plain_id(value: Any) -> Any:
+    """An ``_id`` read as raw BSON, as a plain value a store can keep."""
+    if isinstance(value, RawBSONDocument):
+        return bson.decode(value.raw)
+    return value
+
+
+def document_query(query: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A change-stream ``$match`` query as a query on the documents themselves, or None when it
+    reads anything else (the operation type, the namespace, the update description...)."""
+    out: dict[str, Any] = {}
+    for key, value in query.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(value, list) or not value:
+                return None
+            parts = [document_query(part) if isinstance(part, Mapping) else None for part in value]
+            if any(part is None for part in parts):
+                return None
+            out[key] = parts
+        elif key == "$expr":
+            expression = _document_expression(value)
+            if expression is None:
+                return None
+            out[key] = expression
+        elif key.startswith("$"):
+            return None
+        else:
+            field = _document_field(key)
+            if field is None:
+                return None
+            out[field] = value
+    return out
+
+
+def _document_field(path: str) -> str | None:
+    """``fullDocument.a.b`` -> ``a.b``; ``documentKey._id[.x]`` -> ``_id[.x]``; else None."""
+    if path.startswith("fullDocument."):
+        return path[len("fullDocument.") :]
+    if path == "documentKey._id" or path.startswith("documentKey._id."):
+        return path[len("documentKey.") :]
+    return None
+
+
+def _document_expression(expression: Any) -> Any:
+    """An aggregation expression with its field paths read from the document; None when it
+    reads a field of the event outside the document."""
+    if isinstance(expression, str) and expression.startswith("$") and not expression.startswith("$$"):
+        field = _document_field(expression[1:])
+        return None if field is None else f"${field}"
+    if isinstance(expression, Mapping):
+        out = {}
+        for key, value in expression.items():
+            rewritten = _document_expression(value)
+            if rewritten is None and value is not None:
+                return None
+            out[key] = rewritten
+        return out
+    if isinstance(expression, list):
+        items = [_document_expression(item) for item in expression]
+        if any(new is None and old is not None for new, old in zip(items, expression, strict=True)):
+            return None
+        return items
+    return expression
+
+
+__all__ = ["copied_collection", "copied_database", "document_query", "plain_id", "snapshot_row"]
