@@ -11,19 +11,24 @@ A stored position is checked against the server's cluster time on open: a token 
 it (from another deployment, or written by hand) would make the server wait for that time and
 deliver nothing, silently. Nothing here writes a checkpoint; the callers do.
 
+The oplog's edges (its oldest and newest entries) are read from ``local.oplog.rs``; through a
+mongos, which refuses the ``local`` database, they are read on each shard directly.
+
 The helpers accept PyMongo's sync and asyncio clients (and motor's) alike.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from bson import Timestamp
-from pymongo.errors import OperationFailure
+from pymongo.errors import ConfigurationError, ConnectionFailure, OperationFailure
 
 from flowwarden.config import OnHistoryLost
 from flowwarden.errors import HistoryLostError
@@ -39,6 +44,8 @@ REFUSED_TOKEN_CODES = frozenset(
 )
 CHANGE_STREAM_FATAL = 280  # among others: "the resume token was not found"
 HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
+
+log = logging.getLogger(__name__)
 
 FUTURE_TOLERANCE_SECONDS = 30
 """How far ahead of the server's cluster time a stored position may be before it is refused. A
@@ -141,24 +148,253 @@ def ahead_of_server(token: ResumeToken, server_time: Timestamp | None) -> str | 
 
 
 def oplog_edge(client: Any, direction: int) -> Timestamp | None:
-    """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read
-    (mongos, or a user without read on ``local``). PyMongo's sync client."""
+    """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read. PyMongo's
+    sync client; :func:`oplog_edge_async` says how a mongos is handled."""
+    steps = _EdgeSteps(client, (direction,))
     try:
-        return _edge(client["local"]["oplog.rs"].find_one(**_edge_query(direction)))
-    except OperationFailure:
-        return None
+        while (step := steps.next()) is not None:
+            try:
+                steps.answer(step())
+            except Exception as error:  # handed to the steps, which catch what they expect
+                steps.fail(error)
+    finally:
+        for opened in steps.opened:
+            opened.close()
+    return steps.result[0]
 
 
 async def oplog_edge_async(client: Any, direction: int) -> Timestamp | None:
-    """:func:`oplog_edge` for PyMongo's asyncio client and motor's."""
+    """The ts of the oldest (1) or newest (-1) oplog entry, for PyMongo's asyncio client and
+    motor's; None when it cannot be read (a user without read on ``local``), with a WARNING
+    naming why the first time when the reason is a shard's.
+
+    Through a mongos (``hello`` says ``msg: "isdbgrid"``), which refuses the ``local`` database,
+    the entry is read on every shard that ``config.shards`` lists, with a client of the same
+    options and credentials connected to the shard's replica set (:func:`shard_client_for`). The
+    cluster's edge is the newest of the shards' edges, in both directions: a change stream
+    through a mongos starts only where every shard still has its history, so the oldest safe
+    start is the newest of the shards' oldest entries; and the cluster's history reaches its most
+    recent write, the newest of the shards' newest entries, so the window (newest minus oldest)
+    is what a stream can still resume into. See :data:`SHARD_PRIVILEGES` for what that needs.
+    """
+    return (await _read_edges_async(client, (direction,)))[0]
+
+
+async def oplog_window_async(client: Any) -> tuple[Timestamp | None, Timestamp | None]:
+    """The oldest and the newest oplog entry's ts, as :func:`oplog_edge_async` reads each, read
+    together (through a mongos, with one client per shard for both)."""
+    oldest, newest = await _read_edges_async(client, (1, -1))
+    return oldest, newest
+
+
+async def _read_edges_async(client: Any, directions: tuple[int, ...]) -> tuple[Timestamp | None, ...]:
+    steps = _EdgeSteps(client, directions)
     try:
-        return _edge(await maybe_await(client["local"]["oplog.rs"].find_one(**_edge_query(direction))))
-    except OperationFailure:
+        while (step := steps.next()) is not None:
+            try:
+                steps.answer(await maybe_await(step()))
+            except Exception as error:  # handed to the steps, which catch what they expect
+                steps.fail(error)
+    finally:
+        for opened in steps.opened:
+            await maybe_await(opened.close())
+    return steps.result
+
+
+SHARD_PRIVILEGES = (
+    "through a mongos the oplog is read on each shard directly, which needs read on config.shards "
+    "through the mongos and, on every shard, a shard-local user with read on 'local' and this "
+    "client's user name and password (users created through a mongos exist on the config servers only)"
+)
+"""What reading the oplog through a mongos needs, as the WARNING says it when it cannot."""
+
+
+class _EdgeSteps:
+    """The reading of an oplog edge as the calls it makes, so that one procedure serves the sync
+    and the asyncio clients: :meth:`next` gives a call to make, whose result (awaited, for an
+    asyncio client) goes back with :meth:`answer` and whose exception with :meth:`fail`. The
+    clients it opened on shards are in :attr:`opened`, for the caller to close."""
+
+    def __init__(self, client: Any, directions: tuple[int, ...]) -> None:
+        self.opened: list[Any] = []
+        self.result: tuple[Timestamp | None, ...] = (None,) * len(directions)
+        self._steps = _edge_steps(client, directions, self.opened)
+        self._reply: Any = None
+        self._error: Exception | None = None
+
+    def next(self) -> Callable[[], Any] | None:
+        """The next call to make; None once the edge is known (:attr:`result`)."""
+        try:
+            if self._error is not None:
+                step = self._steps.throw(self._error)
+            else:
+                step = self._steps.send(self._reply)
+        except StopIteration as done:
+            if done.value is not None:
+                self.result = done.value
+            return None
+        self._reply, self._error = None, None
+        return step
+
+    def answer(self, reply: Any) -> None:
+        self._reply = reply
+
+    def fail(self, error: Exception) -> None:
+        self._error = error
+
+
+def _edge_steps(
+    client: Any, directions: tuple[int, ...], opened: list[Any]
+) -> Generator[Callable[[], Any], Any, tuple[Timestamp | None, ...] | None]:
+    """The edge in each of ``directions`` (1: oldest, -1: newest); None when unreadable."""
+    hello = yield functools.partial(client.admin.command, "hello")
+    if hello.get("msg") != "isdbgrid":
+        edges: list[Timestamp | None] = []
+        for direction in directions:
+            try:
+                entry = yield functools.partial(_find_edge, client, direction)
+            except OperationFailure:
+                return None
+            edges.append(_edge(entry))
+        return tuple(edges)
+    try:
+        listed = yield functools.partial(
+            client["config"].command,
+            {"find": "shards", "projection": {"host": 1}, "batchSize": 100_000, "singleBatch": True},
+        )
+    except OperationFailure as error:
+        _unreadable(
+            f"config.shards {error.code}",
+            f"cannot list the shards in config.shards: {_failure(error)}; {SHARD_PRIVILEGES}",
+        )
         return None
+    per_shard: list[list[Timestamp]] = []
+    for doc in listed["cursor"]["firstBatch"]:
+        shard, host = str(doc.get("_id")), str(doc.get("host", ""))
+        try:
+            shard_client = shard_client_for(client, host)
+        except ConfigurationError as error:
+            _unreadable(f"{host} client", f"cannot connect to shard {shard!r} ({host}): {error}")
+            return None
+        opened.append(shard_client)
+        found: list[Timestamp] = []
+        for direction in directions:
+            try:
+                entry = yield functools.partial(_find_edge, shard_client, direction)
+            except OperationFailure as error:
+                _unreadable(
+                    f"{host} {error.code}",
+                    f"cannot read local.oplog.rs on shard {shard!r} ({host}): {_failure(error)}; "
+                    f"{SHARD_PRIVILEGES}",
+                )
+                return None
+            except ConnectionFailure as error:
+                _unreadable(
+                    f"{host} unreachable",
+                    f"cannot reach shard {shard!r} at {host}: {error}; reading a shard's oplog needs "
+                    "the hosts config.shards names for it to be reachable from this process",
+                )
+                return None
+            edge = _edge(entry)
+            if edge is None:
+                log.debug("the oplog of shard %r (%s) has no entry", shard, host)
+                return None
+            found.append(edge)
+        per_shard.append(found)
+    # Per direction, the newest of the shards' edges (oplog_edge_async says why).
+    return tuple(max(edges, default=None) for edges in zip(*per_shard, strict=True)) if per_shard else None
 
 
-def _edge_query(direction: int) -> dict[str, Any]:
-    return {"filter": {}, "projection": {"ts": 1}, "sort": [("$natural", direction)]}
+def _find_edge(client: Any, direction: int) -> Any:
+    return client["local"]["oplog.rs"].find_one(
+        filter={}, projection={"ts": 1}, sort=[("$natural", direction)]
+    )
+
+
+def _failure(error: OperationFailure) -> str:
+    details = error.details or {}
+    return f"{details.get('errmsg', error)} ({details.get('codeName', 'code')} {error.code})"
+
+
+_REPORTED: set[str] = set()
+"""The reasons already logged at WARNING in this process, by ``_unreadable``'s key."""
+
+
+def _unreadable(key: str, message: str) -> None:
+    """Say why the oplog cannot be read: a WARNING the first time this process meets the reason
+    ``key`` names (a shard's host and the error's kind), DEBUG after that, since the oplog-window
+    metric asks again every minute."""
+    if key in _REPORTED:
+        log.debug("%s", message)
+        return
+    _REPORTED.add(key)
+    log.warning("%s", message)
+
+
+# Options that name a deployment rather than describe a connection: a shard's client sets its own.
+_DEPLOYMENT_OPTIONS = frozenset(
+    {"replicaset", "directconnection", "loadbalanced", "srvservicename", "srvmaxhosts"}
+)
+
+
+def shard_client_for(client: Any, shard_host: str) -> Any:
+    """A client of ``client``'s class, options and credentials for one shard's replica set.
+
+    ``shard_host`` is a ``config.shards`` host: ``<replica set>/<host:port>,...`` (or a bare
+    ``host:port``). PyMongo has no public way to derive a client for other hosts; this reads the
+    arguments the client was created with (``_init_kwargs``, what PyMongo's own ``_duplicate``
+    copies), so TLS files, credentials, timeouts and the rest carry over exactly as given. In a
+    URI only the host list is replaced, and the options that name a deployment (``replicaSet``,
+    ``directConnection``, ``loadBalanced``, SRV's) are dropped; a ``mongodb+srv`` URI becomes a
+    ``mongodb`` one, with TLS on unless it says otherwise, as SRV implies. The authentication
+    database is the one the client resolved, which an SRV record may have given.
+    """
+    set_name, _, seeds = shard_host.rpartition("/")
+    # motor's clients wrap a PyMongo client (a PyMongo client answers any attribute: a database).
+    motor = getattr(type(client), "__delegate_class__", None) is not None
+    source = client.delegate if motor else client
+    given = getattr(source, "_init_kwargs", None)
+    if not isinstance(given, dict):
+        raise ConfigurationError(
+            f"cannot derive a client for the shard from a {type(client).__name__} "
+            "(it does not keep the arguments it was created with)"
+        )
+    kwargs = {k: v for k, v in given.items() if k.lower() not in _DEPLOYMENT_OPTIONS}
+    hosts = kwargs.pop("host", None)
+    kwargs.pop("port", None)
+    if motor:
+        kwargs.pop("driver", None)  # motor adds its own again
+    uri = next((h for h in ([hosts] if isinstance(hosts, str) else hosts or []) if "://" in h), None)
+    target: str | list[str] = seeds.split(",")
+    if uri is not None:
+        target, srv = _with_hosts(uri, seeds)
+        if srv and not any(k.lower() in ("tls", "ssl") for k in kwargs):
+            kwargs["tls"] = True
+    credentials = getattr(source.options.pool_options, "_credentials", None)
+    if credentials is not None and not any(k.lower() == "authsource" for k in kwargs):
+        kwargs["authSource"] = credentials.source
+    if set_name:
+        kwargs["replicaSet"] = set_name
+    return type(client)(target, **kwargs)
+
+
+def _with_hosts(uri: str, seeds: str) -> tuple[str, bool]:
+    """``uri`` with its host list replaced by ``seeds`` and its deployment options dropped; and
+    whether it was a ``mongodb+srv`` URI that did not set TLS itself."""
+    scheme, _, rest = uri.partition("://")
+    # Split as PyMongo's parser does: the host part ends at the first "/", user info at its last "@".
+    host_part, _, path = rest.partition("/")
+    userinfo, at, _ = host_part.rpartition("@")
+    database, _, query = path.partition("?")
+    kept = [
+        option
+        for option in query.replace(";", "&").split("&")
+        if option and option.partition("=")[0].lower() not in _DEPLOYMENT_OPTIONS
+    ]
+    names = {option.partition("=")[0].lower() for option in kept}
+    srv = scheme == "mongodb+srv" and not names & {"tls", "ssl"}
+    options = f"?{'&'.join(kept)}" if kept else ""
+    return f"mongodb://{userinfo}{at}{seeds}/{database}{options}", srv
 
 
 def _edge(document: Mapping[str, Any] | None) -> Timestamp | None:
@@ -210,6 +446,7 @@ __all__ = [
     "FUTURE_TOLERANCE_SECONDS",
     "HISTORY_LOST",
     "REFUSED_TOKEN_CODES",
+    "SHARD_PRIVILEGES",
     "Recovery",
     "ahead_of_server",
     "cluster_time_of",
@@ -218,8 +455,10 @@ __all__ = [
     "opening_token",
     "oplog_edge",
     "oplog_edge_async",
+    "oplog_window_async",
     "reachable",
     "recover_from_history_loss",
     "refused_position",
     "server_cluster_time",
+    "shard_client_for",
 ]

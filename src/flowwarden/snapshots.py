@@ -8,10 +8,14 @@ A snapshot row is the change event a copied document reaches the methods as: ``o
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import bson
+from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.datetime_ms import DatetimeMS
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden.raw_events import RawEvent
@@ -20,6 +24,61 @@ from flowwarden.raw_events import RawEvent
 SYSTEM_DATABASES = frozenset({"admin", "config", "local"})
 # flowwarden's own collections (checkpoints, dead letters, leases) are not the user's data.
 INTERNAL_PREFIX = "_fw_"
+
+
+# MongoDB's sort order of _id values across types: one tuple of $type aliases per bracket. A
+# query comparison ($gt) only matches values of its own bracket, so "after this _id" is "greater
+# within its bracket, or of a later bracket".
+ID_TYPE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("null",),
+    ("int", "long", "double", "decimal"),
+    ("symbol", "string"),
+    ("object",),
+    ("binData",),
+    ("objectId",),
+    ("bool",),
+    ("date",),
+    ("timestamp",),
+    ("regex",),
+    ("maxKey",),
+)
+
+
+def after_id(last: Any) -> dict[str, Any]:
+    """The find filter of the documents whose ``_id`` sorts after ``last`` (:class:`MinKey`:
+    every document), across types, in MongoDB's sort order."""
+    if isinstance(last, MinKey):
+        return {}
+    bracket = _bracket(last)
+    later = [alias for aliases in ID_TYPE_ORDER[bracket + 1 :] for alias in aliases]
+    greater = {"_id": {"$gt": last}}
+    return {"$or": [greater, {"_id": {"$type": later}}]} if later else greater
+
+
+def _bracket(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return 6
+    if isinstance(value, (int, float, Int64, Decimal128)):
+        return 1
+    if isinstance(value, str):
+        return 2
+    if isinstance(value, (Mapping, RawBSONDocument)):
+        return 3
+    if isinstance(value, (bytes, Binary)):
+        return 4
+    if isinstance(value, ObjectId):
+        return 5
+    if isinstance(value, (dt.datetime, DatetimeMS)):
+        return 7
+    if isinstance(value, Timestamp):
+        return 8
+    if isinstance(value, (Regex, re.Pattern)):
+        return 9
+    if isinstance(value, MaxKey):
+        return 10
+    raise TypeError(f"an _id of type {type(value).__name__} has no place in MongoDB's sort order")
 
 
 def copied_database(name: str) -> bool:
@@ -113,4 +172,4 @@ def _document_expression(expression: Any) -> Any:
     return expression
 
 
-__all__ = ["copied_collection", "copied_database", "document_query", "plain_id", "snapshot_row"]
+__all__ = ["after_id", "copied_collection", "copied_database", "document_query", "plain_id", "snapshot_row"]

@@ -1,8 +1,8 @@
 """Change streams through an unmodified PyMongo MongoClient: events, options, stages, invalidation.
 
-Every test here runs against EmbeddedReplicaSet by default and against the server named by
-FLOWWARDEN_TEST_MONGODB_URI when it is set; the ones that need an EmbeddedReplicaSet helper are
-marked ``embedded_only``.
+Every test here runs against EmbeddedReplicaSet by default, as a replica set and through the mongos
+of a sharded one, and against the server named by FLOWWARDEN_TEST_MONGODB_URI when it is set; the
+ones that need an EmbeddedReplicaSet helper are marked ``embedded_only``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 
 from flowwarden.events import compare_tokens, token_cluster_time
+
+pytestmark = pytest.mark.through_mongos
 
 AWAIT_MS = 100
 

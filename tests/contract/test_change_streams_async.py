@@ -1,4 +1,5 @@
-"""Change streams through PyMongo's AsyncMongoClient (motor has its own smoke test, test_motor_smoke.py)."""
+"""Change streams through PyMongo's AsyncMongoClient (motor has its own smoke test, test_motor_smoke.py),
+from a replica set and through a mongos."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure
 
 from flowwarden.events import compare_tokens, token_cluster_time
+
+pytestmark = pytest.mark.through_mongos
 
 AWAIT_MS = 100
 

@@ -1,4 +1,5 @@
-"""Documents: insert, update, delete, findAndModify, find and its cursors, with MongoDB's replies."""
+"""Documents: insert, update, delete, findAndModify, find and its cursors, with MongoDB's replies,
+from a replica set and through a mongos."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from bson import Int64, ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, CursorNotFound, DuplicateKeyError, OperationFailure, WriteError
+
+pytestmark = pytest.mark.through_mongos
 
 
 def test_insert_assigns_id_first_and_round_trips_types(client: pymongo.MongoClient, db_name: str) -> None:
@@ -369,3 +372,42 @@ async def test_find_cursor_batches_async(async_client: pymongo.AsyncMongoClient,
     with pytest.raises(OperationFailure) as info:
         await async_client[db_name].command("getMore", Int64(987654321), collection="c")
     assert info.value.code == 43
+
+
+def test_type_takes_aliases_codes_and_arrays_of_them(client: pymongo.MongoClient, db_name: str) -> None:
+    from bson import Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+
+    coll = client[db_name].types
+    oid = ObjectId()
+    coll.insert_many(
+        [
+            {"_id": 1, "v": None},
+            {"_id": 2, "v": 5},
+            {"_id": 3, "v": Int64(5)},
+            {"_id": 4, "v": 2.5},
+            {"_id": 5, "v": "text"},
+            {"_id": 6, "v": oid},
+            {"_id": 7, "v": Timestamp(1, 2)},
+            {"_id": 8, "v": Regex("^a")},
+            {"_id": 9, "v": MinKey()},
+            {"_id": 10, "v": MaxKey()},
+            {"_id": 11, "v": [1, "x"]},
+            {"_id": 12},
+        ]
+    )
+
+    def ids(type_: object) -> list[int]:
+        return [d["_id"] for d in coll.find({"v": {"$type": type_}}, sort=[("_id", 1)])]
+
+    assert ids("null") == [1]
+    assert ids(10) == [1]
+    assert ids("int") == [2, 11]
+    assert ids("long") == [3]
+    assert ids("number") == [2, 3, 4, 11]
+    assert ids(["string", "objectId"]) == [5, 6, 11]
+    assert ids([17, "regex"]) == [7, 8]
+    assert ids(["minKey", "maxKey"]) == [9, 10]
+    assert ids("array") == [11]
+    with pytest.raises(pymongo.errors.OperationFailure) as refused:
+        coll.find_one({"v": {"$type": "no such type"}})
+    assert refused.value.code == 2

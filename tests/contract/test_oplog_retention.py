@@ -43,6 +43,7 @@ def small_oplog() -> Iterator[pymongo.MongoClient]:
         yield client
 
 
+@pytest.mark.usefixtures("replica_set_member")
 def test_oplog_window_is_readable(client: pymongo.MongoClient, db_name: str) -> None:
     with client.start_session() as session:
         client[db_name].c.insert_one({"_id": 1}, session=session)

@@ -1,4 +1,5 @@
-"""Resume tokens as clients see them: shape, order, cluster time, and resuming from every one."""
+"""Resume tokens as clients see them: shape, order, cluster time, and resuming from every one,
+from a replica set and through a mongos."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pymongo.change_stream import ChangeStream
 from pymongo.errors import OperationFailure
 
 from flowwarden.events import compare_tokens, token_cluster_time
+
+pytestmark = pytest.mark.through_mongos
 
 AWAIT_MS = 100
 HEX = re.compile(r"\A[0-9A-F]+\Z")

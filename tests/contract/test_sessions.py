@@ -294,6 +294,7 @@ def test_errors_inside_a_transaction(mongodb_uri: str, db_name: str) -> None:
         assert older["ok"] == 0 and older["code"] == 225
 
 
+@pytest.mark.usefixtures("replica_set_member")
 def test_transaction_commits_at_one_cluster_time(client: pymongo.MongoClient, db_name: str) -> None:
     coll = client[db_name].c
     coll.insert_one({"_id": "warmup"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 
 import pymongo
+import pytest
 from bson import Binary, Int64, Timestamp
 from wire_helpers import (
     CHECKSUM_PRESENT,
@@ -94,6 +95,7 @@ def test_more_to_come_request_gets_no_reply(mongodb_uri: str, db_name: str, clie
     assert client[db_name].c.find_one({"_id": "quiet"}) == {"_id": "quiet"}
 
 
+@pytest.mark.usefixtures("replica_set_member")
 def test_legacy_op_query_handshake_gets_op_reply(mongodb_uri: str) -> None:
     with connect(mongodb_uri) as sock:
         rid, message = op_query("admin.$cmd", {"isMaster": 1, "helloOk": True})
@@ -148,6 +150,7 @@ def _major_for_wire(wire_version: int) -> int:
     return 7 if wire_version < 25 else 8
 
 
+@pytest.mark.usefixtures("replica_set_member")
 def test_hello_and_build_info_agree_sync(client: pymongo.MongoClient) -> None:
     hello = client.admin.command("hello")
     _check_hello(hello)
@@ -161,6 +164,7 @@ def test_hello_and_build_info_agree_sync(client: pymongo.MongoClient) -> None:
     assert client.admin.command("buildinfo")["version"] == info["version"]
 
 
+@pytest.mark.usefixtures("replica_set_member")
 async def test_hello_and_build_info_agree_async(async_client: pymongo.AsyncMongoClient) -> None:
     hello = await async_client.admin.command("hello")
     _check_hello(hello)
@@ -168,6 +172,7 @@ async def test_hello_and_build_info_agree_async(async_client: pymongo.AsyncMongo
     assert info["versionArray"][0] == _major_for_wire(hello["maxWireVersion"])
 
 
+@pytest.mark.usefixtures("replica_set_member")
 def test_clients_find_the_replica_set_primary(mongodb_uri: str) -> None:
     with pymongo.MongoClient(mongodb_uri, serverSelectionTimeoutMS=10_000) as c:
         c.admin.command("ping")
@@ -179,6 +184,7 @@ def test_clients_find_the_replica_set_primary(mongodb_uri: str) -> None:
         )
 
 
+@pytest.mark.usefixtures("replica_set_member")
 async def test_async_client_finds_the_primary(mongodb_uri: str) -> None:
     c = pymongo.AsyncMongoClient(mongodb_uri, serverSelectionTimeoutMS=10_000)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flowwarden import StartPosition, StreamState, pipeline, token_cluster_time
+from flowwarden.positions import oplog_edge
 
 from .conftest import checkpoint_doc, running, wait_until
 from .handlers import recording_handler
@@ -89,7 +90,7 @@ def test_filtered_idle_stream_advances_last_seen_and_restart_skips_the_filtered_
     with running(mongodb_uri, [handler]):
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
         orders.insert_many([{"_id": i, "keep": False} for i in range(300)])
-        newest = client.local["oplog.rs"].find_one({}, sort=[("$natural", -1)])["ts"]
+        newest = oplog_edge(client, -1)
         wait_until(
             lambda: token_cluster_time(checkpoint_doc(client, db_name, "orders")["lastSeenToken"]) >= newest,
             what="lastSeen to pass the filtered writes",

@@ -410,3 +410,18 @@ def test_document_query_reads_the_document_or_gives_up(query: dict[str, Any], do
     from flowwarden.snapshots import document_query
 
     assert document_query(query) == documents
+
+
+def test_ids_of_every_type_are_copied_once_in_mongodbs_order(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    from bson import ObjectId
+
+    oid = ObjectId("65a1b2c3d4e5f60718293a4b")
+    ids: list[Any] = [None, 1, 2.5, 3, "a", "b", {"k": 1}, b"\x01", oid, False, True]
+    client[db_name].orders.insert_many([{"_id": key} for key in ids])
+    seen: list[Any] = []
+    # A chunk of 2: every chunk boundary crosses from one type to the next somewhere.
+    with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL, seen, snapshot_chunk_size=2)]):
+        wait_until(lambda: len(seen) == len(ids), what="every document")
+    assert [key for _, key, _ in seen] == ids

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from bson import Timestamp
+from bson import MinKey, Timestamp
 
 from flowwarden.errors import UnreadableCheckpointError
 from flowwarden.events import (
@@ -96,7 +96,8 @@ class SnapshotProgress:
     ``token`` is the stream position taken before the copy began: the change stream opens right
     after it once the copy is done, so nothing written after it is missed. The copy goes through
     ``namespaces`` in order, each in ``_id`` order; ``namespace`` and ``last_id`` name the last
-    document whose handling finished (``last_id`` None: none of ``namespace`` yet), and
+    document whose handling finished (``last_id`` :class:`~bson.MinKey`: none of ``namespace``
+    yet, since any value, null included, may be an ``_id``), and
     ``copied`` counts the documents handled so far. A restart copies on from right after
     ``last_id``. Within one snapshot (one ``token``) progress never goes back: :attr:`order`
     only grows.
@@ -105,7 +106,7 @@ class SnapshotProgress:
     token: ResumeToken
     namespaces: tuple[str, ...]
     namespace: str
-    last_id: Any = None
+    last_id: Any = field(default_factory=MinKey)
     copied: int = 0
     total: int | None = None
     """An estimate of the documents to copy, taken when the copy began (for progress only)."""
@@ -155,7 +156,7 @@ class SnapshotProgress:
             token=token,
             namespaces=tuple(namespaces),
             namespace=namespace,
-            last_id=document.get("lastId"),
+            last_id=document.get("lastId", MinKey()),
             copied=_read_int(document.get("copied"), f"{F_SNAPSHOT}.copied"),
             total=None if total is None else _read_int(total, f"{F_SNAPSHOT}.total"),
             done=done,

@@ -3,7 +3,8 @@
 Times are compared with the cluster's own time (the operationTime of a ping), not this machine's
 clock. A stream whose resume position is older than the oplog's oldest entry cannot resume: its
 history is lost, and the command exits 2 so that scripts and alerts notice. Where the oplog cannot
-be read (mongos, or a user without read on ``local``) the command says so and judges nothing.
+be read (a user without read on ``local``; through a mongos, on a shard) the command says so and
+judges nothing.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp 
         )
     console.print(table)
     if oldest is None:
-        console.print("the oplog cannot be read here (mongos, or no read on local): 'in oplog' is unknown")
+        console.print("the oplog cannot be read here (no read on local, or on a shard's): 'in oplog' is unknown")
 
 
 def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> argparse.ArgumentParser:

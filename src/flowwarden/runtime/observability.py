@@ -5,7 +5,8 @@ Started by :class:`~flowwarden.runtime.connector.Connector` when it runs:
 - with a metrics port, a :class:`~flowwarden.runtime.metrics.MetricsServer` (``/metrics``,
   ``/healthz``, ``/readyz``), a heartbeat that ``/healthz`` reads (so a handler holding the event
   loop shows as unhealthy), and the oplog's window in hours, read once a minute where the
-  deployment lets it be read;
+  deployment lets it be read (through a mongos, on every shard: see
+  :func:`~flowwarden.positions.oplog_edge_async`);
 - with a progress interval, one INFO line per stream per interval: events per second, seconds
   behind, and the position saved last.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flowwarden.errors import ConfigurationError
-from flowwarden.positions import oplog_edge_async
+from flowwarden.positions import oplog_window_async
 from flowwarden.runtime.metrics import STALL_SECONDS, MetricsServer
 from flowwarden.runtime.status import StreamState
 
@@ -123,8 +124,7 @@ class Observability:
 
     async def _oplog_window(self, client: Any) -> None:
         while True:
-            oldest = await oplog_edge_async(client, 1)
-            newest = await oplog_edge_async(client, -1)
+            oldest, newest = await oplog_window_async(client)
             if oldest is not None and newest is not None:
                 self.oplog_window_hours = (newest.time - oldest.time) / 3600
             await asyncio.sleep(OPLOG_WINDOW_REFRESH_SECONDS)

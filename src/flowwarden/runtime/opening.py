@@ -131,8 +131,11 @@ class StreamOpener:
             oldest = await oplog_edge_async(self._client, 1)
             if oldest is None:
                 raise StreamError(
-                    f"stream {self.name!r}: start_position=EARLIEST needs to read local.oplog.rs, "
-                    "which this user cannot; grant read on 'local' or choose another start_position",
+                    f"stream {self.name!r}: start_position=EARLIEST needs to read the oplog "
+                    "(local.oplog.rs; through a mongos, on every shard), which this user cannot; grant "
+                    "read on 'local' (through a mongos: read on config.shards, and a shard-local user "
+                    "with read on 'local' on every shard; a WARNING names the shard) or choose another "
+                    "start_position",
                     stream=self.name,
                 )
             start = {"start_at_operation_time": oldest}

@@ -29,6 +29,8 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+from bson import MinKey
+
 from flowwarden.checkpoints import Checkpoint, SnapshotProgress
 from flowwarden.checkpoints.model import utc_now
 from flowwarden.checkpoints.store import AwaitableStore
@@ -38,7 +40,14 @@ from flowwarden.events import token_cluster_time
 from flowwarden.runtime.context import StreamLog
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.opening import StreamOpener, describe_token
-from flowwarden.snapshots import copied_collection, copied_database, document_query, plain_id, snapshot_row
+from flowwarden.snapshots import (
+    after_id,
+    copied_collection,
+    copied_database,
+    document_query,
+    plain_id,
+    snapshot_row,
+)
 from flowwarden.spec import StreamSpec
 
 
@@ -115,7 +124,7 @@ class SnapshotCopy:
         index = progress.namespaces.index(progress.namespace)
         for namespace in progress.namespaces[index:]:
             if namespace != progress.namespace:
-                progress = replace(progress, namespace=namespace, last_id=None)
+                progress = replace(progress, namespace=namespace, last_id=MinKey())
             progress = await self._copy(namespace, progress, epoch)
         progress = replace(progress, done=True)
         await self._store.save_snapshot(self.name, progress, epoch)
@@ -167,13 +176,8 @@ class SnapshotCopy:
         while True:
             if self._stopping.is_set():
                 raise SnapshotStopped()
-            bounded = dict(query)
-            if progress.last_id is not None:
-                bounded = (
-                    {"$and": [query, {"_id": {"$gt": progress.last_id}}]}
-                    if query
-                    else {"_id": {"$gt": progress.last_id}}
-                )
+            after = after_id(progress.last_id)
+            bounded = {"$and": [query, after]} if query and after else query or after
             cursor = target.find(bounded, sort=[("_id", 1)], limit=chunk, batch_size=chunk)
             documents = await cursor.to_list(None)
             if not documents:

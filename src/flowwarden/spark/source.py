@@ -212,9 +212,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             oldest = oplog_edge(self._client_for(), 1)
             if oldest is None:
                 raise StreamError(
-                    f"{_OWNER} {self.options.namespace}: start_position=EARLIEST needs to read "
-                    "local.oplog.rs, which this user cannot; grant read on 'local' or choose RESUME "
-                    "or AT_TIME",
+                    f"{_OWNER} {self.options.namespace}: start_position=EARLIEST needs to read the "
+                    "oplog (local.oplog.rs; through a mongos, on every shard), which this user cannot; "
+                    "grant read on 'local' (through a mongos: read on config.shards, and a shard-local "
+                    "user with read on 'local' on every shard) or choose RESUME or AT_TIME",
                     stream=self.options.namespace,
                 )
             return {"startAtOperationTime": timestamp_offset(oldest)}

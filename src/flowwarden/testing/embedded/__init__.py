@@ -1,8 +1,10 @@
-"""EmbeddedReplicaSet: a single-node MongoDB replica set speaking the wire protocol on 127.0.0.1.
+"""EmbeddedReplicaSet: a single-node MongoDB replica set speaking the wire protocol on 127.0.0.1,
+or a one-shard sharded cluster: a mongos in front of that member.
 
 Modules, from the socket inwards: ``server`` (the public class, thread and connections), ``wire``
-(message framing), ``host`` (state and the per-command pipeline), the ``commands`` package (every
-command, one module per group), ``crud`` and ``storage`` (documents, indexes, namespaces),
+(message framing), ``topology`` (the processes clients reach: the member, and a mongos), ``host``
+(state and the per-command pipeline), the ``commands`` package (every command, one module per
+group), ``crud`` and ``storage`` (documents, indexes, namespaces),
 ``sessions`` (transactions and retryable writes), ``failpoints`` (``failCommand``), ``cursors``,
 ``ttl`` (the TTL monitor); the oplog and change streams live in ``oplog``, ``tokens``, ``updates``,
 ``changestream`` and ``largeevents`` (events over 16 MB).

@@ -154,13 +154,25 @@ def select_in(
     shown = view_documents(catalog, db, name)
     if shown is None:
         return select(catalog.get(db, name), query, sort, skip, limit)
+    return select_from(shown, query, sort, skip, limit)
+
+
+def select_from(
+    docs: list[Document],
+    query: Document | None,
+    sort: Document | None = None,
+    skip: int = 0,
+    limit: int = 0,
+) -> list[Document]:
+    """:func:`select` on documents no collection holds: a view's output, or ``config.shards`` as
+    a mongos answers it."""
     query = _checked_filter(query)
     if query:
         try:
-            shown = [doc for doc in shown if engine.matches(query, doc)]
+            docs = [doc for doc in docs if engine.matches(query, doc)]
         except _ENGINE_ERRORS as exc:
             raise engine.command_error(exc) from None
-    return _ordered(shown, sort, skip, limit)
+    return _ordered(docs, sort, skip, limit)
 
 
 def _checked_filter(query: Any) -> Document:

@@ -13,12 +13,15 @@ why importing this module with another release that lacks one fails at once, nam
 
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import mongomock
-from bson import Int64, MaxKey, MinKey, Timestamp
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.datetime_ms import DatetimeMS
 from mongomock import aggregate as _aggregate
 from mongomock import filtering as _filtering
 from mongomock import helpers as _helpers
@@ -52,7 +55,7 @@ def command_error(exc: BaseException, code: int = 2) -> CommandError:
 
 
 _PRIVATE_API: dict[Any, tuple[str, ...]] = {
-    _filtering: ("_get_compare_type", "filter_applies", "resolve_sort_key"),
+    _filtering: ("_get_compare_type", "filter_applies", "resolve_sort_key", "_filterer_inst", "NOTHING"),
     _helpers: ("get_value_by_dot",),
     _aggregate: ("_parse_expression", "process_pipeline", "_Parser"),
     mongomock.Collection: (
@@ -115,6 +118,89 @@ def _extend_type_order() -> None:
 
 
 _extend_type_order()
+
+
+# $type's aliases and numeric codes, as MongoDB names them; a test of the value for each.
+_TYPE_CODES = {
+    1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 6: "undefined", 7: "objectId",
+    8: "bool", 9: "date", 10: "null", 11: "regex", 12: "dbPointer", 13: "javascript", 14: "symbol",
+    15: "javascriptWithScope", 16: "int", 17: "timestamp", 18: "long", 19: "decimal", -1: "minKey",
+    127: "maxKey",
+}  # fmt: skip
+_INT32 = range(-(2**31), 2**31)
+
+
+def _is_int32(value: Any) -> bool:
+    return type(value) is int and value in _INT32
+
+
+def _is_int64(value: Any) -> bool:
+    return isinstance(value, Int64) or (type(value) is int and value not in _INT32)
+
+
+_TYPE_TESTS: dict[str, Any] = {
+    "double": lambda v: isinstance(v, float),
+    "string": lambda v: isinstance(v, str),
+    "object": lambda v: isinstance(v, Mapping),
+    "array": lambda v: isinstance(v, (list, tuple)),
+    "binData": lambda v: isinstance(v, (bytes, Binary)),
+    "undefined": lambda v: False,
+    "objectId": lambda v: isinstance(v, ObjectId),
+    "bool": lambda v: isinstance(v, bool),
+    "date": lambda v: isinstance(v, (datetime.datetime, DatetimeMS)),
+    "null": lambda v: v is None,
+    "regex": lambda v: isinstance(v, (Regex, re.Pattern)),
+    "dbPointer": lambda v: False,
+    "javascript": lambda v: isinstance(v, Code) and v.scope is None,
+    "symbol": lambda v: False,  # PyMongo decodes symbols as str
+    "javascriptWithScope": lambda v: isinstance(v, Code) and v.scope is not None,
+    "int": _is_int32,
+    "timestamp": lambda v: isinstance(v, Timestamp),
+    "long": _is_int64,
+    "decimal": lambda v: isinstance(v, Decimal128),
+    "number": lambda v: isinstance(v, (float, Decimal128)) or _is_int32(v) or _is_int64(v),
+    "minKey": lambda v: isinstance(v, MinKey),
+    "maxKey": lambda v: isinstance(v, MaxKey),
+}
+
+
+def _extend_type_operator() -> None:
+    """``$type`` as MongoDB takes it: an alias or a numeric code, or an array of them (any one
+    matches), for every BSON type (mongomock knows neither arrays nor null, regex, timestamp,
+    minKey, maxKey...). An array field also matches when one of its elements does.
+
+    Why a replacement: the engine's filter operators live in one dict of its module's filterer
+    instance, looked up on every filter; replacing the ``$type`` entry reaches every query.
+    """
+    operators = _filtering._filterer_inst._operator_map
+    if getattr(operators["$type"], "_flowwarden_extended", False):
+        return
+
+    def tests_for(search: Any) -> list[Any]:
+        wanted = list(search) if isinstance(search, (list, tuple)) else [search]
+        tests = []
+        for item in wanted:
+            name = _TYPE_CODES.get(item) if isinstance(item, int) and not isinstance(item, bool) else item
+            if not isinstance(name, str) or name not in _TYPE_TESTS:
+                raise CommandError(2, f"Unknown type name alias: {item}", code_name="BadValue")
+            tests.append(_TYPE_TESTS[name])
+        return tests
+
+    nothing = _filtering.NOTHING  # type: ignore[attr-defined]  # mongomock's "no such field"
+
+    def type_operator(value: Any, search: Any) -> bool:
+        if value is nothing:
+            return False
+        tests = tests_for(search)
+        if any(test(value) for test in tests):
+            return True
+        return isinstance(value, (list, tuple)) and any(test(item) for item in value for test in tests)
+
+    type_operator._flowwarden_extended = True  # type: ignore[attr-defined]
+    operators["$type"] = type_operator
+
+
+_extend_type_operator()
 
 
 def _extend_expressions() -> None:

@@ -1,10 +1,12 @@
 """The replica set's state and the command pipeline every request goes through.
 
-:class:`ReplicaSetHost` holds everything a command can touch (catalog, oplog, cursors, sessions,
-fail points) and is the ``ChangeStreamHost`` change streams read documents and options from. Its
-:meth:`ReplicaSetHost.run` takes one decoded request through the steps MongoDB takes: fail point,
-session and transaction bookkeeping, retryable-write replay, the command itself, and the
-``$clusterTime``/``operationTime`` every reply carries.
+:class:`ReplicaSetHost` holds everything a command can touch (catalog, oplog, cursors, sessions)
+and the deployment's processes (:mod:`~flowwarden.testing.embedded.topology`: the member, and a
+mongos in a sharded deployment), and is the ``ChangeStreamHost`` change streams read documents
+and options from. Its :meth:`ReplicaSetHost.run` takes one decoded request, received by one of the
+processes, through the steps MongoDB takes: the command's lookup, that process's fail point, the
+refusals of a mongos, session and transaction bookkeeping, retryable-write replay, the command
+itself, and the ``$clusterTime``/``operationTime`` every reply carries.
 
 Everything here runs on the server's event loop thread; nothing may block it.
 """
@@ -30,16 +32,22 @@ from flowwarden.testing.embedded.commands.handshake import (
 from flowwarden.testing.embedded.crud import Scope
 from flowwarden.testing.embedded.cursors import CursorRegistry
 from flowwarden.testing.embedded.errors import CommandError
-from flowwarden.testing.embedded.failpoints import FailPoints
 from flowwarden.testing.embedded.keys import value_key
 from flowwarden.testing.embedded.oplog import Oplog, OplogOp
 from flowwarden.testing.embedded.sessions import TRANSACTION_CONTROL, SessionRegistry, TxnState
 from flowwarden.testing.embedded.storage import Catalog, Document
+from flowwarden.testing.embedded.topology import (
+    REPLICA_SET_NAME,
+    SHARD_NAME,
+    Process,
+    Role,
+    refuse_local_through_mongos,
+    shard_documents,
+)
 from flowwarden.testing.embedded.ttl import expire_ttl_documents
 
 log = logging.getLogger(__name__)
 
-SET_NAME = "rs0"
 ZERO_SIGNATURE = {"hash": Binary(b"\x00" * 20, 0), "keyId": Int64(0)}
 
 
@@ -53,6 +61,8 @@ class ConnectionInfo:
 
     id: int
     peer: str
+    # The process the client connected to: the replica set member, or a sharded deployment's mongos.
+    process: Process
     app_name: str | None = None
     metadata: Document | None = None
     # The OP_COMPRESSED compressors this connection's hello negotiated; no others are accepted.
@@ -61,18 +71,18 @@ class ConnectionInfo:
 
 
 class ReplicaSetHost:
-    """State of the single-node replica set ``rs0``; the ``ChangeStreamHost`` of its change streams."""
+    """State of the single-node replica set (``rs0``, or the shard ``shard0`` behind a mongos when
+    ``sharded``); the ``ChangeStreamHost`` of its change streams."""
 
-    def __init__(self, oplog_max_events: int | None = None) -> None:
+    def __init__(self, oplog_max_events: int | None = None, *, sharded: bool = False) -> None:
         self.oplog = Oplog(oplog_max_events)
         self.catalog = Catalog()
         # Events and local.oplog.rs show the catalog's collection UUIDs.
         self.oplog.uuid_source = self.collection_uuid
         self.cursors = CursorRegistry()
         self.sessions = SessionRegistry(self.catalog, self.oplog)
-        self.failpoints = FailPoints()
-        self.port = 0
-        self.process_id = ObjectId()
+        self.member = Process(Role.MEMBER, SHARD_NAME if sharded else REPLICA_SET_NAME)
+        self.mongos = Process(Role.MONGOS) if sharded else None
         self.election_id = ObjectId("7fffffff0000000000000001")
         self.started_wall = time.time()
         self.started = time.monotonic()
@@ -98,8 +108,20 @@ class ReplicaSetHost:
     # -- identity --------------------------------------------------------------------------
 
     @property
+    def processes(self) -> tuple[Process, ...]:
+        """Every process of the deployment, the one clients connect to first."""
+        return (self.member,) if self.mongos is None else (self.mongos, self.member)
+
+    @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """The replica set member's ``host:port`` (what its ``hello`` and replSetGetStatus name)."""
+        return self.member.address
+
+    def shards(self) -> list[Document]:
+        """``config.shards`` as a mongos answers it (empty when the deployment is not sharded)."""
+        if self.mongos is None:
+            return []
+        return shard_documents(self.member, Timestamp(int(self.started_wall), 1))
 
     def reset_loop_state(self) -> None:
         """Forget objects bound to a previous event loop (the server is being started again)."""
@@ -162,11 +184,12 @@ class ReplicaSetHost:
         if not cmd:
             raise CommandError(59, "no such command: ''")
         name = next(iter(cmd))
-        spec = commands.lookup(name)
+        process = conn.process
+        spec = commands.lookup(name, process.role)
         self.opcounters[spec.counter] = self.opcounters.get(spec.counter, 0) + 1
         action = None
         if spec.failable:
-            action = self.failpoints.check(spec.name, conn.app_name, commands.namespace_of(cmd, db))
+            action = process.failpoints.check(spec.name, conn.app_name, commands.namespace_of(cmd, db))
         if action is not None:
             if action.block_ms:
                 await asyncio.sleep(action.block_ms / 1000)
@@ -174,6 +197,7 @@ class ReplicaSetHost:
                 raise CloseConnection()
             if action.error is not None:
                 raise action.error
+        refuse_local_through_mongos(process, db)
         session = None
         lsid = cmd.get("lsid")
         if lsid is not None and spec.sessions:
@@ -250,7 +274,8 @@ class ReplicaSetHost:
     def close(self) -> None:
         self.cursors.close_all()
         self.sessions.close_all()
-        self.failpoints.clear()
+        for process in self.processes:
+            process.failpoints.clear()
 
     def pid(self) -> int:
         return os.getpid()

@@ -2,7 +2,8 @@
 
 The thread owns one asyncio event loop; every connection, command, cursor and oplog call runs
 on it, so none of them need locks. The methods of :class:`EmbeddedReplicaSet` are called from
-other threads (a test, the CLI) and hand their work to the loop thread-safely.
+other threads (a test, the CLI) and hand their work to the loop thread-safely. A sharded
+deployment listens on two ports, the mongos's and the shard member's, from the same loop.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import types
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import bson
 from bson.errors import BSONError
@@ -24,6 +25,7 @@ from flowwarden.testing.embedded import wire
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.host import CloseConnection, ConnectionInfo, ReplicaSetHost
 from flowwarden.testing.embedded.oplog import Oplog
+from flowwarden.testing.embedded.topology import Process
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ _START_TIMEOUT_SECONDS = 30.0
 _OP_QUERY_COMMANDS = frozenset({"hello", "isMaster", "ismaster"})
 # Loop iterations between the kernel accepting a connection and the server tracking it.
 _ACCEPT_TURNS = 5
+
+Topology = Literal["replica_set", "sharded"]
+_TOPOLOGIES: tuple[Topology, ...] = ("replica_set", "sharded")
 
 
 class _TrackedProtocol(asyncio.StreamReaderProtocol):
@@ -71,18 +76,42 @@ class EmbeddedReplicaSet:
     Unmodified PyMongo (sync and async) and motor clients connect with :attr:`uri`. It is a test
     double, not a database: data lives in memory and is gone when the process ends.
 
+    ``topology="sharded"`` makes it a sharded cluster of one shard instead: :attr:`uri` reaches a
+    mongos (``hello`` says ``msg: "isdbgrid"``, drivers see topology type Sharded, the ``local``
+    database is refused, ``config.shards`` lists the shard), and the shard's replica set member
+    (``shard0``) listens on :attr:`shard_port` with the same data and oplog, so that a client can
+    read the shard's oplog there as on a real cluster. Its collections are all unsharded.
+
     ``start()`` and ``stop()`` are idempotent; a stopped server can be started again and comes
-    back on the same port with its data and oplog, so a client's URI stays valid across restarts.
+    back on the same ports with its data and oplog, so a client's URI stays valid across restarts.
     """
 
-    def __init__(self, port: int = 0, oplog_max_events: int | None = None) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        oplog_max_events: int | None = None,
+        *,
+        topology: Topology = "replica_set",
+        shard_port: int = 0,
+    ) -> None:
         if oplog_max_events is not None and oplog_max_events < 1:
             raise ValueError(f"oplog_max_events must be at least 1 or None, got {oplog_max_events}")
-        self._requested_port = port
-        self._host = ReplicaSetHost(oplog_max_events)
+        if topology not in _TOPOLOGIES:
+            raise ValueError(f"topology must be one of {', '.join(map(repr, _TOPOLOGIES))}, got {topology!r}")
+        if topology == "replica_set" and shard_port:
+            raise ValueError("shard_port is for topology='sharded'; a replica set listens on port only")
+        self._host = ReplicaSetHost(oplog_max_events, sharded=topology == "sharded")
+        self._topology: Topology = topology
+        # The port each process binds (0: the OS chooses, and the chosen one is kept, so that a
+        # restart comes back where clients look for it).
+        if self._host.mongos is None:
+            self._host.member.port = port
+        else:
+            self._host.mongos.port = port
+            self._host.member.port = shard_port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
         self._connections: dict[int, tuple[asyncio.StreamWriter, asyncio.Task[None]]] = {}
         self._transports: set[asyncio.BaseTransport] = set()
         self._connection_ids = itertools.count(1)
@@ -95,14 +124,37 @@ class EmbeddedReplicaSet:
     # -- public API --------------------------------------------------------------------------
 
     @property
+    def topology(self) -> Topology:
+        """``"replica_set"`` or ``"sharded"``, as created."""
+        return self._topology
+
+    @property
     def port(self) -> int:
-        """The TCP port the server listens on (chosen by the OS when created with ``port=0``)."""
-        return self._host.port or self._requested_port
+        """The TCP port clients connect to, the mongos's when sharded (chosen by the OS when
+        created with ``port=0``)."""
+        return self._host.processes[0].port
 
     @property
     def uri(self) -> str:
-        """``mongodb://127.0.0.1:<port>/?replicaSet=rs0``."""
-        return f"mongodb://127.0.0.1:{self.port}/?replicaSet=rs0"
+        """``mongodb://127.0.0.1:<port>/?replicaSet=rs0``; sharded, ``mongodb://127.0.0.1:<port>/``
+        (a mongos is no replica set member)."""
+        if self._host.mongos is not None:
+            return f"mongodb://127.0.0.1:{self.port}/"
+        return f"mongodb://127.0.0.1:{self.port}/?replicaSet={self._host.member.set_name}"
+
+    @property
+    def shard_port(self) -> int | None:
+        """The port of the shard's replica set member when sharded; None for a replica set."""
+        return None if self._host.mongos is None else self._host.member.port
+
+    @property
+    def shard_uri(self) -> str | None:
+        """``mongodb://127.0.0.1:<shard_port>/?replicaSet=shard0``: the shard itself, where its
+        oplog is readable (what ``config.shards`` names); None for a replica set."""
+        if self._host.mongos is None:
+            return None
+        member = self._host.member
+        return f"mongodb://127.0.0.1:{member.port}/?replicaSet={member.set_name}"
 
     @property
     def oplog(self) -> Oplog:
@@ -205,7 +257,8 @@ class EmbeddedReplicaSet:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"EmbeddedReplicaSet(uri={self.uri!r}, {state})"
+        shard = f", shard_uri={self.shard_uri!r}" if self.shard_uri is not None else ""
+        return f"EmbeddedReplicaSet(uri={self.uri!r}{shard}, {state})"
 
     # -- loop plumbing -------------------------------------------------------------------------
 
@@ -237,30 +290,43 @@ class EmbeddedReplicaSet:
         host = self._host
         host.reset_loop_state()
         self._stopping = False
-        port = host.port or self._requested_port
         loop = asyncio.get_running_loop()
+        try:
+            for process in host.processes:
+                server = await self._listen(loop, process)
+                self._servers.append(server)
+                process.port = server.sockets[0].getsockname()[1]
+        except BaseException:
+            # A port already taken: the listeners opened so far must not outlive the failed start.
+            for server in self._servers:
+                server.close()
+            self._servers.clear()
+            raise
+        self._housekeeping = loop.create_task(self._housekeep())
+
+    async def _listen(self, loop: asyncio.AbstractEventLoop, process: Process) -> asyncio.base_events.Server:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve_client(process, reader, writer)
 
         def protocol() -> _TrackedProtocol:
-            return _TrackedProtocol(
-                self._transports, asyncio.StreamReader(loop=loop), self._serve_client, self._refusing
-            )
+            return _TrackedProtocol(self._transports, asyncio.StreamReader(loop=loop), serve, self._refusing)
 
-        self._server = await loop.create_server(protocol, "127.0.0.1", port, reuse_address=True)
-        host.port = self._server.sockets[0].getsockname()[1]
-        self._housekeeping = loop.create_task(self._housekeep())
+        return await loop.create_server(protocol, "127.0.0.1", process.port, reuse_address=True)
 
     async def _close(self) -> None:
         self._stopping = True
         self._host.shutdown_event.set()
-        if self._server is not None:
+        if self._servers:
             # Stop accepting, then let accepts already under way finish (they are refused at
-            # once) before the listening socket goes away: an accept that completes after it
-            # closed would leave its socket open with nobody serving it.
+            # once) before the listening sockets go away: an accept that completes after its
+            # socket closed would leave a connection open with nobody serving it.
             loop = asyncio.get_running_loop()
-            for listening in self._server.sockets:
-                loop.remove_reader(listening.fileno())
+            for server in self._servers:
+                for listening in server.sockets:
+                    loop.remove_reader(listening.fileno())
             await self._settle()
-            self._server.close()
+            for server in self._servers:
+                server.close()
         await self._drop_all()
         # Connections accepted but not yet served, and any other work of this loop, end here too:
         # nothing may outlive stop() holding a socket.
@@ -270,9 +336,9 @@ class EmbeddedReplicaSet:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
         self._housekeeping = None
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
         self._host.close()
 
     @staticmethod
@@ -312,7 +378,9 @@ class EmbeddedReplicaSet:
         """True while stopping or during an outage: new connections are closed on arrival."""
         return self._stopping or asyncio.get_running_loop().time() < self._refuse_until
 
-    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_client(
+        self, process: Process, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         if self._refusing():
             writer.transport.abort()
             return
@@ -322,6 +390,7 @@ class EmbeddedReplicaSet:
         conn = ConnectionInfo(
             id=next(self._connection_ids),
             peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
+            process=process,
         )
         host = self._host
         self._connections[conn.id] = (writer, task)

@@ -16,7 +16,8 @@ One module per group of commands:
 * ``indexes``: createIndexes, listIndexes, dropIndexes;
 * ``writes``: insert, update, delete, findAndModify;
 * ``reads``: find, count, distinct, aggregate (and so opening change streams);
-* ``cursors``: getMore, killCursors.
+* ``cursors``: getMore, killCursors;
+* ``sharding``: what only a mongos has (listShards).
 
 ``registry`` holds the table, ``arguments`` the field checks and ``replies`` the reply shapes
 they share.
@@ -33,12 +34,13 @@ from flowwarden.testing.embedded.commands import (
     reads,
     server_status,
     sessions,
+    sharding,
     writes,
 )
 from flowwarden.testing.embedded.commands.registry import CommandSpec, Context, lookup, namespace_of
 
 # Importing a group registers its commands in the table: all of them are imported here, so the
 # table is complete as soon as anything uses this package.
-GROUPS = (handshake, server_status, admin, sessions, catalog, indexes, writes, reads, cursors)
+GROUPS = (handshake, server_status, admin, sessions, catalog, indexes, writes, reads, cursors, sharding)
 
 __all__ = ["GROUPS", "CommandSpec", "Context", "lookup", "namespace_of"]

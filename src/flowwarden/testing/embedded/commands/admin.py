@@ -15,16 +15,18 @@ from flowwarden.testing.embedded.storage import Document
 
 @command("getCmdLineOpts", sessions=False)
 async def cmd_get_cmd_line_opts(ctx: Context) -> Document:
-    port = ctx.host.port
-    return {
-        "argv": ["mongod", "--replSet", "rs0", "--bind_ip", "127.0.0.1", "--port", str(port)],
-        "parsed": {
-            "net": {"bindIp": "127.0.0.1", "port": port},
-            "replication": {"replSet": "rs0"},
-            "setParameter": {"enableTestCommands": "1"},
-        },
-        "ok": 1.0,
-    }
+    process = ctx.conn.process
+    port = process.port
+    argv = [process.role.value, "--bind_ip", "127.0.0.1", "--port", str(port)]
+    parsed: Document = {"net": {"bindIp": "127.0.0.1", "port": port}}
+    if process.set_name is not None:
+        argv[1:1] = ["--replSet", process.set_name]
+        parsed["replication"] = {"replSet": process.set_name}
+        if ctx.host.mongos is not None:
+            argv.insert(1, "--shardsvr")
+            parsed["sharding"] = {"clusterRole": "shardsvr"}
+    parsed["setParameter"] = {"enableTestCommands": "1"}
+    return {"argv": argv, "parsed": parsed, "ok": 1.0}
 
 
 @command("getParameter", sessions=False)
@@ -72,6 +74,8 @@ async def cmd_configure_fail_point(ctx: Context) -> Document:
         raise CommandError(
             13, "configureFailPoint may only be run against the admin database.", code_name="Unauthorized"
         )
-    reply = ctx.host.failpoints.configure(ctx.cmd)
+    # Each process has its own fail points, as each MongoDB process does: one set through the
+    # mongos fails what the mongos receives, one set on the shard what clients send the shard.
+    reply = ctx.conn.process.failpoints.configure(ctx.cmd)
     reply["ok"] = 1.0
     return reply

@@ -39,7 +39,7 @@ async def cmd_get_more(ctx: Context) -> Document:
             code_name="Unauthorized",
         )
     registry.checkout(cursor_id)
-    fault = ctx.host.failpoints.get_more_fault(isinstance(cursor, ChangeStreamCursor))
+    fault = ctx.conn.process.failpoints.get_more_fault(isinstance(cursor, ChangeStreamCursor))
     if fault is not None:
         registry.kill(cursor_id)  # a getMore that fails kills its cursor
         raise fault

@@ -37,29 +37,44 @@ def utcnow() -> datetime.datetime:
 
 
 def hello_reply(host: ReplicaSetHost, conn: ConnectionInfo, *, legacy: bool, hello_ok: bool) -> Document:
-    """The reply to hello (``legacy``: to isMaster, which says ``ismaster``) on connection ``conn``."""
-    ts: Timestamp = host.oplog.cluster_time
-    written = ts.as_datetime() if ts.time else utcnow()
+    """The reply to hello (``legacy``: to isMaster, which says ``ismaster``) on connection ``conn``,
+    as the process it reached answers: a replica set primary, or a mongos."""
+    process = conn.process
+    writable = "ismaster" if legacy else "isWritablePrimary"
+    version = {"processId": process.process_id, "counter": Int64(0)}
     reply: Document = {}
-    if hello_ok:
-        reply["helloOk"] = True
+    if process.is_mongos:
+        # A mongos belongs to no replica set: no setName, hosts, primary or lastWrite, and
+        # ``msg: "isdbgrid"`` is how drivers tell it apart (the SDAM spec's server type Mongos).
+        reply.update({writable: True, "msg": "isdbgrid", "topologyVersion": version})
+        if hello_ok:
+            reply["helloOk"] = True
+    else:
+        if hello_ok:
+            reply["helloOk"] = True
+        ts: Timestamp = host.oplog.cluster_time
+        written = ts.as_datetime() if ts.time else utcnow()
+        reply.update(
+            {
+                "topologyVersion": version,
+                "hosts": [process.address],
+                "setName": process.set_name,
+                "setVersion": 1,
+                writable: True,
+                "secondary": False,
+                "primary": process.address,
+                "me": process.address,
+                "electionId": host.election_id,
+                "lastWrite": {
+                    "opTime": {"ts": ts, "t": Int64(1)},
+                    "lastWriteDate": written,
+                    "majorityOpTime": {"ts": ts, "t": Int64(1)},
+                    "majorityWriteDate": written,
+                },
+            }
+        )
     reply.update(
         {
-            "topologyVersion": {"processId": host.process_id, "counter": Int64(0)},
-            "hosts": [host.address],
-            "setName": "rs0",
-            "setVersion": 1,
-            ("ismaster" if legacy else "isWritablePrimary"): True,
-            "secondary": False,
-            "primary": host.address,
-            "me": host.address,
-            "electionId": host.election_id,
-            "lastWrite": {
-                "opTime": {"ts": ts, "t": Int64(1)},
-                "lastWriteDate": written,
-                "majorityOpTime": {"ts": ts, "t": Int64(1)},
-                "majorityWriteDate": written,
-            },
             "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
             "maxMessageSizeBytes": MAX_MESSAGE_SIZE,
             "maxWriteBatchSize": MAX_WRITE_BATCH_SIZE,
@@ -68,9 +83,10 @@ def hello_reply(host: ReplicaSetHost, conn: ConnectionInfo, *, legacy: bool, hel
             "connectionId": conn.id,
             "minWireVersion": 0,
             "maxWireVersion": MAX_WIRE_VERSION,
-            "readOnly": False,
         }
     )
+    if not process.is_mongos:
+        reply["readOnly"] = False
     if conn.compressors:
         reply["compression"] = list(conn.compressors)
     reply["ok"] = 1.0
@@ -96,7 +112,7 @@ async def cmd_hello(ctx: Context) -> Document:
     if isinstance(version, dict) and wait_ms is not None:
         if not isinstance(wait_ms, (int, float)) or isinstance(wait_ms, bool) or wait_ms < 0:
             raise CommandError(2, "maxAwaitTimeMS must be a non-negative integer")
-        if version.get("processId") == ctx.host.process_id and version.get("counter") == 0:
+        if version.get("processId") == ctx.conn.process.process_id and version.get("counter") == 0:
             try:
                 await asyncio.wait_for(ctx.host.shutdown_event.wait(), wait_ms / 1000)
             except asyncio.TimeoutError:

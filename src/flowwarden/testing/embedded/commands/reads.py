@@ -1,4 +1,5 @@
-"""Read commands: ``find`` (``local.oplog.rs`` included), ``count``, ``distinct`` and ``aggregate``.
+"""Read commands: ``find`` (``local.oplog.rs`` included, and ``config.shards`` through a mongos),
+``count``, ``distinct`` and ``aggregate``.
 
 A read that returns documents answers with a cursor's first batch; what is left is served by
 ``getMore`` (:mod:`flowwarden.testing.embedded.commands.cursors`). An ``aggregate`` whose first
@@ -34,6 +35,9 @@ async def cmd_find(ctx: Context) -> Document:
     ns = f"{ctx.db}.{name}"
     if ctx.db == "local" and name == "oplog.rs":
         docs = _oplog_rs(ctx, query, sort, skip, limit)
+    elif ctx.db == "config" and name == "shards" and ctx.conn.process.is_mongos:
+        # The config servers' catalog of shards, which a mongos reads through to.
+        docs = crud.select_from(ctx.host.shards(), query, sort, skip, limit)
     else:
         docs = crud.select_in(ctx.scope.catalog, ctx.db, name, query, sort=sort, skip=skip, limit=limit)
     if projection:

@@ -2,8 +2,9 @@
 
 A group module registers its handlers with :func:`command`; the host finds them with
 :func:`lookup`. Each :class:`CommandSpec` says which opcounter the command bumps, whether
-``failCommand`` may fail it, whether it takes part in sessions and whether it is a retryable write:
-the host's per-command pipeline reads these flags and nothing else about a command.
+``failCommand`` may fail it, whether it takes part in sessions, whether it is a retryable write and
+which kinds of process have it (a mongos has no replSetGetStatus, a replica set member no
+listShards): the host's per-command pipeline reads these flags and nothing else about a command.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flowwarden.testing.embedded.crud import Scope
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.sessions import Session, Transaction, TxnState
 from flowwarden.testing.embedded.storage import Collection, Document
+from flowwarden.testing.embedded.topology import Role
 
 if TYPE_CHECKING:
     from flowwarden.testing.embedded.host import ConnectionInfo, ReplicaSetHost
@@ -62,7 +64,8 @@ Handler = Callable[[Context], Awaitable[Document]]
 class CommandSpec:
     """How the host runs a command: ``name`` is the one fail points match (``isMaster`` is
     ``hello``), ``counter`` the opcounter it bumps, ``failable`` whether ``failCommand`` may fail
-    it, ``sessions`` whether its ``lsid`` is tracked, ``retryable`` whether it is a retryable write."""
+    it, ``sessions`` whether its ``lsid`` is tracked, ``retryable`` whether it is a retryable write,
+    ``roles`` the kinds of process that have it."""
 
     name: str
     handler: Handler
@@ -70,6 +73,7 @@ class CommandSpec:
     failable: bool = True
     sessions: bool = True
     retryable: bool = False
+    roles: frozenset[Role] = frozenset(Role)
 
 
 _COMMANDS: dict[str, CommandSpec] = {}
@@ -81,21 +85,23 @@ def command(
     failable: bool = True,
     sessions: bool = True,
     retryable: bool = False,
+    roles: frozenset[Role] = frozenset(Role),
 ) -> Callable[[Handler], Handler]:
     """Register the decorated handler under ``names``; the first is the name fail points match."""
 
     def register(handler: Handler) -> Handler:
         for name in names:
-            _COMMANDS[name] = CommandSpec(names[0], handler, counter, failable, sessions, retryable)
+            _COMMANDS[name] = CommandSpec(names[0], handler, counter, failable, sessions, retryable, roles)
         return handler
 
     return register
 
 
-def lookup(name: str) -> CommandSpec:
-    """The command called ``name``; CommandNotFound (59) as MongoDB answers an unknown one."""
+def lookup(name: str, role: Role) -> CommandSpec:
+    """The command called ``name`` on a process of ``role``; CommandNotFound (59) as MongoDB
+    answers a command that process does not have."""
     spec = _COMMANDS.get(name)
-    if spec is None:
+    if spec is None or role not in spec.roles:
         raise CommandError(59, f"no such command: '{name}'")
     return spec
 

@@ -1,8 +1,9 @@
 """Reply shapes more than one command group answers with: a cursor's first batch and a write.
 
 A cursor-returning command answers ``{cursor: {firstBatch, id, ns}}`` and registers the cursor
-only if it has more to give; a write answers with ``opTime``, ``electionId`` and, for a write
-concern a single node cannot satisfy, ``writeConcernError`` beside an ``ok: 1``.
+only if it has more to give; a write answers with ``opTime`` and ``electionId`` (a replica set
+member's; a mongos's write replies carry neither) and, for a write concern a single node cannot
+satisfy, ``writeConcernError`` beside an ``ok: 1``.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def write_concern_error(ctx: Context) -> Document | None:
 
 def write_reply(ctx: Context, reply: Document) -> Document:
     """``reply`` completed as a write command's reply (opTime, electionId, writeConcernError, ok)."""
-    ts: Timestamp = ctx.host.oplog.cluster_time
-    reply["opTime"] = {"ts": ts, "t": Int64(1)}
-    reply["electionId"] = ctx.host.election_id
+    if not ctx.conn.process.is_mongos:
+        ts: Timestamp = ctx.host.oplog.cluster_time
+        reply["opTime"] = {"ts": ts, "t": Int64(1)}
+        reply["electionId"] = ctx.host.election_id
     wce = write_concern_error(ctx)
     if wce is not None:
         reply["writeConcernError"] = wce

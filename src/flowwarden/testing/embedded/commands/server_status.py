@@ -1,7 +1,9 @@
 """What the server reports about itself: ``buildInfo``, ``serverStatus``, ``replSetGetStatus``,
 ``connectionStatus``, ``whatsmyuri`` and ``hostInfo``.
 
-Every reply here is read-only: these commands look at the host's state and never change it.
+Every reply here is read-only: these commands look at the host's state and never change it. They
+answer for the process the client reached: a mongos reports no replication, and refuses
+``replSetGetStatus`` as mongos does.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from bson import Int64, Timestamp
 
 from flowwarden.testing.embedded.commands.handshake import SERVER_VERSION, hello_reply, utcnow
 from flowwarden.testing.embedded.commands.registry import Context, command
+from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.limits import MAX_BSON_OBJECT_SIZE
 from flowwarden.testing.embedded.storage import Document
 
@@ -46,13 +49,12 @@ async def cmd_build_info(ctx: Context) -> Document:
 @command("serverStatus", sessions=False)
 async def cmd_server_status(ctx: Context) -> Document:
     host = ctx.host
+    process = ctx.conn.process
     elapsed = max(0.0, time.monotonic() - host.started)
-    hello = hello_reply(host, ctx.conn, legacy=False, hello_ok=False)
-    hello.pop("ok")
-    return {
+    status: Document = {
         "host": socket.gethostname(),
         "version": SERVER_VERSION,
-        "process": "mongod",
+        "process": process.role.value,
         "pid": Int64(host.pid()),
         "uptime": float(int(elapsed)),
         "uptimeMillis": Int64(int(elapsed * 1000)),
@@ -65,35 +67,41 @@ async def cmd_server_status(ctx: Context) -> Document:
             "active": host.connections_current,
         },
         "opcounters": {k: Int64(v) for k, v in host.opcounters.items()},
-        "repl": {
-            k: hello[k]
-            for k in (
-                "topologyVersion",
-                "hosts",
-                "setName",
-                "setVersion",
-                "isWritablePrimary",
-                "secondary",
-                "primary",
-                "me",
-                "electionId",
-                "lastWrite",
-            )
-        },
         "metrics": {"cursor": {"open": {"total": Int64(len(host.cursors))}}},
         "logicalSessionRecordCache": {"activeSessionsCount": len(host.sessions)},
-        "storageEngine": {"name": "embedded", "supportsCommittedReads": True, "persistent": False},
-        "ok": 1.0,
     }
+    if not process.is_mongos:
+        hello = hello_reply(host, ctx.conn, legacy=False, hello_ok=False)
+        status["repl"] = {k: hello[k] for k in _REPL_FIELDS}
+        status["storageEngine"] = {"name": "embedded", "supportsCommittedReads": True, "persistent": False}
+    status["ok"] = 1.0
+    return status
+
+
+_REPL_FIELDS = (
+    "topologyVersion",
+    "hosts",
+    "setName",
+    "setVersion",
+    "isWritablePrimary",
+    "secondary",
+    "primary",
+    "me",
+    "electionId",
+    "lastWrite",
+)
 
 
 @command("replSetGetStatus", sessions=False)
 async def cmd_repl_set_get_status(ctx: Context) -> Document:
+    if ctx.conn.process.is_mongos:
+        # mongos has the command only to say this (with no code: clients read it as UnknownError).
+        raise CommandError(8, "replSetGetStatus is not supported through mongos", extra={"info": "mongos"})
     host = ctx.host
     ts: Timestamp = host.oplog.cluster_time
     optime = {"ts": ts, "t": Int64(1)}
     return {
-        "set": "rs0",
+        "set": ctx.conn.process.set_name,
         "date": utcnow(),
         "myState": 1,
         "term": Int64(1),

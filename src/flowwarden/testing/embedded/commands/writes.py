@@ -2,8 +2,9 @@
 
 A statement that fails goes into ``writeErrors`` with its index, as MongoDB reports it; an
 ordered batch stops there, an unordered one goes on. A WriteConflict (112) inside a transaction
-fails the whole command instead, so the transaction aborts. Every reply carries ``opTime``,
-``electionId`` and, for a write concern this single node cannot satisfy, ``writeConcernError``.
+fails the whole command instead, so the transaction aborts. Every reply of the replica set member
+carries ``opTime`` and ``electionId`` (a mongos's carry neither) and, for a write concern this
+single node cannot satisfy, ``writeConcernError``.
 
 A statement outside any transaction that meets a document an open transaction has written waits
 until that transaction ends and then runs, as mongod's does; with ``maxTimeMS`` the command fails
