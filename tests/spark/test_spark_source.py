@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from flowwarden.config import OnHistoryLost, SchemaMode, StartPosition
-from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError
+from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError, StreamError
 from flowwarden.events import compare_tokens
 from flowwarden.raw_events import RawEvent
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
@@ -798,3 +798,119 @@ def test_the_uri_is_redacted_from_plans_with_the_documented_setting(spark: Spark
     finally:
         spark.conf.unset("spark.sql.redaction.options.regex")
     assert "s3cret" not in text and "uri=*********(redacted)" in text
+
+
+# ----------------------------------------------------------------------------------------------
+# Events over 16 MB
+
+HALF = 8_400_000
+IMAGES = {"full_document": "updateLookup", "full_document_before_change": "whenAvailable"}
+
+
+def imaged_orders(
+    client: pymongo.MongoClient[dict[str, Any]], db_name: str
+) -> pymongo.collection.Collection[dict[str, Any]]:
+    """``orders`` recording pre-images, with ``{_id: 1, a: <HALF bytes>}``: updating it makes an
+    event just over 16 MB once both images are in it; splitting it needs MongoDB 7.0+."""
+    found = client.server_info()["versionArray"][0]
+    if found < 7:
+        pytest.skip(f"needs MongoDB 7.0+ ($changeStreamSplitLargeEvent); the deployment runs {found}")
+    db = client[db_name]
+    db.create_collection("orders", changeStreamPreAndPostImages={"enabled": True})
+    db.orders.insert_one({"_id": 1, "a": "x" * HALF})
+    return db.orders
+
+
+def offset_tokens(offset: dict[str, Any]) -> list[str]:
+    return [part["_data"] for part in offset.get("partitions", [offset])]
+
+
+@pytest.mark.parametrize("partitions", ["1", "2"])
+def test_split_large_events_reads_a_large_event_as_one_row_and_never_ends_a_range_inside_it(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str, partitions: str
+) -> None:
+    """One event per micro-batch (per bucket): the range of the large event ends at its last
+    fragment's token, never at the first fragment's, and its one row holds both images."""
+    orders = imaged_orders(client, db_name)
+    reader = reader_for(mongodb_uri, db_name, split_large_events="true", partitions=partitions, **IMAGES)
+    try:
+        start = reader.initialOffset()
+        with orders.watch([{"$changeStreamSplitLargeEvent": {}}], **IMAGES) as split:
+            orders.update_one({"_id": 1}, {"$set": {"b": 1}})
+            orders.insert_one({"_id": 2})
+            first, last = split.next()["_id"]["_data"], split.next()["_id"]["_data"]
+        rows: list[dict[str, Any]] = []
+        ends: list[str] = []
+        offset = start
+        deadline = time.monotonic() + 60
+        while len(rows) < 2 and time.monotonic() < deadline:
+            end = reader.latestOffset(offset, ReadMaxRows(1))
+            for part in reader.partitions(offset, end):
+                planned = rows_of(reader.read(part))
+                assert rows_of(reader.read(TokenRange(part.start, part.end, bucket=part.bucket))) == planned
+                rows += planned
+            ends += offset_tokens(end)
+            offset = end
+    finally:
+        reader.stop()
+
+    assert first not in ends and last in ends
+    if partitions == "1":
+        assert ends[0] == last
+    assert sorted((r["operation_type"], json_util.loads(r["document_key"])["_id"]) for r in rows) == [
+        ("insert", 2),
+        ("update", 1),
+    ]
+    (update,) = [r for r in rows if r["operation_type"] == "update"]
+    assert update["_id"] == last
+    assert json_util.loads(update["full_document"]) == {"_id": 1, "a": "x" * HALF, "b": 1}
+    assert json_util.loads(update["full_document_before_change"]) == {"_id": 1, "a": "x" * HALF}
+
+
+def test_without_split_large_events_a_large_event_fails_at_once_naming_the_option(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    orders = imaged_orders(client, db_name)
+    reader = reader_for(mongodb_uri, db_name, **IMAGES)
+    try:
+        start = reader.initialOffset()
+        orders.update_one({"_id": 1}, {"$set": {"b": 1}})
+        started = time.monotonic()
+        with pytest.raises(StreamError) as caught:
+            reader.latestOffset(start, ReadMaxRows(10))
+        assert time.monotonic() - started < 5  # fatal: not retried
+    finally:
+        reader.stop()
+    assert '.option("split_large_events", "true")' in str(caught.value)
+    assert isinstance(caught.value.__cause__, pymongo.errors.OperationFailure)
+    assert caught.value.__cause__.code == 10334
+
+
+def test_a_query_with_split_large_events_writes_one_row_for_a_large_event(
+    spark: SparkSession, client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    orders = imaged_orders(client, db_name)
+    start_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    orders.update_one({"_id": 1}, {"$set": {"b": 1}})
+    orders.insert_one({"_id": 2})
+    stream = source(
+        spark,
+        mongodb_uri,
+        db_name,
+        start_position="AT_TIME",
+        start_at=start_at,
+        split_large_events="true",
+        **IMAGES,
+    )
+    name = f"large_{db_name}"
+    query = stream.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    rows = spark.sql(
+        "SELECT operation_type, document_key, length(full_document_before_change) AS before "
+        f"FROM {name} ORDER BY _id"
+    ).collect()
+    # start_at counts whole seconds: the insert of document 1 may be in the range too.
+    events = [(r["operation_type"], json_util.loads(r["document_key"])["_id"], r["before"]) for r in rows]
+    (update, inserted) = [e for e in events if e[:2] != ("insert", 1)]
+    assert update[:2] == ("update", 1) and update[2] > HALF
+    assert inserted == ("insert", 2, None)

@@ -158,7 +158,9 @@ def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp 
         )
     console.print(table)
     if oldest is None:
-        console.print("the oplog cannot be read here (no read on local, or on a shard's): 'in oplog' is unknown")
+        console.print(
+            "the oplog cannot be read here (no read on local, here or on a shard): 'in oplog' is unknown"
+        )
 
 
 def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> argparse.ArgumentParser:
