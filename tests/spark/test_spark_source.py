@@ -914,3 +914,101 @@ def test_a_query_with_split_large_events_writes_one_row_for_a_large_event(
     (update, inserted) = [e for e in events if e[:2] != ("insert", 1)]
     assert update[:2] == ("update", 1) and update[2] > HALF
     assert inserted == ("insert", 2, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# The initial snapshot
+
+
+def test_snapshot_offsets_cover_the_copy_then_the_changes_and_replay_the_same_rows(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    orders = client[db_name]["orders"]
+    orders.insert_many([{"_id": i, "n": i} for i in range(12)])
+    reader = reader_for(mongodb_uri, db_name, snapshot="initial")
+    try:
+        initial = reader.initialOffset()
+        assert initial["snapshot"]["namespaces"] == [f"{db_name}.orders"]
+        first = reader.latestOffset(initial, ReadMaxRows(5))
+        second = reader.latestOffset(first, ReadMaxRows(5))
+        third = reader.latestOffset(second, ReadMaxRows(5))
+        closed = reader.latestOffset(third, ReadMaxRows(5))
+        assert [o["snapshot"]["copied"] for o in (first, second, third)] == [5, 10, 12]
+        assert closed["snapshot"]["done"] and closed["snapshot"]["copied"] == 12
+        orders.insert_one({"_id": 12, "n": 12})  # after the copy began: a change, not a row
+        changes = reader.latestOffset(closed, ReadMaxRows(5))
+        assert set(changes) == {"_data"}
+
+        copied = [read_rows(reader, a, b) for a, b in ((initial, first), (first, second), (second, third))]
+        assert [numbers(rows) for rows in copied] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
+        assert all(r["operation_type"] == "snapshot" and r["_id"] is None for rows in copied for r in rows)
+        assert read_rows(reader, third, closed) == []
+        assert [(r["operation_type"], numbers([r])) for r in read_rows(reader, closed, changes)] == [
+            ("insert", [12])
+        ]
+
+        # Read again without planning (a replay after a restart): the same _id ranges.
+        again = reader_for(mongodb_uri, db_name, snapshot="initial")
+        try:
+            assert [numbers(read_rows(again, a, b)) for a, b in ((initial, first), (second, third))] == [
+                [0, 1, 2, 3, 4],
+                [10, 11],
+            ]
+        finally:
+            again.stop()
+    finally:
+        reader.stop()
+
+
+def test_a_query_with_a_snapshot_restarted_mid_copy_delivers_every_document_and_change_once(
+    spark: SparkSession,
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    tmp_path: Path,
+) -> None:
+    orders = client[db_name]["orders"]
+    orders.insert_many([{"_id": i, "n": i} for i in range(40)])
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def run(trigger: dict[str, Any]) -> None:
+        stream = source(spark, mongodb_uri, db_name, snapshot="initial", max_events_per_trigger="15")
+        query = (
+            stream.writeStream.format("parquet")
+            .option("path", output)
+            .option("checkpointLocation", checkpoint)
+            .trigger(**trigger)
+            .start()
+        )
+        query.awaitTermination(120)
+
+    run({"once": True})  # one micro-batch: part of the copy
+    orders.update_one({"_id": 3}, {"$set": {"n": 103}})  # copied already: arrives as its change
+    orders.insert_one({"_id": 40, "n": 40})  # not copied yet, inserted after the copy began
+    run({"once": True})  # restarted in the middle of the copy
+    run({"availableNow": True})  # the rest of the copy, then the changes
+
+    rows = spark.read.parquet(output).select("operation_type", "document_key", "full_document").collect()
+    copied = sorted(
+        json_util.loads(r["document_key"])["_id"] for r in rows if r["operation_type"] == "snapshot"
+    )
+    assert copied == list(range(41)), "each document once; _id 40, inserted before its chunk, copied too"
+    changes = sorted(
+        (r["operation_type"], json_util.loads(r["document_key"])["_id"])
+        for r in rows
+        if r["operation_type"] != "snapshot"
+    )
+    assert changes == [("insert", 40), ("update", 3)]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"snapshot": "when_needed"}, "when_needed"),
+        ({"snapshot": "initial", "start_position": "EARLIEST"}, "start_position=EARLIEST"),
+        ({"snapshot": "initial", "partitions": "2"}, "one partition"),
+    ],
+)
+def test_snapshots_a_query_cannot_take_are_refused(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        parse(**options)

@@ -65,13 +65,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from flowwarden.config import SchemaMode, StartPosition
+from flowwarden.config import SchemaMode, Snapshot, StartPosition
 from flowwarden.errors import ConfigurationError, StreamError
 from flowwarden.events import compare_tokens, token_datetime
 from flowwarden.fragments import JoinedChangeStream, splits_large_events
 from flowwarden.partitions import bucket_stage
 from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
 from flowwarden.raw_events import RawEvent
+from flowwarden.spark import source_snapshot
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
 from flowwarden.spark.source_options import OWNER, SourceOptions
 from flowwarden.spark.source_ranges import (
@@ -121,7 +122,9 @@ class FlowWardenDataSource(DataSource):
     ``"sku STRING, qty INT"``; without it the document is Extended JSON), ``mode`` (permissive,
     dropmalformed, failfast: what a document that does not fit ``schema`` does), ``json_mode``
     (canonical, relaxed), ``split_large_events`` (true: events over 16 MB are split by the
-    server and read as one row each; false, the default: such an event fails the query).
+    server and read as one row each; false, the default: such an event fails the query),
+    ``snapshot`` (never; initial: the existing documents first, then the changes; initial_only:
+    the documents only; see :mod:`~flowwarden.spark.source_snapshot`).
 
     The start position only matters for a new query: a query restarted from its
     checkpointLocation continues after its last committed offset.
@@ -201,6 +204,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> Offset:
         offset = self._retrying(self._initial_offset, None)
+        if self.options.snapshot is not Snapshot.NEVER:
+            # The copy's namespaces are fixed when the query begins (see source_snapshot).
+            options = self.options
+            names = self._retrying(
+                lambda: source_snapshot.namespaces(self._client_for(), options.database, options.collection),
+                None,
+            )
+            return source_snapshot.first_offset(offset, names)
         return offset if self._buckets == 1 else {"partitions": [offset] * self._buckets}
 
     def _initial_offset(self) -> Offset:
@@ -285,12 +296,35 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _plan(self, start: Offset, max_rows: int | None, bucket: int | None = None) -> Plan:
         """The next micro-batch from ``start`` (of one hash bucket, when given); touches no state
         of the reader, so it also runs in planning threads."""
+        if source_snapshot.is_snapshot(start):
+            copied = self._plan_copy(start, max_rows)
+            if copied is not None:
+                return copied
         try:
             return self._scan(start, self._resume_options(start), max_rows, bucket)
         except OperationFailure as error:
             if error.code != HISTORY_LOST:
                 raise
             return self._after_history_lost(start, max_rows, error, bucket)
+
+    def _plan_copy(self, start: Offset, max_rows: int | None) -> Plan | None:
+        """The next micro-batch of the initial snapshot, the empty one that closes it, or None
+        once it is closed and the changes follow (see :mod:`~flowwarden.spark.source_snapshot`)."""
+        if source_snapshot.is_done(start):
+            if self.options.snapshot is Snapshot.INITIAL_ONLY:
+                return Plan(start, start, None, drained=self._target is not None)
+            return None
+        chunk = source_snapshot.plan_chunk(
+            self._raw_client_for(),
+            start,
+            min(max_rows or MAX_BATCH_EVENTS, MAX_BATCH_EVENTS),
+            PREFETCH_BYTES,
+            source_snapshot.copy_filter(self.options.pipeline),
+        )
+        if chunk is None:
+            return Plan(start, source_snapshot.done_offset(start), None, drained=False)
+        end, rows = chunk
+        return Plan(start, end, rows, drained=False)
 
     def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None, bucket: int | None) -> Plan:
         """Where the micro-batch from ``start`` ends. The whole stream's planning keeps the
@@ -415,6 +449,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if partition.events is not None:
             yield from self._planned_batches(partition.events, expected)
             return
+        if source_snapshot.is_snapshot(end):
+            yield from self._copied_batches(start, end, expected)
+            return
         if "readFrom" in end:
             resume: dict[str, Any] = {"start_at_operation_time": offset_timestamp(end["readFrom"])}
         else:
@@ -488,6 +525,23 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return call()
             except Exception as error:
                 retry.after(error, start)
+
+    def _copied_batches(self, start: Offset, end: Offset, expected: Any) -> Iterator[Any]:
+        """A micro-batch of the initial snapshot that planning did not hand over, read again."""
+        if source_snapshot.is_done(end):
+            return  # the micro-batch that closes the copy holds no document
+        query = source_snapshot.copy_filter(self.options.pipeline)
+        rows: list[RawBSONDocument] = []
+        try:
+            for row in source_snapshot.replay_chunk(self._raw_client_for(), start, end, query):
+                rows.append(row)
+                if len(rows) >= ARROW_BATCH_ROWS:
+                    yield from self._batches(rows, expected)
+                    rows = []
+        finally:
+            self.stop()
+        if rows:
+            yield from self._batches(rows, expected)
 
     def _planned_batches(self, data: bytes, expected: Any) -> Iterator[Any]:
         """The record batches of the events planning read (BSON documents back to back)."""

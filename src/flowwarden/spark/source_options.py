@@ -31,6 +31,7 @@ from flowwarden.config import (
     Options,
     PipelineOptions,
     SchemaMode,
+    Snapshot,
     StartPosition,
     validate_options,
 )
@@ -51,6 +52,7 @@ SHARED: dict[str, type[Options]] = {
     "full_document_before_change": ChangeStreamOptions,
     "max_await_time_ms": ChangeStreamOptions,
     "split_large_events": ChangeStreamOptions,
+    "snapshot": ChangeStreamOptions,
     "start_position": CheckpointOptions,
     "start_at": CheckpointOptions,
     "on_history_lost": CheckpointOptions,
@@ -131,6 +133,7 @@ class SourceOptions:
     max_await_time_ms: int = 1000
     partitions: int = 1
     split_large_events: bool = False
+    snapshot: Snapshot = Snapshot.NEVER
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -150,6 +153,7 @@ class SourceOptions:
         stream = _validated(ChangeStreamOptions, shared)
         start = _validated(CheckpointOptions, shared)
         mode = _validated(DataFrameOptions, shared).mode
+        _check_snapshot(stream.snapshot, start.start_position, own.partitions)
         return cls(
             uri=own.uri,
             database=stream.database,
@@ -167,6 +171,7 @@ class SourceOptions:
             max_await_time_ms=stream.max_await_time_ms,
             partitions=own.partitions,
             split_large_events=stream.split_large_events,
+            snapshot=stream.snapshot,
         )
 
     @property
@@ -189,6 +194,36 @@ class SourceOptions:
 
         return change_event_ddl(
             self.schema_ddl, corrupt_record=bool(self.schema_ddl) and self.mode is SchemaMode.PERMISSIVE
+        )
+
+
+def _check_snapshot(snapshot: Snapshot, start: StartPosition, partitions: int) -> None:
+    """The snapshots a query can take: copied once, when the query is new, then its changes."""
+    if snapshot is Snapshot.WHEN_NEEDED:
+        raise ConfigurationError(
+            "snapshot=when_needed copies again after lost history, which a query's offsets cannot "
+            "express; a new query (a new checkpointLocation) with snapshot=initial does that",
+            owner=OWNER,
+            option="snapshot",
+            value=snapshot.value,
+            allowed="never, initial, initial_only",
+        )
+    if snapshot is not Snapshot.NEVER and start not in (StartPosition.RESUME, StartPosition.LATEST):
+        raise ConfigurationError(
+            f"snapshot={snapshot.value.lower()} streams the changes after the position it takes before "
+            f"the copy, so start_position={start.value} cannot apply",
+            owner=OWNER,
+            option="start_position",
+            value=start.value,
+            allowed="RESUME or LATEST with a snapshot",
+        )
+    if snapshot is not Snapshot.NEVER and partitions > 1:
+        raise ConfigurationError(
+            "a query with a snapshot reads its copy and its changes as one partition",
+            owner=OWNER,
+            option="partitions",
+            value=partitions,
+            allowed="1 with snapshot",
         )
 
 

@@ -61,9 +61,15 @@ def offset_timestamp(value: Mapping[str, Any]) -> Timestamp:
 
 
 def offset_token(offset: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The resume token an offset holds, or None (a start time)."""
+    """The resume token an offset holds, or None (a start time); for an offset of the initial
+    snapshot, the position its changes follow from."""
     data = offset.get("_data")
-    return {"_data": data} if isinstance(data, str) else None
+    if isinstance(data, str):
+        return {"_data": data}
+    snapshot = offset.get("snapshot")
+    if isinstance(snapshot, Mapping) and isinstance(snapshot.get("token"), str):
+        return {"_data": snapshot["token"]}
+    return None
 
 
 class TokenRange(InputPartition):
