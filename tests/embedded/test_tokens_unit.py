@@ -164,6 +164,14 @@ def test_strings_encode_in_binary_order(a: str, b: str) -> None:
     assert (ea < eb) == (a.encode() < b.encode())
 
 
+@given(st.binary(max_size=20), st.binary(max_size=20))
+def test_strings_that_are_not_utf8_encode_their_bytes_in_binary_order(a: bytes, b: bytes) -> None:
+    ea = encode_value(a.decode("utf-8", "surrogateescape"))
+    eb = encode_value(b.decode("utf-8", "surrogateescape"))
+    assert ea == b"\x3c" + a.replace(b"\x00", b"\x00\xff") + b"\x00"
+    assert (ea < eb) == (a < b)
+
+
 def test_integral_doubles_and_longs_encode_like_ints() -> None:
     assert encode_value(5.0) == encode_value(5) == encode_value(Int64(5))
     assert encode_value(0) == bytes((0x29,))

@@ -148,7 +148,8 @@ def test_a_client_lenient_with_invalid_utf8_keeps_the_decoded_path(
 @pytest.fixture
 def event_three_undecodable(monkeypatch):
     """A converter that finds the bytes of the event for document 3 undecodable, as it does for
-    damaged BSON (the embedded server cannot be made to send such bytes)."""
+    damaged BSON, which no server sends (tests/runtime/test_raw_strings.py reads real events
+    whose text is not UTF-8)."""
     convert = flowwarden.spark.events_to_dataframe
 
     def refusing(spark, events, **kwargs):

@@ -29,7 +29,10 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+import bson
 from bson import MinKey
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 
 from flowwarden.checkpoints import Checkpoint, SnapshotProgress
 from flowwarden.checkpoints.model import utc_now
@@ -39,6 +42,7 @@ from flowwarden.errors import ConfigurationError
 from flowwarden.events import token_cluster_time
 from flowwarden.runtime.context import StreamLog
 from flowwarden.runtime.dispatch import EventDispatch
+from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.snapshots import (
     after_id,
@@ -66,6 +70,7 @@ class SnapshotCopy:
         store: AwaitableStore,
         opener: StreamOpener,
         dispatch: EventDispatch,
+        giving_up: GivingUp,
         stopping: asyncio.Event,
         log: StreamLog,
     ) -> None:
@@ -76,6 +81,7 @@ class SnapshotCopy:
         self._store = store
         self._opener = opener
         self._dispatch = dispatch
+        self._giving_up = giving_up
         self._stopping = stopping
         self.log = log
         self.progress: SnapshotProgress | None = None
@@ -167,9 +173,17 @@ class SnapshotCopy:
             return progress
         database, _, collection = namespace.partition(".")
         target = self._client[database][collection]
-        raw = self._opener.read_options() is not None
-        if raw:
-            target = target.with_options(codec_options=self._opener.read_options())
+        # Read as raw BSON always: DataFrame streams keep it, the others decode each document on
+        # its own, so one that cannot be decoded is given up alone (see _rows).
+        codec = self._opener.read_options()
+        raw = codec is not None
+        strict: CodecOptions[Any] = target.codec_options
+        # surrogateescape: reading a raw document's _id inflates all of it, and text that is not
+        # UTF-8 must not stop the copy there (the bytes themselves stay as the server sent them).
+        reading = (codec or CodecOptions(document_class=RawBSONDocument)).with_options(
+            unicode_decode_error_handler="surrogateescape"
+        )
+        target = target.with_options(codec_options=reading)
         chunk = self.spec.stream.snapshot_chunk_size
         cluster_time = token_cluster_time(progress.token)
         query = self._filter()
@@ -182,9 +196,7 @@ class SnapshotCopy:
             documents = await cursor.to_list(None)
             if not documents:
                 return progress
-            rows = [
-                snapshot_row(document, database, collection, cluster_time, raw=raw) for document in documents
-            ]
+            rows = await self._rows(documents, namespace, cluster_time, None if raw else strict)
             batch_id = f"snapshot:{progress.token['_data']}:{progress.copied}"
             await self._dispatch.deliver_snapshot(rows, batch_id)
             if self._stopping.is_set() and self._dispatch.halt:
@@ -195,6 +207,27 @@ class SnapshotCopy:
             self.progress = progress
             if len(documents) < chunk:
                 return progress
+
+    async def _rows(
+        self, documents: list[Any], namespace: str, cluster_time: Any, decode: CodecOptions[Any] | None
+    ) -> list[Any]:
+        """The snapshot rows of raw ``documents``, decoded with ``decode`` (None: kept raw). A
+        document that cannot be decoded gets ``on_exhausted`` at once, alone: decoding it again
+        cannot help (STOP fails the stream before it; SKIP and DEAD_LETTER go on without it)."""
+        database, _, collection = namespace.partition(".")
+        rows = []
+        for document in documents:
+            if decode is None:
+                rows.append(snapshot_row(document, database, collection, cluster_time, raw=True))
+                continue
+            try:
+                decoded = bson.decode(document.raw, codec_options=decode)
+            except Exception as error:  # whatever the codec raised: this document cannot be read
+                row = snapshot_row(document, database, collection, cluster_time, raw=True)
+                await self._giving_up.undecodable(row.raw, error, in_batch=False)
+                continue
+            rows.append(snapshot_row(decoded, database, collection, cluster_time, raw=False))
+        return rows
 
     def _filter(self) -> dict[str, Any]:
         """The find filter of the copy: the stream's ``$match`` stages that read only the document

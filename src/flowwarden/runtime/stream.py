@@ -138,6 +138,7 @@ class StreamRunner:
             store=store,
             opener=self._opener,
             dispatch=self._dispatch,
+            giving_up=self._giving_up,
             stopping=self._stopping,
             log=self.log,
         )

@@ -48,6 +48,7 @@ from flowwarden.testing.embedded.eventbson import classic_document_event_bson
 from flowwarden.testing.embedded.largeevents import split_event, too_large
 from flowwarden.testing.embedded.limits import MAX_CHANGE_EVENT_SIZE, MAX_INTERNAL_OBJECT_SIZE
 from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, Oplog, OplogRecord
+from flowwarden.testing.embedded.rawstrings import encode
 from flowwarden.testing.embedded.stages import (
     SPLIT_STAGE,
     Stage,
@@ -560,7 +561,7 @@ class ChangeStreamCursor:
             if record.kind in DOCUMENT_OPS:
                 encoded = classic_document_event_bson(record)
             else:
-                encoded = bson.encode(self._base_event(record))
+                encoded = encode(self._base_event(record))
             raw = record.raw = RawBSONDocument(encoded)
             return raw
         cache = record.cache
@@ -568,7 +569,7 @@ class ChangeStreamCursor:
             cache = record.cache = {}
         found = cache.get(self._shape)
         if found is None:
-            found = cache[self._shape] = RawBSONDocument(bson.encode(self._base_event(record)))
+            found = cache[self._shape] = RawBSONDocument(encode(self._base_event(record)))
         return found
 
     def _base_event(self, record: OplogRecord) -> dict[str, Any]:
@@ -686,7 +687,7 @@ class ChangeStreamCursor:
                 f"allowed. Expected: {{ _id: {_show(token)} }} but found: {shown}",
                 labels=NON_RESUMABLE,
             )
-        return RawBSONDocument(bson.encode(out))
+        return RawBSONDocument(encode(out))
 
 
 _MISSING_ID = object()

@@ -25,7 +25,6 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import bson
 from bson import ObjectId
 
 from flowwarden.testing.embedded import engine, views
@@ -39,6 +38,7 @@ from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.keys import value_key
 from flowwarden.testing.embedded.limits import MAX_BSON_OBJECT_SIZE
 from flowwarden.testing.embedded.oplog import OplogOp
+from flowwarden.testing.embedded.rawstrings import encode
 from flowwarden.testing.embedded.storage import Catalog, Collection, Document, DuplicateKey
 
 _ENGINE_ERRORS = engine.ENGINE_ERRORS
@@ -321,7 +321,7 @@ def _validate_new_document(doc: Document) -> None:
 
 
 def _bson_size(doc: Document) -> int:
-    return len(bson.encode(doc))
+    return len(encode(doc))
 
 
 def _check_inserted_size(doc: Document) -> None:

@@ -13,11 +13,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-import bson
 from bson import Int64
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.rawstrings import encode
 
 # MongoDB's limits: a batch stops growing once it passes 16 MiB, a first batch defaults to 101
 # documents, and a cursor idle for 10 minutes is reaped.
@@ -80,7 +80,7 @@ class ListCursor:
         docs = self._docs
         pos = self._pos
         while pos < end:
-            raw = RawBSONDocument(bson.encode(docs[pos]))
+            raw = RawBSONDocument(encode(docs[pos]))
             size += len(raw.raw)
             if batch and size > MAX_BATCH_BYTES:
                 break

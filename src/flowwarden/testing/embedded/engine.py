@@ -23,11 +23,13 @@ import mongomock
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 from mongomock import aggregate as _aggregate
+from mongomock import collection as _collection
 from mongomock import filtering as _filtering
 from mongomock import helpers as _helpers
 
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.hashing import hashed_index_key
+from flowwarden.testing.embedded.rawstrings import encode
 
 Document = dict[str, Any]
 
@@ -58,6 +60,7 @@ _PRIVATE_API: dict[Any, tuple[str, ...]] = {
     _filtering: ("_get_compare_type", "filter_applies", "resolve_sort_key", "_filterer_inst", "NOTHING"),
     _helpers: ("get_value_by_dot",),
     _aggregate: ("_parse_expression", "process_pipeline", "_Parser"),
+    _collection: ("BSON",),
     mongomock.Collection: (
         "_apply_update_document",
         "_apply_update_pipeline",
@@ -251,6 +254,29 @@ def _integer_mod(dividend: int, divisor: int) -> int:
 
 
 _extend_expressions()
+
+
+class _EncodableCheck:
+    """What mongomock's update code calls ``BSON.encode`` on, to check that a value it sets or a
+    replacement it stores can be written as BSON."""
+
+    @staticmethod
+    def encode(document: Mapping[str, Any], check_keys: bool = False) -> bytes:
+        return encode(document)
+
+
+def _keep_text_as_sent() -> None:
+    """Let updates set text that is not UTF-8 (see :mod:`~flowwarden.testing.embedded.rawstrings`).
+
+    Why a replacement: mongomock checks each ``$set`` value and each replacement document with
+    ``bson.BSON.encode``, which refuses such text, and reads ``BSON`` from its module on every
+    call; the server's encoder writes that text back as the bytes the client sent, as mongod
+    stores it, and refuses what ``bson.encode`` refuses otherwise.
+    """
+    _collection.BSON = _EncodableCheck  # type: ignore[attr-defined,assignment]
+
+
+_keep_text_as_sent()
 
 
 def new_client() -> Any:

@@ -5,9 +5,10 @@ writes (insert, update, replace, delete) are assembled from pre-encoded parts in
 a freshly built dict: the token, the operation type, the namespace and the field names are bytes
 already, and only the documents themselves go through the BSON encoder.
 
-Hard rule: the result is byte-identical to ``bson.encode`` of the event document the change
-stream builds for the same record (a property test holds the two together). This module never
-decides what an event contains; it only spells it faster.
+Hard rule: the result is byte-identical to :func:`~flowwarden.testing.embedded.rawstrings.encode`
+of the event document the change stream builds for the same record, text that is not UTF-8
+included (a property test holds the two together). This module never decides what an event
+contains; it only spells it faster.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson import ObjectId
 
+from flowwarden.testing.embedded.rawstrings import encode, encode_embedded, text_bytes
 from flowwarden.testing.embedded.updates import update_description
 
 if TYPE_CHECKING:
@@ -47,15 +48,6 @@ _KEY_OID = b"\x16\x00\x00\x00\x07_id\x00"
 _KEY_INT = b"\x0e\x00\x00\x00\x10_id\x00"
 
 
-def _subdocument(doc: Mapping[str, Any]) -> bytes:
-    """BSON of an embedded document: as top-level encoding gives it, unless that moved ``_id``."""
-    if "_id" not in doc or next(iter(doc)) == "_id":
-        return bson.encode(doc)
-    # Top-level encoding puts _id first; an embedded document keeps its field order.
-    wrapped = bson.encode({"d": doc})
-    return wrapped[7:-1]
-
-
 def _key_bson(key: Mapping[str, Any]) -> bytes:
     """BSON of a document key; ``{_id: ObjectId|int32|str}`` (nearly all of them) built inline."""
     if len(key) == 1:
@@ -66,13 +58,13 @@ def _key_bson(key: Mapping[str, Any]) -> bytes:
         if kind is int and -(2**31) <= value < 2**31:
             return _KEY_INT + int(value).to_bytes(4, "little", signed=True) + b"\x00"
         if kind is str:
-            text = value.encode("utf-8")
+            text = text_bytes(value)
             if b"\x00" not in text:
                 size = len(text)
                 return b"".join(
                     (_I32.pack(size + 15), b"\x02_id\x00", _I32.pack(size + 1), text, b"\x00\x00")
                 )
-    return _subdocument(key)
+    return encode_embedded(key)
 
 
 def classic_document_event_bson(record: OplogRecord) -> bytes:
@@ -90,7 +82,7 @@ def classic_document_event_bson(record: OplogRecord) -> bytes:
     if ns is None:
         if len(_NS_BSON) > 10_000:
             _NS_BSON.clear()
-        ns = _NS_BSON[ns_key] = bson.encode(record.ns_doc())
+        ns = _NS_BSON[ns_key] = encode(record.ns_doc())
     parts = [
         b"",  # the length, filled in below
         _ID_ELEMENT,
@@ -106,12 +98,12 @@ def classic_document_event_bson(record: OplogRecord) -> bytes:
         record.wall_ms.to_bytes(8, "little", signed=True),
     ]
     if kind == "insert" or kind == "replace":
-        parts += (_FULL_DOCUMENT, _subdocument(op.after or {}))
+        parts += (_FULL_DOCUMENT, encode_embedded(op.after or {}))
     parts += (_NS, ns, _DOCUMENT_KEY, _key_bson(op.document_key or {}))
     if kind == "update":
-        parts += (_UPDATE_DESCRIPTION, bson.encode(update_description(record.update_diff())))
+        parts += (_UPDATE_DESCRIPTION, encode(update_description(record.update_diff())))
     if record.lsid is not None:
-        parts += (_LSID, _subdocument(record.lsid))
+        parts += (_LSID, encode_embedded(record.lsid))
     if record.txn_number is not None:
         parts += (_TXN_NUMBER, record.txn_number.to_bytes(8, "little", signed=True))
     parts.append(b"\x00")

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
-import bson
 from bson import Decimal128, Int64
 
 from flowwarden.raw_events import value_size
 from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.rawstrings import encode
 
 __all__ = ["hashed_index_key"]
 
@@ -60,7 +60,7 @@ _CODE_WITH_SCOPE = 0x0F
 
 def hashed_index_key(value: Any) -> Int64:
     """The hashed index key of ``value`` (None, and a missing value, hash as null)."""
-    element = bson.encode({"": value})[4:-1]  # one element: type byte, empty name, value
+    element = encode({"": value})[4:-1]  # one element: type byte, empty name, value
     digest = hashlib.md5(_INT32.pack(0), usedforsecurity=False)
     _hash_element(digest, element[0], None, element[2:])
     return Int64(_INT64.unpack(digest.digest()[:8])[0])

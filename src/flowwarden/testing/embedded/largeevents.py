@@ -25,17 +25,20 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import bson
+from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.keys import format_value
 from flowwarden.testing.embedded.limits import MAX_CHANGE_EVENT_SIZE, object_too_large_message
+from flowwarden.testing.embedded.rawstrings import DECODE_ERRORS, text_bytes
 from flowwarden.testing.embedded.tokens import fragment_token_data
 
 Fragment = tuple[RawBSONDocument, dict[str, str]]
 """One fragment of a split event and its resume token."""
 
 _INT32 = struct.Struct("<i")
+_TEXT_AS_SENT: CodecOptions[dict[str, Any]] = CodecOptions(unicode_decode_error_handler=DECODE_ERRORS)
 # BSON element types whose value has a fixed size, and that size.
 _FIXED_SIZES = {
     0x01: 8,  # double
@@ -89,9 +92,9 @@ def _elements(document: bytes) -> Iterator[tuple[bytes, bytes]]:
 def _show(value: Any) -> str:
     """A value as mongod's ``BSONElement::toString`` prints it in an error message."""
     if isinstance(value, str):
-        text = value.encode("utf-8")
+        text = text_bytes(value)
         if len(text) + 1 > 160:
-            return '"' + text[:_SHOWN_STRING_CHARS].decode("utf-8", "replace") + '..."'
+            return '"' + text[:_SHOWN_STRING_CHARS].decode("utf-8", DECODE_ERRORS) + '..."'
         return f'"{value}"'
     if isinstance(value, Mapping):
         inner = ", ".join(f"{key}: {_show(item)}" for key, item in value.items())
@@ -102,8 +105,9 @@ def _show(value: Any) -> str:
 def too_large(event: bytes) -> CommandError:
     """BSONObjectTooLarge for an event over the limit, worded as mongod words it."""
     name, element = next(_elements(event))
-    value = bson.decode(_INT32.pack(len(element) + 5) + element + b"\x00")[name.decode("utf-8")]
-    shown = f"{name.decode('utf-8')}: {_show(value)}"
+    key = name.decode("utf-8", DECODE_ERRORS)
+    value = bson.decode(_INT32.pack(len(element) + 5) + element + b"\x00", codec_options=_TEXT_AS_SENT)[key]
+    shown = f"{key}: {_show(value)}"
     return CommandError(10334, object_too_large_message(len(event), shown))
 
 

@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, Literal, TypeVar
 
-import bson
 from bson.errors import BSONError
 
 from flowwarden.testing.embedded import wire
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.host import CloseConnection, ConnectionInfo, ReplicaSetHost
 from flowwarden.testing.embedded.oplog import Oplog
+from flowwarden.testing.embedded.rawstrings import encode
 from flowwarden.testing.embedded.topology import Process
 
 log = logging.getLogger(__name__)
@@ -428,7 +428,7 @@ class EmbeddedReplicaSet:
                         writer,
                         too_large.op_code,
                         request_id,
-                        bson.encode(refusal),
+                        encode(refusal),
                         checksum=too_large.checksum,
                     )
                 continue
@@ -448,12 +448,12 @@ class EmbeddedReplicaSet:
             if request.more_to_come:
                 continue
             try:
-                payload = bson.encode(reply)
+                payload = encode(reply)
             except (BSONError, TypeError, ValueError, OverflowError) as exc:
                 error = CommandError(
                     10334, f"reply could not be encoded as BSON: {exc}", code_name="BSONObjectTooLarge"
                 )
-                payload = bson.encode({**error.to_reply(), **host.cluster_time_fields()})
+                payload = encode({**error.to_reply(), **host.cluster_time_fields()})
             await self._send(writer, request.op_code, request.request_id, payload, checksum=request.checksum)
 
     async def _send(

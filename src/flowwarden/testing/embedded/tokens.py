@@ -37,6 +37,7 @@ from typing import Any
 from bson import Binary, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp
 
 from flowwarden.testing.embedded.errors import CommandError
+from flowwarden.testing.embedded.rawstrings import text_bytes
 
 TOKEN_VERSION = 2
 TOKEN_TYPE_HIGH_WATER_MARK = 0
@@ -165,7 +166,7 @@ def _double_body(value: float) -> bytes:
 
 
 def _string_body(value: str) -> bytes:
-    return bytes((_STRING,)) + value.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
+    return bytes((_STRING,)) + text_bytes(value).replace(b"\x00", b"\x00\xff") + b"\x00"
 
 
 def _binary_body(data: bytes, subtype: int) -> bytes:
@@ -263,7 +264,7 @@ def encode_object(doc: Mapping[str, Any]) -> bytes:
     parts = [bytes((_OBJECT,))]
     for key, value in doc.items():
         parts.append(bytes((_ctype(value),)))
-        parts.append(key.encode("utf-8") + b"\x00")
+        parts.append(text_bytes(key) + b"\x00")
         parts.append(encode_value(value))
     parts.append(b"\x00")
     return b"".join(parts)

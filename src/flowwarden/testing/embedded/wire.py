@@ -31,6 +31,7 @@ from flowwarden.testing.embedded.limits import (
     MAX_REQUEST_OBJECT_SIZE,
     object_too_large_message,
 )
+from flowwarden.testing.embedded.rawstrings import DECODE_ERRORS
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -104,8 +105,11 @@ class Request:
 
 
 # Every BSON date is a valid int64 to MongoDB; the ones Python's datetime cannot hold (before
-# year 1 or after 9999) are kept as DatetimeMS instead of failing the whole request.
-_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+# year 1 or after 9999) are kept as DatetimeMS instead of failing the whole request. Text that is
+# not UTF-8 is kept too, as mongod keeps it (see rawstrings): it is no reason to drop a connection.
+_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO, unicode_decode_error_handler=DECODE_ERRORS
+)
 
 
 def crc32c(data: bytes) -> int:
@@ -304,7 +308,7 @@ def _first_element(obj: memoryview) -> str:
     nul = bytes(obj[5 : 5 + 1024]).find(b"\x00")
     if nul < 0:
         return "..."
-    name = bytes(obj[5 : 5 + nul]).decode("utf-8", "replace")
+    name = bytes(obj[5 : 5 + nul]).decode("utf-8", DECODE_ERRORS)
     start = 5 + nul + 1
     if kind in _FIXED_VALUE_SIZES:
         element = bytes(obj[4 : start + _FIXED_VALUE_SIZES[kind]])
@@ -316,7 +320,7 @@ def _first_element(obj: memoryview) -> str:
     if kind == 0x02 and start + 4 <= len(obj):
         (length,) = _INT32.unpack_from(obj, start)
         shown = bytes(obj[start + 4 : start + 4 + min(max(length - 1, 0), _SHOWN_STRING_CHARS)])
-        text = shown.decode("utf-8", "replace")
+        text = shown.decode("utf-8", DECODE_ERRORS)
         return f'{name}: "{text}..."' if length - 1 > _SHOWN_STRING_CHARS else f'{name}: "{text}"'
     return f"{name}: ..."
 
