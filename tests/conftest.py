@@ -130,3 +130,19 @@ def logging_as_it_was() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     ours.setLevel(level)
+
+
+@pytest.fixture
+def cluster() -> Iterator[EmbeddedReplicaSet]:
+    """An ``EmbeddedReplicaSet(topology="sharded")`` of the test's own: a mongos and its shard."""
+    from flowwarden.testing import EmbeddedReplicaSet
+
+    with EmbeddedReplicaSet(topology="sharded") as deployment:
+        yield deployment
+
+
+@pytest.fixture
+def mongos(cluster: EmbeddedReplicaSet) -> Iterator[pymongo.MongoClient]:
+    """A client of ``cluster``'s mongos (the contract tests have a ``mongos`` of their own)."""
+    with pymongo.MongoClient(cluster.uri, serverSelectionTimeoutMS=10_000) as client:
+        yield client

@@ -13,10 +13,10 @@ Decorate a handler class, hand it to a :class:`Connector`, run it::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flowwarden._deprecated import install_old_checkpoint_path
+from flowwarden._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from flowwarden.config import Deployment as Deployment
@@ -148,14 +148,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flowwarden' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import bson
@@ -114,6 +114,29 @@ def plain_id(value: Any) -> Any:
     return value
 
 
+def copy_filter(pipeline: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The find filter of a copy: the stream's ``$match`` stages that read only the document
+    (``fullDocument.*``, ``documentKey._id``), rewritten to read it directly; a partitioned
+    stream's bucket is one of them. Stages after the first one that is not a ``$match`` may see
+    reshaped events, so the filter stops there."""
+    applied: list[dict[str, Any]] = []
+    for stage in pipeline:
+        if set(stage) != {"$match"}:
+            break
+        query = document_query(stage["$match"])
+        if query is not None:
+            applied.append(query)
+    return all_of(*applied)
+
+
+def all_of(*queries: Mapping[str, Any]) -> dict[str, Any]:
+    """One find filter matching what every one of ``queries`` matches (empty ones match all)."""
+    parts = [dict(query) for query in queries if query]
+    if not parts:
+        return {}
+    return parts[0] if len(parts) == 1 else {"$and": parts}
+
+
 def document_query(query: Mapping[str, Any]) -> dict[str, Any] | None:
     """A change-stream ``$match`` query as a query on the documents themselves, or None when it
     reads anything else (the operation type, the namespace, the update description...)."""
@@ -172,4 +195,13 @@ def _document_expression(expression: Any) -> Any:
     return expression
 
 
-__all__ = ["after_id", "copied_collection", "copied_database", "document_query", "plain_id", "snapshot_row"]
+__all__ = [
+    "after_id",
+    "all_of",
+    "copied_collection",
+    "copied_database",
+    "copy_filter",
+    "document_query",
+    "plain_id",
+    "snapshot_row",
+]

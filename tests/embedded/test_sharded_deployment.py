@@ -16,18 +16,6 @@ pytestmark = pytest.mark.embedded_only
 
 
 @pytest.fixture
-def cluster() -> Iterator[EmbeddedReplicaSet]:
-    with EmbeddedReplicaSet(topology="sharded") as deployment:
-        yield deployment
-
-
-@pytest.fixture
-def mongos(cluster: EmbeddedReplicaSet) -> Iterator[pymongo.MongoClient]:
-    with pymongo.MongoClient(cluster.uri, serverSelectionTimeoutMS=10_000) as client:
-        yield client
-
-
-@pytest.fixture
 def shard(cluster: EmbeddedReplicaSet) -> Iterator[pymongo.MongoClient]:
     assert cluster.shard_uri is not None
     with pymongo.MongoClient(cluster.shard_uri, serverSelectionTimeoutMS=10_000) as client:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +28,6 @@ from .conftest import checkpoint_doc, running, wait_until
 from .handlers import recording_handler
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def cluster() -> Iterator[EmbeddedReplicaSet]:
-    with EmbeddedReplicaSet(topology="sharded") as deployment:
-        yield deployment
-
-
-@pytest.fixture
-def mongos(cluster: EmbeddedReplicaSet) -> Iterator[pymongo.MongoClient]:
-    with pymongo.MongoClient(cluster.uri, serverSelectionTimeoutMS=10_000) as client:
-        yield client
 
 
 def shard_oplog_edge(cluster: EmbeddedReplicaSet, direction: int) -> object:

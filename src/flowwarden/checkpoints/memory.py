@@ -9,7 +9,9 @@ from __future__ import annotations
 import builtins
 import copy
 import threading
+from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from typing import ClassVar
 
 from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress, utc_now
@@ -48,33 +50,29 @@ class InMemoryCheckpointStore:
 
     def save(self, checkpoint: Checkpoint) -> SaveResult:
         incoming = _detached(checkpoint)
-        with self._lock:
-            result, record = apply_save(self._records.get(checkpoint.stream_id), incoming, utc_now())
-            if result is SaveResult.STORED:
-                self._records[checkpoint.stream_id] = record
-        return result
+        return self._apply(checkpoint.stream_id, lambda current, now: apply_save(current, incoming, now))
 
     def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        with self._lock:
-            result, record = apply_save_seen(self._records.get(stream_id), stream_id, token, epoch, utc_now())
-            if result is SaveResult.STORED:
-                self._records[stream_id] = record
-        return result
+        return self._apply(
+            stream_id, lambda current, now: apply_save_seen(current, stream_id, token, epoch, now)
+        )
 
     def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        with self._lock:
-            result, record = apply_save_batch_end(
-                self._records.get(stream_id), stream_id, token, epoch, utc_now()
-            )
-            if result is SaveResult.STORED:
-                self._records[stream_id] = record
-        return result
+        return self._apply(
+            stream_id, lambda current, now: apply_save_batch_end(current, stream_id, token, epoch, now)
+        )
 
     def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
+        return self._apply(
+            stream_id, lambda current, now: apply_save_snapshot(current, stream_id, progress, epoch, now)
+        )
+
+    def _apply(
+        self, stream_id: str, change: Callable[[Checkpoint | None, datetime], tuple[SaveResult, Checkpoint]]
+    ) -> SaveResult:
+        """One transition of :mod:`~flowwarden.checkpoints.transitions` under the lock."""
         with self._lock:
-            result, record = apply_save_snapshot(
-                self._records.get(stream_id), stream_id, progress, epoch, utc_now()
-            )
+            result, record = change(self._records.get(stream_id), utc_now())
             if result is SaveResult.STORED:
                 self._records[stream_id] = record
         return result

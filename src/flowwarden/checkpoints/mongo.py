@@ -80,14 +80,36 @@ def _token_older_than(field: str, data: str) -> dict[str, Any]:
     return {"$or": [{f"{field}._data": {"$lt": data}}, {field: None}]}
 
 
+# What a record holds where a write creates it (an upsert): every field the write does not set.
+_NEW_RECORD: dict[str, Any] = {
+    F_INSTANCE: None,
+    F_PROCESSED_TOKEN: None,
+    F_PROCESSED_AT: None,
+    F_SEEN_TOKEN: None,
+    F_SEEN_AT: None,
+    F_EVENTS: 0,
+    F_EPOCH: 0,
+    F_METADATA: {},
+}
+
+
+def _upsert_update(written: dict[str, Any]) -> dict[str, Any]:
+    """The update of an upsert that sets ``written``: a record it creates gets the rest of
+    :data:`_NEW_RECORD`."""
+    created = {field: value for field, value in _NEW_RECORD.items() if field not in written}
+    if F_METADATA in created:
+        created[F_METADATA] = {}  # a fresh document for each write, never the shared default
+    return {"$set": written, "$setOnInsert": created}
+
+
 def _save_write(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
     data = require_processed_token(checkpoint)
     query = {
         F_ID: checkpoint.stream_id,
         "$and": [_epoch_allows(checkpoint.epoch), _token_older_than(F_PROCESSED_TOKEN, data)],
     }
-    update = {
-        "$set": {
+    update = _upsert_update(
+        {
             F_INSTANCE: checkpoint.instance_id,
             F_PROCESSED_TOKEN: copy_token(checkpoint.last_processed_token),
             F_PROCESSED_AT: checkpoint.last_processed_at,
@@ -95,9 +117,8 @@ def _save_write(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]
             F_EPOCH: checkpoint.epoch,
             F_UPDATED_AT: utc_now(),
             F_METADATA: dict(checkpoint.metadata),
-        },
-        "$setOnInsert": {F_SEEN_TOKEN: None, F_SEEN_AT: None},
-    }
+        }
+    )
     return query, update
 
 
@@ -107,21 +128,14 @@ def _seen_write(stream_id: str, token: ResumeToken, epoch: int) -> tuple[dict[st
         F_ID: stream_id,
         "$and": [_epoch_allows(epoch), _token_older_than(F_SEEN_TOKEN, token_data(token))],
     }
-    update = {
-        "$set": {
+    update = _upsert_update(
+        {
             F_SEEN_TOKEN: seen,
             F_SEEN_AT: token_time(seen),
             F_EPOCH: epoch,
             F_UPDATED_AT: utc_now(),
-        },
-        "$setOnInsert": {
-            F_INSTANCE: None,
-            F_PROCESSED_TOKEN: None,
-            F_PROCESSED_AT: None,
-            F_EVENTS: 0,
-            F_METADATA: {},
-        },
-    }
+        }
+    )
     return query, update
 
 
@@ -130,25 +144,14 @@ def _batch_end_write(stream_id: str, token: ResumeToken, epoch: int) -> tuple[di
         F_ID: stream_id,
         "$and": [_epoch_allows(epoch), _token_older_than(F_BATCH_END, token_data(token))],
     }
-    update = {
-        "$set": {F_BATCH_END: copy_token(token), F_EPOCH: epoch, F_UPDATED_AT: utc_now()},
-        "$setOnInsert": {
-            F_INSTANCE: None,
-            F_PROCESSED_TOKEN: None,
-            F_PROCESSED_AT: None,
-            F_SEEN_TOKEN: None,
-            F_SEEN_AT: None,
-            F_EVENTS: 0,
-            F_METADATA: {},
-        },
-    }
+    update = _upsert_update({F_BATCH_END: copy_token(token), F_EPOCH: epoch, F_UPDATED_AT: utc_now()})
     return query, update
 
 
 def _rewind_write(stream_id: str, token: ResumeToken | None) -> tuple[dict[str, Any], dict[str, Any]]:
     processed = copy_token(token)
-    update = {
-        "$set": {
+    update = _upsert_update(
+        {
             F_PROCESSED_TOKEN: processed,
             F_PROCESSED_AT: token_time(processed),
             F_SEEN_TOKEN: None,
@@ -156,9 +159,8 @@ def _rewind_write(stream_id: str, token: ResumeToken | None) -> tuple[dict[str, 
             F_BATCH_END: None,
             F_SNAPSHOT: None,
             F_UPDATED_AT: utc_now(),
-        },
-        "$setOnInsert": {F_INSTANCE: None, F_EVENTS: 0, F_EPOCH: 0, F_METADATA: {}},
-    }
+        }
+    )
     return {F_ID: stream_id}, update
 
 
@@ -292,18 +294,7 @@ def _save_snapshot(stream_id: str, progress: SnapshotProgress, epoch: int) -> Op
             },
         ],
     }
-    update = {
-        "$set": {F_SNAPSHOT: progress.to_document(), F_EPOCH: epoch, F_UPDATED_AT: utc_now()},
-        "$setOnInsert": {
-            F_INSTANCE: None,
-            F_PROCESSED_TOKEN: None,
-            F_PROCESSED_AT: None,
-            F_SEEN_TOKEN: None,
-            F_SEEN_AT: None,
-            F_EVENTS: 0,
-            F_METADATA: {},
-        },
-    }
+    update = _upsert_update({F_SNAPSHOT: progress.to_document(), F_EPOCH: epoch, F_UPDATED_AT: utc_now()})
 
     def collided(current: Checkpoint | None) -> SaveResult | None:
         if current is None:

@@ -14,7 +14,7 @@ The rules this module keeps:
 - the stream's ``$match`` stages that read only the document (``fullDocument.*``,
   ``documentKey._id``) filter the copy too, so a partitioned stream's
   bucket, or a filter on a document field, copies what its changes would deliver
-  (:func:`flowwarden.snapshots.document_query`);
+  (:func:`flowwarden.snapshots.copy_filter`);
 - rows are ChangeEvents with ``operation_type == "snapshot"``, the document as
   ``full_document``, its ``_id`` as ``document_key``, the namespace as ``ns`` and ``T``'s cluster
   time as ``cluster_time``; they carry no resume token (``_id``): they are not positions.
@@ -46,9 +46,10 @@ from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.snapshots import (
     after_id,
+    all_of,
     copied_collection,
     copied_database,
-    document_query,
+    copy_filter,
     plain_id,
     snapshot_row,
 )
@@ -186,12 +187,11 @@ class SnapshotCopy:
         target = target.with_options(codec_options=reading)
         chunk = self.spec.stream.snapshot_chunk_size
         cluster_time = token_cluster_time(progress.token)
-        query = self._filter()
+        query = copy_filter(self.spec.pipeline)
         while True:
             if self._stopping.is_set():
                 raise SnapshotStopped()
-            after = after_id(progress.last_id)
-            bounded = {"$and": [query, after]} if query and after else query or after
+            bounded = all_of(query, after_id(progress.last_id))
             cursor = target.find(bounded, sort=[("_id", 1)], limit=chunk, batch_size=chunk)
             documents = await cursor.to_list(None)
             if not documents:
@@ -199,7 +199,7 @@ class SnapshotCopy:
             rows = await self._rows(documents, namespace, cluster_time, None if raw else strict)
             batch_id = f"snapshot:{progress.token['_data']}:{progress.copied}"
             await self._dispatch.deliver_snapshot(rows, batch_id)
-            if self._stopping.is_set() and self._dispatch.halt:
+            if self._dispatch.halt:  # a row was left unfinished (a stop, a lost lease)
                 raise SnapshotStopped()
             last = documents[-1]["_id"]
             progress = replace(progress, last_id=plain_id(last), copied=progress.copied + len(documents))
@@ -228,22 +228,6 @@ class SnapshotCopy:
                 continue
             rows.append(snapshot_row(decoded, database, collection, cluster_time, raw=False))
         return rows
-
-    def _filter(self) -> dict[str, Any]:
-        """The find filter of the copy: the stream's ``$match`` stages that read only the document
-        (``fullDocument.*``, ``documentKey._id``), rewritten to read it directly; a partitioned
-        stream's bucket is one of them. Stages after the first one that is not a ``$match`` may
-        see reshaped events, so the filter stops there."""
-        applied: list[dict[str, Any]] = []
-        for stage in self.spec.pipeline:
-            if set(stage) != {"$match"}:
-                break
-            query = document_query(stage["$match"])
-            if query is not None:
-                applied.append(query)
-        if not applied:
-            return {}
-        return applied[0] if len(applied) == 1 else {"$and": applied}
 
     async def _namespaces(self) -> list[str]:
         """The collections the stream covers, in name order."""

@@ -13,8 +13,9 @@ name below loads its module on first use, and a missing package fails with
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flowwarden._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -73,14 +74,4 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(FlowWardenDataSource)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flowwarden.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -47,9 +47,10 @@ the events as raw BSON (``RawBSONDocument``), so the compiled converter of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -72,6 +73,7 @@ from flowwarden.fragments import JoinedChangeStream, splits_large_events
 from flowwarden.partitions import bucket_stage
 from flowwarden.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
 from flowwarden.raw_events import RawEvent
+from flowwarden.snapshots import copy_filter
 from flowwarden.spark import source_snapshot
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
 from flowwarden.spark.source_options import OWNER, SourceOptions
@@ -319,7 +321,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             start,
             min(max_rows or MAX_BATCH_EVENTS, MAX_BATCH_EVENTS),
             PREFETCH_BYTES,
-            source_snapshot.copy_filter(self.options.pipeline),
+            copy_filter(self.options.pipeline),
         )
         if chunk is None:
             return Plan(start, source_snapshot.done_offset(start), None, drained=False)
@@ -447,26 +449,25 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         assert end_token is not None, f"a micro-batch must end at a resume token, got {end!r}"
         expected = _spark_arrow_schema(self.schema)
         if partition.events is not None:
-            yield from self._planned_batches(partition.events, expected)
+            yield from self._batches(_planned_events(partition.events), expected)
             return
+        events: Iterable[RawBSONDocument]
         if source_snapshot.is_snapshot(end):
-            yield from self._copied_batches(start, end, expected)
-            return
-        if "readFrom" in end:
-            resume: dict[str, Any] = {"start_at_operation_time": offset_timestamp(end["readFrom"])}
+            # A micro-batch of the initial snapshot that planning did not hand over, read again;
+            # the one that closes the copy holds no document.
+            query = copy_filter(self.options.pipeline)
+            done = source_snapshot.is_done(end)
+            events = () if done else source_snapshot.replay_chunk(self._raw_client_for(), start, end, query)
         else:
-            resume = self._resume_options(start)
-        events: list[RawBSONDocument] = []
+            if "readFrom" in end:
+                resume: dict[str, Any] = {"start_at_operation_time": offset_timestamp(end["readFrom"])}
+            else:
+                resume = self._resume_options(start)
+            events = self._replay(resume, end_token, partition.bucket)
         try:
-            for event in self._replay(resume, end_token, partition.bucket):
-                events.append(event)
-                if len(events) >= ARROW_BATCH_ROWS:
-                    yield from self._batches(events, expected)
-                    events = []
+            yield from self._batches(events, expected)
         finally:
             self.stop()
-        if events:
-            yield from self._batches(events, expected)
 
     def _replay(
         self, resume: dict[str, Any], end: dict[str, Any], bucket: tuple[int, int] | None = None
@@ -526,47 +527,18 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             except Exception as error:
                 retry.after(error, start)
 
-    def _copied_batches(self, start: Offset, end: Offset, expected: Any) -> Iterator[Any]:
-        """A micro-batch of the initial snapshot that planning did not hand over, read again."""
-        if source_snapshot.is_done(end):
-            return  # the micro-batch that closes the copy holds no document
-        query = source_snapshot.copy_filter(self.options.pipeline)
-        rows: list[RawBSONDocument] = []
-        try:
-            for row in source_snapshot.replay_chunk(self._raw_client_for(), start, end, query):
-                rows.append(row)
-                if len(rows) >= ARROW_BATCH_ROWS:
-                    yield from self._batches(rows, expected)
-                    rows = []
-        finally:
-            self.stop()
-        if rows:
-            yield from self._batches(rows, expected)
-
-    def _planned_batches(self, data: bytes, expected: Any) -> Iterator[Any]:
-        """The record batches of the events planning read (BSON documents back to back)."""
-        view = memoryview(data)
-        events: list[RawBSONDocument] = []
-        offset = 0
-        while offset < len(data):
-            length = int.from_bytes(view[offset : offset + 4], "little")
-            events.append(RawEvent(view[offset : offset + length].tobytes()))
-            offset += length
-            if len(events) >= ARROW_BATCH_ROWS:
-                yield from self._batches(events, expected)
-                events = []
-        if events:
-            yield from self._batches(events, expected)
-
-    def _batches(self, events: list[RawBSONDocument], expected: Any) -> Iterator[Any]:
+    def _batches(self, events: Iterable[RawBSONDocument], expected: Any) -> Iterator[Any]:
+        """``events`` as Arrow record batches, converted :data:`ARROW_BATCH_ROWS` at a time."""
         # Imported here: only executors convert, and the planning process Spark starts for each
         # query should not spend a quarter of a second importing pyarrow it never uses.
         from flowwarden.spark.arrow import events_to_arrow
 
-        batch = events_to_arrow(
-            events, schema=self.document_schema, mode=self.options.mode, json_mode=self.options.json_mode
-        )
-        yield from batch.table.cast(expected).to_batches()
+        iterator = iter(events)
+        while chunk := list(itertools.islice(iterator, ARROW_BATCH_ROWS)):
+            batch = events_to_arrow(
+                chunk, schema=self.document_schema, mode=self.options.mode, json_mode=self.options.json_mode
+            )
+            yield from batch.table.cast(expected).to_batches()
 
     # ------------------------------------------------------------------------------------------
     # MongoDB
@@ -652,6 +624,16 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if splits and not position_only:
             return JoinedChangeStream(stream, f"{_OWNER} {options.namespace}", options.namespace)
         return stream
+
+
+def _planned_events(data: bytes) -> Iterator[RawBSONDocument]:
+    """The events planning read for a micro-batch: BSON documents back to back."""
+    view = memoryview(data)
+    offset = 0
+    while offset < len(data):
+        length = int.from_bytes(view[offset : offset + 4], "little")
+        yield RawEvent(view[offset : offset + length].tobytes())
+        offset += length
 
 
 def _spark_arrow_schema(schema: StructType) -> Any:

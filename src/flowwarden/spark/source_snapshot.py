@@ -31,9 +31,9 @@ from bson.raw_bson import RawBSONDocument
 from flowwarden.events import token_cluster_time
 from flowwarden.snapshots import (
     after_id,
+    all_of,
     copied_collection,
     copied_database,
-    document_query,
     plain_id,
     snapshot_row,
 )
@@ -86,20 +86,6 @@ def namespaces(client: Any, database: str | None, collection: str | None) -> lis
         collections = client[name].list_collection_names(filter={"type": "collection"})
         found.extend(f"{name}.{each}" for each in sorted(collections) if copied_collection(each))
     return found
-
-
-def copy_filter(pipeline: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    """The find filter of the copy: the leading ``$match`` stages that read only the document."""
-    applied = []
-    for stage in pipeline:
-        if set(stage) != {"$match"}:
-            break
-        query = document_query(stage["$match"])
-        if query is not None:
-            applied.append(query)
-    if not applied:
-        return {}
-    return applied[0] if len(applied) == 1 else {"$and": applied}
 
 
 def plan_chunk(
@@ -160,13 +146,9 @@ def _documents(
     """The documents of ``namespace`` matching ``query`` with ``_id`` after ``after`` (MinKey:
     from the first) and up to ``through`` (None: to the last), in ``_id`` order."""
     database, collection = namespace.split(".", 1)
-    parts = [dict(query)] if query else []
-    if not isinstance(after, MinKey):
-        parts.append(after_id(after))
-    if through is not None:
-        # The upper end is an _id read before: only ids sorting after it are outside the range.
-        parts.append({"$nor": [after_id(through)]})
-    filter_: dict[str, Any] = {} if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
+    # The upper end is an _id read before: only ids sorting after it are outside the range.
+    upper = {} if through is None else {"$nor": [after_id(through)]}
+    filter_ = all_of(query, after_id(after), upper)
     cursor = raw_client[database][collection].find(filter_, sort=[("_id", 1)], limit=limit or 0)
     with cursor:
         yield from cursor
@@ -182,7 +164,6 @@ def _load_id(text: str) -> Any:
 
 
 __all__ = [
-    "copy_filter",
     "done_offset",
     "first_offset",
     "is_done",
