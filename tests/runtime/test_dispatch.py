@@ -15,6 +15,7 @@ from flowwarden import (
     on_batch,
     on_change,
     on_insert,
+    retry_policy,
 )
 
 from .conftest import checkpoint_doc, running, wait_until
@@ -94,6 +95,32 @@ def test_max_concurrency_runs_handlers_side_by_side_and_keeps_per_document_order
     for k in range(10):
         assert [v for key, v in completed if key == k] == [0, 1, 2, 3, 4, 5]
     assert completed[-6:] == [(0, v) for v in range(6)]
+
+
+def test_each_concurrent_call_reads_its_own_events_attempt_after_an_await(mongodb_uri, client, db_name):
+    # Every event fails twice: its calls must see attempts 1, 2, 3, before and after an await,
+    # while the other events' attempts run beside them.
+    attempts: dict[int, list[tuple[int, int]]] = {}
+
+    @change_stream("orders", db_name, name="orders", max_concurrency=4, max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(max_attempts=3, initial_delay_seconds=0.001, max_delay_seconds=0.001, jitter=0)
+    class Flaky:
+        @on_change
+        async def handle(self, event: ChangeEvent, ctx: StreamContext) -> None:
+            before = ctx.attempt
+            # The other events' calls run meanwhile, each taking its own time.
+            await asyncio.sleep(0.003 * (1 + event.document_key["_id"] % 5))
+            attempts.setdefault(event.document_key["_id"], []).append((before, ctx.attempt))
+            if ctx.attempt < 3:
+                raise RuntimeError("fails twice")
+
+    orders = client[db_name]["orders"]
+    with running(mongodb_uri, [Flaky]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        orders.insert_many([{"_id": i} for i in range(8)])
+        wait_until(lambda: connector.status()["orders"].events_processed == 8, what="eight events")
+    assert attempts == {i: [(1, 1), (2, 2), (3, 3)] for i in range(8)}
 
 
 def test_on_batch_delivers_bounded_batches_and_commits_after_return(mongodb_uri, client, db_name):

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from flowwarden import StartPosition, StreamState, pipeline, token_cluster_time
+from flowwarden import (
+    ChangeEvent,
+    StartPosition,
+    StreamState,
+    change_stream,
+    checkpoint,
+    on_batch,
+    pipeline,
+    token_cluster_time,
+)
+from flowwarden.events import token_datetime
 from flowwarden.positions import oplog_edge
 
 from .conftest import checkpoint_doc, running, wait_until
@@ -99,3 +109,35 @@ def test_filtered_idle_stream_advances_last_seen_and_restart_skips_the_filtered_
     doc = checkpoint_doc(client, db_name, "orders")
     assert doc.get("lastProcessedToken") is None
     assert token_cluster_time(doc["lastSeenToken"]) >= newest
+
+
+def test_a_caught_up_batch_stream_moves_last_seen_on_while_other_collections_are_written(
+    mongodb_uri, client, db_name
+):
+    batches: list[list[int]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Batches:
+        @on_batch(max_events=100, max_wait_seconds=0.1)
+        def handle(self, events: list[ChangeEvent]) -> None:
+            batches.append([e.document_key["_id"] for e in events])
+
+    with running(mongodb_uri, [Batches]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name]["orders"].insert_many([{"_id": i} for i in range(5)])
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders").get("eventsProcessed") == 5)
+        processed = checkpoint_doc(client, db_name, "orders")["lastProcessedToken"]
+        # The watched collection is quiet from here; the rest of the database is written.
+        client[db_name]["elsewhere"].insert_many([{"_id": i} for i in range(50)])
+        newest = oplog_edge(client, -1)
+        wait_until(
+            lambda: token_cluster_time(checkpoint_doc(client, db_name, "orders")["lastSeenToken"]) >= newest,
+            what="the stored lastSeen to pass the writes elsewhere",
+        )
+        status = connector.status()["orders"]
+        assert status.last_seen_time is not None and status.last_seen_time >= token_datetime(
+            checkpoint_doc(client, db_name, "orders")["lastSeenToken"]
+        )
+    assert batches == [list(range(5))]
+    assert checkpoint_doc(client, db_name, "orders")["lastProcessedToken"] == processed

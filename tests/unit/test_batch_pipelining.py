@@ -14,7 +14,6 @@ from bson.raw_bson import RawBSONDocument
 from flowwarden import change_stream, on_batch, retry_policy
 from flowwarden.runtime import batching
 from flowwarden.runtime.batching import BatchDelivery
-from flowwarden.runtime.context import StreamContext
 from flowwarden.runtime.invoke import Invoker
 from flowwarden.spec import stream_spec
 
@@ -68,12 +67,12 @@ def delivery(method: Gated, delivered: list[int], max_events: int, max_attempts:
         async def handle(self, events: list[Any]) -> None: ...
 
     spec = stream_spec(Batches)
-    ctx = StreamContext(stream="orders", logger=LOG)
     invoker = Invoker(
         method.handle,
         is_async=True,
         wants_ctx=False,
-        ctx=ctx,
+        stream="orders",
+        logger=LOG,
         policy=spec.retry,
         stopping=asyncio.Event(),
         threaded=False,
@@ -81,7 +80,6 @@ def delivery(method: Gated, delivered: list[int], max_events: int, max_attempts:
     return BatchDelivery(
         spec,
         invoker=invoker,
-        ctx=ctx,
         spark_provider=None,
         giving_up=None,  # type: ignore[arg-type]  # nothing here gives up
         log=LOG,
@@ -173,6 +171,23 @@ async def test_a_batch_that_fails_in_flight_halts_the_stream_and_fails_the_next_
     await settle_loop()
     assert halted == [True] and giving_up.given_up == [[1]]
     assert str(batches.failure) == "the stream stops: the sink refused the batch"
+    assert not batches.idle()  # the failed batch's events are unfinished
     with pytest.raises(RuntimeError, match="the stream stops"):
         await batches.offer(2, change(2), committer)  # the next hand-over raises it
     assert ("commit", "0001") not in committer.calls and delivered == []
+
+
+async def test_a_committed_batch_leaves_the_stream_idle_before_the_next_hand_over() -> None:
+    # A caught-up batch stream must be idle once its last batch committed, or its lastSeen
+    # never moves on while its collection is quiet.
+    method, delivered, committer = Gated(), [], Committer()
+    batches = delivery(method, delivered, max_events=2)
+    await batches.offer(1, change(1), committer)
+    await batches.offer(2, change(2), committer)  # due: handed over
+    await settle_loop()
+    assert not batches.idle()  # its method has not returned
+    method.gates[0].set()
+    await settle_loop()
+    assert committer.calls[-1] == ("commit", "0002") and batches.idle()
+    await batches.offer(3, change(3), committer)
+    assert not batches.idle()  # an event waits in the next batch

@@ -228,11 +228,10 @@ async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]])
     """Each entry's event through its method under the class's retry policy; how many failed."""
     import logging
 
-    from flowwarden.runtime.context import StreamContext
     from flowwarden.runtime.invoke import Exhausted, Invoker
 
     instance = spec.handler_class()
-    ctx = StreamContext(stream=spec.name, logger=logging.getLogger("flowwarden.cli.dlq"))
+    logger = logging.getLogger("flowwarden.cli.dlq")
     stopping = asyncio.Event()
     failed = 0
     for entry in entries:
@@ -252,13 +251,17 @@ async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]])
             method.bind(instance),
             is_async=method.is_async,
             wants_ctx=method.wants_ctx,
-            ctx=ctx,
+            stream=spec.name,
+            logger=logger,
             policy=spec.retry,
             stopping=stopping,
             threaded=method.kind != "event",
         )
+        token = event.get("_id")
+        batch_id = f"dlq-{token['_data']}" if isinstance(token, dict) and "_data" in token else None
+        ctx = invoker.context(batch_id)
         try:
-            await invoker(_payload(spec, method, event, ctx))
+            await invoker(_payload(spec, method, event), ctx)
         except Exhausted as exhausted:
             failed += _mark_failed(collection, entry, str(exhausted))
             continue
@@ -274,12 +277,10 @@ async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]])
     return failed
 
 
-def _payload(spec: Any, method: Any, event: dict[str, Any], ctx: Any) -> Any:
+def _payload(spec: Any, method: Any, event: dict[str, Any]) -> Any:
     """What the method takes: the event, a list of it (``@on_batch``) or a DataFrame of it."""
     from flowwarden.events import ChangeEvent
 
-    token = event.get("_id")
-    ctx.batch_id = f"dlq-{token['_data']}" if isinstance(token, dict) and "_data" in token else None
     if method.kind == "event":
         return ChangeEvent(event)
     if method.kind == "batch":

@@ -94,7 +94,6 @@ class BatchDelivery:
         spec: StreamSpec,
         *,
         invoker: Invoker,
-        ctx: StreamContext,
         spark_provider: Callable[[], Any] | None,
         giving_up: GivingUp,
         log: StreamLog,
@@ -110,10 +109,9 @@ class BatchDelivery:
         self._schema = spec.dataframe.schema if spec.dataframe is not None else None
         self._mode = spec.dataframe.mode if spec.dataframe is not None else SchemaMode.PERMISSIVE
         self._invoker = invoker
-        self._ctx = ctx
         self._spark_provider = spark_provider
         self._batch = Batch()
-        self._in_flight: asyncio.Task[None] | None = None
+        self._in_flight: asyncio.Task[bool] | None = None
         self._delivered = delivered
         self._failed = failed
         self.failure: BaseException | None = None
@@ -184,13 +182,14 @@ class BatchDelivery:
         self._in_flight = None
         self.failure = None
 
-    def _ended(self, task: asyncio.Task[None]) -> None:
+    def _ended(self, task: asyncio.Task[bool]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.failure = task.exception()
             self._failed()
 
-    async def _deliver(self, batch: Batch, committer: CheckpointCommitter) -> None:
-        """Plan the batch durably, hand it to the method, then commit it as one.
+    async def _deliver(self, batch: Batch, committer: CheckpointCommitter) -> bool:
+        """Plan the batch durably, hand it to the method, then commit it as one; True once it
+        is committed, False when a stop left it unfinished.
 
         Before the method runs, the position before the batch (the previous batch's end) is
         saved and the batch's last token stored as its end: after a crash the batch is formed
@@ -200,19 +199,23 @@ class BatchDelivery:
         last = batch.last_token
         await committer.flush()
         await committer.save_batch_end(last)
-        if not await self._run(batch.changes, str(batch.first_token["_data"]), batch.operations):
-            return  # stopping: the batch stays unfinished, the checkpoint stays before it
+        ctx = self._invoker.context(str(batch.first_token["_data"]))
+        if not await self._run(batch.changes, ctx, batch.operations):
+            return False  # stopping: the batch stays unfinished, the checkpoint stays before it
         await committer.commit_through(batch.last_sequence, last)
         self._delivered(len(batch))
-        if self._ctx.take_save_request():
+        if ctx is not None and ctx.save_requested:
             await committer.flush()
+        return True
 
-    async def _run(self, changes: list[Mapping[str, Any]], batch_id: str, operations: Counter[str]) -> bool:
+    async def _run(
+        self, changes: list[Mapping[str, Any]], ctx: StreamContext | None, operations: Counter[str]
+    ) -> bool:
         """The method on one batch under the retry policy, or ``on_exhausted`` once it gave up;
         False when the stream stopped while a failed call waited for its next attempt."""
         outcome = "ok"
         try:
-            calls, dropped = await self._hand_over(changes, batch_id)
+            calls, dropped = await self._hand_over(changes, ctx)
             outcome = "ok" if calls == 1 else "retried"
             if dropped:
                 await self._giving_up.park_malformed(dropped)
@@ -234,7 +237,8 @@ class BatchDelivery:
         await self.settle()
         for start in range(0, len(rows), self.max_events):
             part = rows[start : start + self.max_events]
-            if not await self._run(part, f"{batch_id}+{start}", Counter(snapshot=len(part))):
+            ctx = self._invoker.context(f"{batch_id}+{start}")
+            if not await self._run(part, ctx, Counter(snapshot=len(part))):
                 return False
         return True
 
@@ -247,8 +251,17 @@ class BatchDelivery:
         return len(self._batch)
 
     def idle(self) -> bool:
-        """No event waits in a batch and no batch is in flight."""
-        return not self._batch and self._in_flight is None
+        """No event waits in a batch, and every batch handed over was committed.
+
+        A batch whose method returned stays referenced as in flight until the next one is handed
+        over; once it committed, the stream is idle (a caught-up stream moves its lastSeen on).
+        """
+        if self._batch:
+            return False
+        task = self._in_flight
+        return task is None or (
+            task.done() and not task.cancelled() and task.exception() is None and task.result()
+        )
 
     def replay_until(self, end: ResumeToken | None) -> None:
         """Form the next batch to end exactly at ``end`` (a stored batch end), or not (None)."""
@@ -288,7 +301,7 @@ class BatchDelivery:
         return batch
 
     async def _hand_over(
-        self, changes: list[Mapping[str, Any]], batch_id: str
+        self, changes: list[Mapping[str, Any]], ctx: StreamContext | None
     ) -> tuple[int, list[tuple[Mapping[str, Any], Any]]]:
         """Hand the batch to the method (with its retry policy).
 
@@ -298,9 +311,8 @@ class BatchDelivery:
         BSON cannot be decoded is given up on alone (on_exhausted at once: decoding again cannot
         help), and the rest of the batch is converted without it.
         """
-        self._ctx.batch_id = batch_id
         if not self._dataframe:
-            return await self._invoker([ChangeEvent(change) for change in changes]), []
+            return await self._invoker([ChangeEvent(change) for change in changes], ctx), []
         from flowwarden.spark import events_to_dataframe
         from flowwarden.spark.arrow import UndecodableEventError
 
@@ -323,7 +335,7 @@ class BatchDelivery:
                     return 1, []
             except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
                 raise Exhausted(error, 1) from error
-        calls = await self._invoker(frame)
+        calls = await self._invoker(frame, ctx)
         if self._mode != SchemaMode.DROPMALFORMED:
             return calls, []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
         return calls, [(raws[m.index], m) for m in malformed]

@@ -1,4 +1,9 @@
-"""What a handler method may receive as its optional ``ctx`` argument."""
+"""What a handler method may receive as its optional ``ctx`` argument.
+
+One context belongs to one event (or one batch): the runtime makes a new one for each, so
+handlers running side by side (``max_concurrency > 1``) never see each other's values, and a value
+read after an ``await`` is still the call's own.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,13 @@ StreamLog = logging.Logger | logging.LoggerAdapter[logging.Logger]
 """A stream's logger: module loggers wrapped to put the stream's name on every record."""
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamContext:
-    """Per-call context: which stream, which attempt, a logger, and a way to save progress now.
+    """The context of one handler call: which stream, which attempt, which batch, a logger, and a
+    way to save progress as soon as the call returns.
 
-    One context object exists per stream; the runtime updates ``attempt`` before each call, so a
-    handler must not keep it across calls expecting the values to stay.
+    Each event (each batch, for batch methods) gets its own context; the attempts of one event
+    share it, with ``attempt`` counting them (1 for the first call).
     """
 
     stream: str
@@ -27,7 +33,7 @@ class StreamContext:
     starts with the same event, so writes keyed by ``batch_id`` (overwrite a partition, MERGE)
     replace what the lost run wrote instead of adding to it."""
     save_requested: bool = field(default=False, repr=False)
-    """Set by :meth:`save_checkpoint_now`; the runtime saves when the call returns and clears it."""
+    """Set by :meth:`save_checkpoint_now`; the runtime saves once the event is finished."""
 
     def save_checkpoint_now(self) -> None:
         """Ask for the checkpoint to be saved as soon as the current handler call returns.
@@ -36,8 +42,3 @@ class StreamContext:
         this never blocks and is safe from sync and async handlers alike.
         """
         self.save_requested = True
-
-    def take_save_request(self) -> bool:
-        """Whether a save was asked for since the last time this was called (the runtime's side)."""
-        requested, self.save_requested = self.save_requested, False
-        return requested

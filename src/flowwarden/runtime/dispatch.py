@@ -71,7 +71,6 @@ class EventDispatch:
         self._stopping = stopping
         self._concurrency = spec.stream.max_concurrency
         self._handler = spec.handler_class()
-        self.ctx = StreamContext(stream=spec.name, logger=log)
         self._invokers: dict[str, Invoker] = {}
         self._fallback: Invoker | None = None
         self.batch: BatchDelivery | None = None
@@ -79,7 +78,6 @@ class EventDispatch:
             self.batch = BatchDelivery(
                 spec,
                 invoker=self._invoker(spec.batch or spec.dataframe),
-                ctx=self.ctx,
                 spark_provider=spark_provider,
                 giving_up=giving_up,
                 log=log,
@@ -106,7 +104,8 @@ class EventDispatch:
             getattr(self._handler, method.name),
             is_async=method.is_async,
             wants_ctx=method.wants_ctx,
-            ctx=self.ctx,
+            stream=self.name,
+            logger=self.log,
             policy=self.spec.retry,
             stopping=self._stopping,
             # Batch methods may run for seconds (Spark jobs): keep the loop free for heartbeats.
@@ -154,7 +153,6 @@ class EventDispatch:
         committer.failed.add_done_callback(lambda _: self._set_halt())
         invokers = self._invokers
         fallback = self._fallback
-        ctx = self.ctx
         ok = self.metrics.ok if self.metrics is not None else None
         inline = batch is None and self._scheduler is None
         items = reader.items
@@ -194,8 +192,9 @@ class EventDispatch:
                 self._sequence += 1
                 invoker = invokers.get(operation, fallback)
                 first_error = None
+                ctx = None if invoker is None else invoker.context()
                 if invoker is None or (
-                    invoker.inline and (first_error := invoker.call_inline(ChangeEvent(change))) is None
+                    invoker.inline and (first_error := invoker.call_inline(ChangeEvent(change), ctx)) is None
                 ):
                     save = committer.commit_nowait(self._sequence, token)
                     if save is not None:
@@ -203,11 +202,10 @@ class EventDispatch:
                     self.events_processed += 1
                     if ok is not None:
                         ok[operation] = ok.get(operation, 0) + 1
-                    if ctx.save_requested:
-                        ctx.save_requested = False
+                    if ctx is not None and ctx.save_requested:
                         await committer.flush()
                 else:
-                    await self._handle_event(self._sequence, change, committer, first_error)
+                    await self._handle_event(self._sequence, change, committer, first_error, ctx)
             else:
                 await self._dispatch(change, committer)
             if operation == "invalidate":
@@ -263,32 +261,40 @@ class EventDispatch:
         change: MutableMapping[str, Any],
         committer: CheckpointCommitter,
         first_error: BaseException | None = None,
+        ctx: StreamContext | None = None,
     ) -> None:
         """Handle one event under the retry policy, then commit it (unless the stream stops).
 
-        ``first_error``: the first attempt already ran inline and failed with it.
+        ``first_error``: the first attempt already ran inline with ``ctx`` and failed with it.
         """
-        if not await self._run_handler(change, first_error):
+        operation = change.get("operationType", "")
+        invoker = self._invokers.get(operation, self._fallback)
+        if ctx is None and invoker is not None:
+            ctx = invoker.context()
+        if not await self._run_handler(change, invoker, ctx, first_error):
             return  # stopping: this event stays unfinished, the checkpoint stays before it
         await committer.commit(sequence, change["_id"])
         self.events_processed += 1
-        if self.ctx.take_save_request():
+        if ctx is not None and ctx.save_requested:
             await committer.flush()
 
     async def _run_handler(
-        self, change: MutableMapping[str, Any], first_error: BaseException | None = None
+        self,
+        change: MutableMapping[str, Any],
+        invoker: Invoker | None,
+        ctx: StreamContext | None,
+        first_error: BaseException | None = None,
     ) -> bool:
         """The event's method under the retry policy, or ``on_exhausted`` once it gave up;
         False when the stream stopped while a failed call waited for its next attempt."""
         operation = change.get("operationType", "")
-        invoker = self._invokers.get(operation, self._fallback)
         outcome = "ok"
         if invoker is not None:
             try:
                 if first_error is None:
-                    calls = await invoker(ChangeEvent(change))
+                    calls = await invoker(ChangeEvent(change), ctx)
                 else:
-                    calls = await invoker.retry(ChangeEvent(change), first_error)
+                    calls = await invoker.retry(ChangeEvent(change), first_error, ctx)
                 outcome = "ok" if calls == 1 else "retried"
             except Exhausted as exhausted:
                 await self._giving_up.give_up([change], exhausted.error, exhausted.attempts)
@@ -310,10 +316,14 @@ class EventDispatch:
         width = max(1, self._concurrency)
         for start in range(0, len(rows), width):
             # Each document appears once in a snapshot: its rows need no order among themselves.
-            done = await asyncio.gather(*(self._run_handler(row) for row in rows[start : start + width]))
+            done = await asyncio.gather(*(self._snapshot_row(row) for row in rows[start : start + width]))
             if not all(done):
                 self.halt = True
                 return
+
+    async def _snapshot_row(self, row: Any) -> bool:
+        invoker = self._invokers.get("snapshot", self._fallback)
+        return await self._run_handler(row, invoker, None if invoker is None else invoker.context())
 
     # -- events that cannot be decoded -------------------------------------------------------------
 

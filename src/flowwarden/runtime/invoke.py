@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flowwarden.config import RetryPolicy
-from flowwarden.runtime.context import StreamContext
+from flowwarden.runtime.context import StreamContext, StreamLog
 
 
 class Exhausted(Exception):
@@ -35,6 +35,9 @@ class Invoker:
     Sync methods run inline on the stream's event loop when the stream handles one event at a
     time (no thread hop on the hot path), and in worker threads when ``threaded`` is set (streams
     with ``max_concurrency > 1``), so that they really run side by side.
+
+    A method that takes ``ctx`` gets the context of its own event: the caller makes it with
+    :meth:`context` and passes it to every attempt, then reads its save request.
     """
 
     def __init__(
@@ -43,7 +46,8 @@ class Invoker:
         *,
         is_async: bool,
         wants_ctx: bool,
-        ctx: StreamContext,
+        stream: str,
+        logger: StreamLog,
         policy: RetryPolicy,
         stopping: asyncio.Event,
         threaded: bool,
@@ -52,7 +56,10 @@ class Invoker:
         self._bound = bound
         self._observe = observe
         self._wants_ctx = wants_ctx
-        self._ctx = ctx
+        self._stream = stream
+        self._logger = logger
+        # For log lines: "OrdersHandler.created", also for classes defined inside a function.
+        self._method = getattr(bound, "__qualname__", "the handler").rsplit("<locals>.", 1)[-1]
         self._policy = policy
         self._stopping = stopping
         self._threaded = threaded and not is_async
@@ -60,25 +67,30 @@ class Invoker:
         # A sync method on the loop needs no coroutine at all: see call_inline().
         self.inline = not is_async and not self._threaded
 
-    def _call_once(self, arg: Any) -> Awaitable[Any] | Any:
-        args = (arg, self._ctx) if self._wants_ctx else (arg,)
+    def context(self, batch_id: str | None = None) -> StreamContext | None:
+        """A new context for one event or batch; None when the method takes none (no cost)."""
+        if not self._wants_ctx:
+            return None
+        return StreamContext(self._stream, self._logger, 1, batch_id)
+
+    def _call_once(self, arg: Any, ctx: StreamContext | None) -> Awaitable[Any] | Any:
+        args = (arg,) if ctx is None else (arg, ctx)
         if self._threaded:
             return asyncio.to_thread(self._bound, *args)
         return self._bound(*args)
 
-    def call_inline(self, arg: Any) -> BaseException | None:
+    def call_inline(self, arg: Any, ctx: StreamContext | None) -> BaseException | None:
         """First attempt of an :attr:`inline` (sync, on-loop) method: no await on the hot path.
 
         Returns None on success, else the error, for :meth:`retry` to take over.
         """
-        self._ctx.attempt = 1
         observe = self._observe
         began = time.perf_counter() if observe is not None else 0.0
         try:
-            if self._wants_ctx:
-                self._bound(arg, self._ctx)
-            else:
+            if ctx is None:
                 self._bound(arg)
+            else:
+                self._bound(arg, ctx)
         except Exception as error:  # handed to retry(), which applies the policy's rule
             return error
         finally:
@@ -86,27 +98,28 @@ class Invoker:
                 observe(time.perf_counter() - began)
         return None
 
-    async def __call__(self, arg: Any) -> int:
+    async def __call__(self, arg: Any, ctx: StreamContext | None = None) -> int:
         """Call until success and return how many calls it took; raise :class:`Exhausted` or
-        :class:`Interrupted` otherwise."""
+        :class:`Interrupted` otherwise. ``ctx``: the event's context (from :meth:`context`)."""
         if self.inline:
-            error = self.call_inline(arg)
+            error = self.call_inline(arg, ctx)
             if error is not None:
-                return await self.retry(arg, error)
+                return await self.retry(arg, error, ctx)
             return 1
-        return await self._attempts(arg, 1)
+        return await self._attempts(arg, 1, ctx)
 
-    async def retry(self, arg: Any, error: BaseException) -> int:
+    async def retry(self, arg: Any, error: BaseException, ctx: StreamContext | None = None) -> int:
         """Go on after a failed first attempt, under the retry policy; the calls it took in all."""
         await self._backoff_or_give_up(error, 1)
-        return await self._attempts(arg, 2)
+        return await self._attempts(arg, 2, ctx)
 
-    async def _attempts(self, arg: Any, attempt: int) -> int:
+    async def _attempts(self, arg: Any, attempt: int, ctx: StreamContext | None) -> int:
         while True:
-            self._ctx.attempt = attempt
+            if ctx is not None:
+                ctx.attempt = attempt  # attempts of one event run one after another
             began = time.perf_counter()
             try:
-                result = self._call_once(arg)
+                result = self._call_once(arg, ctx)
                 if not self.inline:
                     await result
             except Exception as error:  # the retry rule is RetryPolicy.should_retry(), below
@@ -126,8 +139,10 @@ class Invoker:
         if attempt >= policy.max_attempts or not policy.should_retry(error):
             raise Exhausted(error, attempt) from error
         delay = policy.delay_for(attempt)
-        self._ctx.logger.warning(
-            "handler failed (attempt %d of %d), retrying in %.2fs: %s: %s",
+        self._logger.warning(
+            "stream %s: %s failed (attempt %d of %d), retrying in %.2fs: %s: %s",
+            self._stream,
+            self._method,
             attempt,
             policy.max_attempts,
             delay,
