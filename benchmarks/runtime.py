@@ -205,7 +205,10 @@ def main() -> None:
         coll = client[DB][COLL]
         for offset in range(0, args.events, 1000):
             coll.insert_many(
-                [{"n": offset + i, "sku": f"s{(offset + i) % 97}", "qty": i} for i in range(1000)]
+                [
+                    {"n": offset + i, "sku": f"s{(offset + i) % 97}", "qty": i}
+                    for i in range(min(1000, args.events - offset))
+                ]
             )
         print(f"  filled in {time.perf_counter() - began:.1f}s")
 

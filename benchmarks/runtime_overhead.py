@@ -4,12 +4,18 @@
 
 benchmarks/runtime.py measures the connector end to end against the raw driver loop; its figures
 move with the embedded server's speed and the machine's load. This script isolates what the
-connector adds: the stream's change stream is replaced by one that hands out pre-decoded change
-events from memory (``StreamRunner._open`` is patched to return it; everything after it, the read
-loop, dispatch, the no-op ``@on_change`` handler, the committer with save_every_n=1000 into an
-in-memory store, runs as in production). It prints microseconds per event for the connector and for
-a bare ``await try_next()`` loop over the same stand-in stream; the difference is the connector's
-overhead. Best of ``--rounds``. Figures only: nothing here asserts.
+connector adds: the change stream the stream reads is replaced by one that hands out pre-decoded
+change events from memory. The seam is ``StreamOpener.open`` (flowwarden.runtime.opening), the one
+place the runtime opens the change stream it reads; everything around it runs as in production:
+the opening position is asked of an EmbeddedReplicaSet and stored before the first event, then the
+read-ahead task (flowwarden.runtime.read_ahead), the read loop and the no-op ``@on_change`` handler
+inline on the event loop (flowwarden.runtime.dispatch), the committer with save_every_n=1000 into
+an in-memory store. A run fails, with a message saying why, rather than measure something else:
+if the runtime no longer opens its stream there, or if its checkpoint does not reach the last event.
+
+It prints microseconds per event for the connector, timed from its first handled event to its
+last, and for a bare ``await try_next()`` loop over the same stand-in stream; the difference is
+the connector's overhead. Best of ``--rounds``. Figures only: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -17,14 +23,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
+from unittest import mock
 
 from bson import Timestamp
 
 from flowwarden import ChangeEvent, Connector, StartPosition, change_stream, checkpoint, on_change
 from flowwarden.checkpoints import InMemoryCheckpointStore
-from flowwarden.runtime.stream import StreamRunner
+from flowwarden.runtime.opening import StreamOpener
+from flowwarden.runtime.status import StreamState
 from flowwarden.testing import EmbeddedReplicaSet
+
+# How long a round may take beyond its events (the connector's start-up, the opening position).
+START_UP_SECONDS = 60.0
 
 
 def make_events(count: int) -> list[dict[str, Any]]:
@@ -75,10 +87,11 @@ def bare_loop(events: list[dict[str, Any]]) -> float:
 
 def connector_run(uri: str, events: list[dict[str, Any]], round_number: int) -> float:
     count = len(events)
+    name = f"overhead-{round_number}"
     marks: dict[str, float] = {}
-    finished: dict[str, asyncio.Event] = {}
+    opened: list[MemoryStream] = []
 
-    @change_stream("events", "bench", name=f"overhead-{round_number}", batch_size=1000)
+    @change_stream("events", "bench", name=name, batch_size=1000)
     @checkpoint(save_every_n=1000, save_interval_seconds=5, start_position=StartPosition.LATEST)
     class NoOp:
         seen = 0
@@ -90,39 +103,73 @@ def connector_run(uri: str, events: list[dict[str, Any]], round_number: int) -> 
                 marks["first"] = time.perf_counter()
             elif NoOp.seen == count:
                 marks["last"] = time.perf_counter()
-                finished["event"].set()  # handlers run on the connector's loop: no thread hop
+                finished.set()  # handlers run on the connector's loop: no thread hop
 
-    async def fake_open(self: StreamRunner, start: Any, codec_options: Any = None) -> MemoryStream:
-        return MemoryStream(events)
+    async def stand_in(
+        self: StreamOpener, start: Mapping[str, Any], codec_options: Any = None
+    ) -> MemoryStream:
+        stream = MemoryStream(events)
+        opened.append(stream)
+        return stream
 
-    original = StreamRunner._open
-    StreamRunner._open = fake_open  # type: ignore[method-assign]
-    try:
-        connector = Connector(uri, [NoOp], checkpoint_store=InMemoryCheckpointStore())
+    store = InMemoryCheckpointStore()
+    connector = Connector(uri, [NoOp], checkpoint_store=store)
+    finished = asyncio.Event()
 
-        async def run() -> None:
-            finished["event"] = asyncio.Event()
-            task = asyncio.create_task(connector.run_async())
-            await finished["event"].wait()
+    def failure(why: str) -> RuntimeError:
+        status = connector.status().get(name)
+        state = f"{status.state.value}, {status.last_error}" if status is not None else "no status"
+        return RuntimeError(f"{why} (stream {name}: {state})")
+
+    async def run() -> None:
+        task = asyncio.create_task(connector.run_async())
+        try:
+            # Until the stream opens: it must open the stand-in, or it would read the (empty)
+            # server and wait forever. Polled only before the first event, outside the timing.
+            while not opened:
+                status = connector.status().get(name)
+                if task.done():
+                    raise failure("the connector ended before its stream opened")
+                if status is not None and status.state is StreamState.RUNNING:
+                    raise failure(
+                        "the stream did not open its change stream through StreamOpener.open, the "
+                        "seam this benchmark replaces; find where flowwarden.runtime now opens it "
+                        "and patch that instead"
+                    )
+                await asyncio.sleep(0.005)
+            done = asyncio.ensure_future(finished.wait())
+            deadline = START_UP_SECONDS + count * 1e-4
+            await asyncio.wait({done, task}, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+            done.cancel()
+            if not finished.is_set():
+                raise failure(f"the handler saw {NoOp.seen} of {count} events within {deadline:.0f} s")
+        finally:
             connector.stop()
             await task
 
+    with mock.patch.object(StreamOpener, "open", stand_in):
         asyncio.run(run())
-    finally:
-        StreamRunner._open = original  # type: ignore[method-assign]
+    saved = store.load(name)
+    if saved is None or saved.last_processed_token != events[-1]["_id"]:
+        position = saved.last_processed_token if saved is not None else None
+        raise RuntimeError(f"the checkpoint did not reach the last event on stop: it holds {position}")
     # From the first handled event to the last: start-up is not part of the per-event cost.
     return (marks["last"] - marks["first"]) / (count - 1) * count
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=300_000)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--events", type=int, default=300_000, help="at least 2")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.events < 2:
+        parser.error("--events must be at least 2 (the timing runs from the first event to the last)")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     events = make_events(args.events)
     best_connector = best_bare = float("inf")
-    # The checkpoint store and the stand-in stream live in memory; the embedded server only
-    # answers the client's handshake.
+    # The checkpoint store and the stand-in stream live in memory; the embedded server answers
+    # the client's handshake and names the stream's opening position.
     with EmbeddedReplicaSet() as rs:
         for round_number in range(args.rounds):
             best_bare = min(best_bare, bare_loop(events))

@@ -366,6 +366,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--e2e-events", type=int, default=50_000, help="inserts read end to end")
     parser.add_argument("--e2e-rounds", type=int, default=3, help="rounds of the end-to-end runs")
+    parser.add_argument(
+        "--e2e-warmup", type=int, default=1, help="untimed rounds of the end-to-end runs first (default 1)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed by-hand rounds (default 3)")
     parser.add_argument(
         "--arrow-repeat", type=int, default=15, help="timed rounds of the Arrow runs (default 15)"
@@ -402,7 +405,9 @@ def main() -> None:
     if not args.skip_end_to_end:
         from spark_end_to_end import end_to_end, inserted_documents
 
-        end_to_end(spark, inserted_documents(args.e2e_events), args.e2e_rounds, 10_000, [])
+        end_to_end(
+            spark, inserted_documents(args.e2e_events), args.e2e_rounds, 10_000, [], args.e2e_warmup
+        )
     spark.stop()
 
 

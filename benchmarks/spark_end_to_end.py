@@ -27,8 +27,8 @@ Each connector run has a stream name of its own, so no run resumes from another'
 its time runs from before the Connector starts to the moment its status counts the last event as
 processed (checkpointed handling, as a user's monitoring sees it). The streaming runs are timed
 from ``start()`` to termination with a fresh checkpointLocation each. The variants take turns for
-``--rounds`` rounds after one untimed warm-up round, their order rotating each round; each one's
-best round counts and the spread is printed. Figures only: nothing here asserts.
+``--rounds`` rounds after ``--warmup-rounds`` untimed ones (default 1), their order rotating each
+round; each one's best round counts and the spread is printed. Figures only: nothing here asserts.
 
     .venv/bin/python benchmarks/spark_end_to_end.py [--events 50000] [--rounds 3]
 """
@@ -322,20 +322,23 @@ def _iso(ts: Timestamp) -> str:
     return ts.as_datetime().isoformat()
 
 
-def timed(runs: dict[str, Callable[[], int]], rounds: int) -> dict[str, list[tuple[int, float]]]:
-    """Each run's (events, seconds) per timed round, after one warm-up round; the order rotates."""
+def timed(
+    runs: dict[str, Callable[[], int]], rounds: int, warmup: int = 1
+) -> dict[str, list[tuple[int, float]]]:
+    """Each run's (events, seconds) per timed round, after ``warmup`` untimed rounds; the order
+    rotates."""
     results: dict[str, list[tuple[int, float]]] = {label: [] for label in runs}
     labels = list(runs)
-    for round_ in range(rounds + 1):
+    for round_ in range(warmup + rounds):
         for turn in range(len(labels)):
             label = labels[(turn + round_) % len(labels)]
             began = time.perf_counter()
             delivered = runs[label]()
             elapsed = time.perf_counter() - began
-            if round_:
+            if round_ >= warmup:
                 results[label].append((delivered, elapsed))
-        if round_:
-            print(f"  round {round_} of {rounds} done", flush=True)
+        if round_ >= warmup:
+            print(f"  round {round_ - warmup + 1} of {rounds} done", flush=True)
     return results
 
 
@@ -352,12 +355,17 @@ def report(results: dict[str, list[tuple[int, float]]], events: int) -> dict[str
 
 
 def end_to_end(
-    spark: Any, documents: list[dict[str, Any]], rounds: int, batch: int, partitions: list[int]
+    spark: Any,
+    documents: list[dict[str, Any]],
+    rounds: int,
+    batch: int,
+    partitions: list[int],
+    warmup: int = 1,
 ) -> None:
     print(
         f"\nend to end: {len(documents):,} inserts read from the change stream into a noop sink, "
         f"EmbeddedReplicaSet in its own process, master {spark.sparkContext.master}, "
-        f"best of {rounds} rounds after a warm-up round [spread]"
+        f"best of {rounds} rounds after {warmup} warm-up round(s) [spread]"
     )
     # A last batch short of max_events would wait max_wait_seconds in the connector: use whole
     # batches (the default 50,000 events are five).
@@ -379,7 +387,7 @@ def end_to_end(
                 runs.on_dataframe(n)
             )
             variants[f"streaming source, partitions={n}"] = lambda n=n: runs.streaming(n)
-        rates = report(timed(variants, rounds), len(documents))
+        rates = report(timed(variants, rounds, warmup), len(documents))
         for name, phases in (("streaming source", runs.stream_phases), ("floor", runs.floor_phases)):
             rows, within, _ = max(phases, key=lambda phase: phase[0] / phase[1])
             print(
@@ -405,6 +413,7 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first (default 1)")
     parser.add_argument("--batch-events", type=int, default=10_000)
     parser.add_argument("--partitions", type=int, nargs="*", default=[])
     parser.add_argument("--master", default="local[2]")
@@ -419,7 +428,14 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    end_to_end(spark, inserted_documents(args.events), args.rounds, args.batch_events, args.partitions)
+    end_to_end(
+        spark,
+        inserted_documents(args.events),
+        args.rounds,
+        args.batch_events,
+        args.partitions,
+        args.warmup_rounds,
+    )
     spark.stop()
 
 
