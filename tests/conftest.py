@@ -22,6 +22,8 @@ import pymongo
 import pytest
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from flowwarden.testing import EmbeddedReplicaSet
 
 REAL_URI = os.environ.get("FLOWWARDEN_TEST_MONGODB_URI") or None
@@ -146,3 +148,37 @@ def mongos(cluster: EmbeddedReplicaSet) -> Iterator[pymongo.MongoClient]:
     """A client of ``cluster``'s mongos (the contract tests have a ``mongos`` of their own)."""
     with pymongo.MongoClient(cluster.uri, serverSelectionTimeoutMS=10_000) as client:
         yield client
+
+
+# One local SparkSession for the whole test run, shared by every test that needs Spark (marked
+# ``spark``): starting Spark costs seconds. Tests must not stop it or change its global settings.
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from flowwarden.spark import get_or_create_session, register
+
+    session = get_or_create_session(
+        "local[2]",
+        app_name="flowwarden-tests",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        },
+    )
+    master = session.sparkContext.master
+    if master != "local[2]":
+        session.stop()
+        pytest.fail(
+            f"a Spark session ({master}) was started before the shared one and left running: a test "
+            "that needs Spark takes the `spark` fixture (and passes it on, e.g. Connector(spark=spark))"
+        )
+    session.sparkContext.setLogLevel("ERROR")
+    import pyspark
+
+    from flowwarden.spark._extra import STREAMING_SOURCE_PYSPARK
+
+    if tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= STREAMING_SOURCE_PYSPARK:
+        register(session)  # scripts/oldest-pyspark runs the DataFrame tests on a PySpark without it
+    yield session
+    session.stop()

@@ -445,11 +445,12 @@ def test_a_concurrent_handler_failing_under_stop_is_not_passed_by_last_seen(mong
                 # stream does not watch), so that any post-batch token read from now on is
                 # distinguishable from 3's time in status().last_seen_time.
                 probes = client[db_name].clock
-                while True:
+
+                def next_second() -> bool:
                     probes.insert_one({}, session=session)
-                    if session.operation_time.time > written:
-                        break
-                    await asyncio.sleep(0.02)
+                    return session.operation_time.time > written
+
+                await wait_until_async(next_second, what="the server's clock to reach its next second")
             # Two empty getMores after that: the second one was sent after the probes.
             reads = empty_reads.count
             await wait_until_async(lambda: empty_reads.count >= reads + 2, what="two empty reads")

@@ -127,7 +127,7 @@ def test_a_client_tolerating_such_text_handles_the_event(
 
 @pytest.mark.spark
 def test_a_dataframe_stream_gives_up_on_that_event_alone(
-    mongodb_uri: str, client: pymongo.MongoClient, db_name: str
+    mongodb_uri: str, client: pymongo.MongoClient, db_name: str, spark: Any
 ) -> None:
     rows: list[Any] = []
 
@@ -139,9 +139,7 @@ def test_a_dataframe_stream_gives_up_on_that_event_alone(
         def write(self, df: Any) -> None:
             rows.extend(df.orderBy("_id").collect())
 
-    with running(
-        mongodb_uri, [Frames], spark_master="local[1]", spark_conf={"spark.ui.enabled": "false"}
-    ) as connector:
+    with running(mongodb_uri, [Frames], spark=spark) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint", timeout=120)
         client[db_name].orders.insert_many(ten_orders())
         wait_until(lambda: events_processed(client, db_name) == 10, what="the batch", timeout=120)
