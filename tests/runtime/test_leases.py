@@ -87,7 +87,13 @@ def test_a_leader_whose_lease_was_taken_is_fenced_and_stands_by(mongodb_uri, cli
         # "z" goes away: a leads again, from the checkpoint, which is still before 1.
         locks.update_one(
             {"_id": "orders", "owner": "z"},
-            {"$set": {"owner": None, "ownerToken": None, "expiresAt": datetime.fromtimestamp(0, timezone.utc)}},
+            {
+                "$set": {
+                    "owner": None,
+                    "ownerToken": None,
+                    "expiresAt": datetime.fromtimestamp(0, timezone.utc),
+                }
+            },
         )
         wait_until(lambda: a.status()["orders"].state == StreamState.RUNNING, what="a to lead again")
         orders.insert_one({"_id": 2})
