@@ -34,11 +34,11 @@ from flowwarden.events import (
 # so either implementation can read the other's checkpoints.
 F_ID = "_id"
 F_INSTANCE = "instanceId"
-F_INSTANCE_TOKEN = "instanceToken"
 F_SEEN_TOKEN = "lastSeenToken"
 F_SEEN_AT = "lastSeenTimestamp"
 F_PROCESSED_TOKEN = "lastProcessedToken"
 F_PROCESSED_AT = "lastProcessedTimestamp"
+F_INSTANCE_TOKEN = "instanceToken"
 F_EVENTS = "eventsProcessed"
 F_EPOCH = "epoch"
 F_UPDATED_AT = "updatedAt"

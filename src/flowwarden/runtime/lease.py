@@ -48,11 +48,10 @@ class Lease:
 
 @dataclass(frozen=True)
 class Holder:
-    """Who the lease document names, as read: the instance id, its token, and until when."""
+    """Who the lease document names, as read: the holder's instance id and its token."""
 
     owner: str | None
     token: str | None
-    expires_at: datetime | None
 
 
 class LeaseManager:
@@ -151,9 +150,5 @@ class LeaseManager:
         doc = await self._coll.find_one({"_id": self.stream})
         if doc is None:
             return None
-        owner, token, expires = doc.get("owner"), doc.get("ownerToken"), doc.get("expiresAt")
-        return Holder(
-            owner=None if owner is None else str(owner),
-            token=None if token is None else str(token),
-            expires_at=expires if isinstance(expires, datetime) else None,
-        )
+        owner, token = doc.get("owner"), doc.get("ownerToken")
+        return Holder(None if owner is None else str(owner), None if token is None else str(token))
