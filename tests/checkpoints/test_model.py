@@ -69,6 +69,7 @@ def test_document_round_trip() -> None:
     checkpoint = Checkpoint(
         stream_id="orders",
         instance_id="host:1",
+        instance_token="host:1:5e6f7a8b",
         last_processed_token=T1,
         last_seen_token=T2,
         events_processed=10,
@@ -80,6 +81,7 @@ def test_document_round_trip() -> None:
     assert document == {
         "_id": "orders",
         "instanceId": "host:1",
+        "instanceToken": "host:1:5e6f7a8b",
         "lastSeenToken": T2,
         "lastSeenTimestamp": token_datetime(T2),
         "lastProcessedToken": T1,
@@ -105,7 +107,7 @@ def test_a_flowwarden_for_java_document_loads() -> None:
     }
     checkpoint = Checkpoint.from_document(document)
     assert checkpoint.stream_id == "OrdersHandler"
-    assert checkpoint.instance_id == "pod-7"
+    assert (checkpoint.instance_id, checkpoint.instance_token) == ("pod-7", None)
     assert checkpoint.resume_token == T2
     assert checkpoint.last_processed_at == datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)
     assert (checkpoint.epoch, checkpoint.events_processed, checkpoint.metadata) == (0, 0, {})

@@ -56,6 +56,7 @@ class TestMongoCheckpointStore(CheckpointStoreContract, SnapshotStoreContract):
         assert set(document) == {
             "_id",
             "instanceId",
+            "instanceToken",
             "lastSeenToken",
             "lastSeenTimestamp",
             "lastProcessedToken",

@@ -46,6 +46,8 @@ def test_status_shows_each_stream_as_the_connector_left_it(capsys, mongodb_uri, 
     stored = checkpoint_doc(client, db_name, "orders")
     assert row["stream"] == "orders" and row["eventsProcessed"] == 7 and row["instanceId"] == "east-1"
     assert row["leaseHolder"] == "east-1"  # single_leader: the running instance holds the lease
+    # The token names the connector itself, which another process given "east-1" would not share.
+    assert row["instanceToken"] == row["leaseHolderToken"] == c.instance_token
     assert row["lastProcessed"].startswith(stored["lastProcessedTimestamp"].isoformat()[:19])
     assert 0 <= row["secondsBehind"] < 60 and row["inOplog"] is True and row["unreadable"] is None
     # Stopped, the lease was given back; the table says the same as the JSON.
@@ -54,7 +56,8 @@ def test_status_shows_each_stream_as_the_connector_left_it(capsys, mongodb_uri, 
     assert code == ExitCode.CLEAN_STOP
     line = next(line for line in table.splitlines() if "orders" in line and "│" in line)
     cells = [cell.strip() for cell in line.strip("│").split("│")]
-    assert cells[0] == "orders" and cells[4] == "7" and cells[5] == "east-1" and cells[6] == "-"
+    assert cells[0] == "orders" and cells[4] == "7" and cells[6] == "-"
+    assert cells[5] == f"east-1 ({c.instance_token})"
     assert cells[7] == "yes"
 
 

@@ -280,6 +280,31 @@ def test_a_second_instance_writing_the_same_checkpoint_is_named_in_a_warning(
     assert "'east'" in warning and "'west'" in warning and "single_leader" in warning
 
 
+def test_a_second_process_with_the_same_instance_id_writing_the_checkpoint_is_warned_about(
+    mongodb_uri, client, db_name, caplog
+):
+    """Two connectors configured with one instance id are still two writers: their instance
+    tokens tell them apart, and the warning says that the ids are the same."""
+    store = InMemoryCheckpointStore()
+    handler, seen = recording_handler(db_name, save_every_n=1, save_interval_seconds=0.2)
+    caplog.set_level(logging.WARNING, logger="flowwarden")
+    with (
+        running(mongodb_uri, [handler], instance_id="orders-1", checkpoint_store=store) as east,
+        running(mongodb_uri, [handler], instance_id="orders-1", checkpoint_store=store) as west,
+    ):
+        for i in range(20):
+            client[db_name].orders.insert_one({"_id": i})
+        wait_until(lambda: len(seen) >= 40, what="both connectors handling every event")
+        wait_until(
+            lambda: any("also writes this stream's checkpoint" in r.getMessage() for r in caplog.records),
+            timeout=10,
+            what="the warning",
+        )
+    warning = next(r.getMessage() for r in caplog.records if "also writes" in r.getMessage())
+    assert "same instance id 'orders-1'" in warning and "single_leader" in warning
+    assert east.instance_token in warning and west.instance_token in warning
+
+
 def test_one_instance_after_another_is_not_mistaken_for_two_writers(mongodb_uri, client, db_name, caplog):
     store = InMemoryCheckpointStore()
     handler, seen = recording_handler(db_name, save_every_n=1, save_interval_seconds=0.2)

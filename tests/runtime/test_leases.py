@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 
 from flowwarden import ChangeEvent, StreamState, change_stream, checkpoint, on_change
@@ -71,6 +72,7 @@ def test_a_leader_whose_lease_was_taken_is_fenced_and_stands_by(mongodb_uri, cli
             {
                 "$set": {
                     "owner": "z",
+                    "ownerToken": "host-z:1:0000",
                     "epoch": taken,
                     "expiresAt": datetime.now(timezone.utc) + timedelta(hours=1),
                 }
@@ -85,7 +87,13 @@ def test_a_leader_whose_lease_was_taken_is_fenced_and_stands_by(mongodb_uri, cli
         # "z" goes away: a leads again, from the checkpoint, which is still before 1.
         locks.update_one(
             {"_id": "orders", "owner": "z"},
-            {"$set": {"owner": None, "expiresAt": datetime.fromtimestamp(0, timezone.utc)}},
+            {
+                "$set": {
+                    "owner": None,
+                    "ownerToken": None,
+                    "expiresAt": datetime.fromtimestamp(0, timezone.utc),
+                }
+            },
         )
         wait_until(lambda: a.status()["orders"].state == StreamState.RUNNING, what="a to lead again")
         orders.insert_one({"_id": 2})
@@ -95,3 +103,57 @@ def test_a_leader_whose_lease_was_taken_is_fenced_and_stands_by(mongodb_uri, cli
     assert seen == [("a", 0), ("a", 1), ("a", 2)]
     assert locks.find_one({"_id": "orders"})["epoch"] == taken + 1
     assert checkpoint_doc(client, db_name, "orders")["epoch"] == taken + 1
+
+
+def test_two_connectors_with_one_instance_id_hold_the_lease_one_at_a_time(
+    mongodb_uri, client, db_name, caplog
+):
+    """The lease belongs to a connector, not to its configured name: a second connector with
+    the same instance id stands by, says why, and never takes the live lease over."""
+    seen: list[tuple[str, int]] = []
+    orders = client[db_name]["orders"]
+    locks = client[db_name]["_fw_locks"]
+    caplog.set_level(logging.INFO, logger="flowwarden")
+    with running(mongodb_uri, [leader_handler(db_name, seen, "first")], instance_id="orders-1") as first:
+        wait_until(lambda: first.status()["orders"].state == StreamState.RUNNING, what="the first leads")
+        second_handler = leader_handler(db_name, seen, "second")
+        with running(mongodb_uri, [second_handler], instance_id="orders-1") as second:
+            wait_until(
+                lambda: second.status()["orders"].state == StreamState.STANDBY, what="the second stands by"
+            )
+            assert first.instance_token != second.instance_token
+            why = second.status()["orders"].reason
+            assert why is not None and "same instance id 'orders-1'" in why, why
+            warning = wait_until(
+                lambda: next(
+                    (r.getMessage() for r in caplog.records if "same instance id" in r.getMessage()), None
+                ),
+                what="the line saying why the second stands by",
+            )
+            assert "'orders-1'" in warning and "another process" in warning and "holds the lease" in warning
+            # Over several renewals (a new expiresAt each, every third of the 1.5 s TTL) and as
+            # many attempts of the second to acquire, the lease stays with the first, same epoch.
+            lock = locks.find_one({"_id": "orders"})
+            epoch, renewals = lock["epoch"], {lock["expiresAt"]}
+
+            def renewed_four_times() -> bool:
+                now = locks.find_one({"_id": "orders"})
+                assert now["epoch"] == epoch, f"the lease changed hands: epoch {epoch} -> {now['epoch']}"
+                renewals.add(now["expiresAt"])
+                return len(renewals) >= 5
+
+            wait_until(renewed_four_times, what="four renewals of the first's lease")
+            assert lock["owner"] == "orders-1" and lock["ownerToken"] == first.instance_token
+            orders.insert_many([{"_id": i} for i in range(20)])
+            wait_until(lambda: ("first", 19) in seen, what="the first to handle the 20 events")
+            assert second.status()["orders"].state == StreamState.STANDBY
+            assert second.status()["orders"].events_processed == 0
+            first.stop()
+            wait_until(
+                lambda: second.status()["orders"].state == StreamState.RUNNING, what="the second takes over"
+            )
+            assert second.status()["orders"].reason is None
+            orders.insert_many([{"_id": i} for i in range(20, 30)])
+            wait_until(lambda: ("second", 29) in seen, what="events after the takeover")
+    assert seen == [("first", i) for i in range(20)] + [("second", i) for i in range(20, 30)]
+    assert locks.find_one({"_id": "orders"})["epoch"] == epoch + 1

@@ -18,19 +18,21 @@ import pytest
 
 from flowwarden.events import token_cluster_time
 
-from .conftest import checkpoint_doc, run_connector, wait_until
+from .conftest import ChildLog, checkpoint_doc, run_connector, wait_until
 from .conftest import handled as handled_lines
 
 WORKER = Path(__file__).with_name("worker.py")
 
 
-def start_worker(uri: str, db: str, log: Path, save_every_n: int, *options: str) -> subprocess.Popen[str]:
+def start_worker(
+    uri: str, db: str, log: Path, save_every_n: int, *options: str, stderr: int = subprocess.DEVNULL
+) -> subprocess.Popen[str]:
     """tests/runtime/worker.py in a process of its own; ``options`` as that script takes them."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
         [sys.executable, str(WORKER), uri, db, str(log), str(save_every_n), *options],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         text=True,
         env=env,
     )
@@ -211,3 +213,66 @@ def test_standby_takes_over_when_the_leader_is_killed(mongodb_uri, client, db_na
     # b handled nothing while a led, then went on from a's last save: b handles in order, so
     # anything it handled twice or before its turn would be in the log before its 79.
     assert handled_by(log) == [("a", i) for i in range(50)] + [("b", i) for i in range(50, 80)]
+
+
+@pytest.mark.slow
+def test_a_process_with_the_leaders_instance_id_stands_by_and_takes_over_when_it_is_killed(
+    mongodb_uri, client, db_name, tmp_path
+):
+    """Two processes configured with one instance id: the second neither takes the live lease
+    nor handles anything while the first runs, and says why; SIGKILLed, the first's lease
+    expires and the second goes on from its last save."""
+    log = tmp_path / "handled.log"
+    b_states = tmp_path / "b.states"
+    orders = client[db_name]["orders"]
+    locks = client[db_name]["_fw_locks"]
+    shared_id = ("--instance-id", "orders-1")
+    leader = start_worker(mongodb_uri, db_name, log, 1, "--single-leader", "a", *shared_id)
+    standby = None
+    try:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), timeout=30, what="a leads")
+        standby = start_worker(
+            mongodb_uri,
+            db_name,
+            log,
+            1,
+            "--single-leader",
+            "b",
+            *shared_id,
+            "--states",
+            str(b_states),
+            stderr=subprocess.PIPE,
+        )
+        b_log = ChildLog(standby.stderr)
+        wait_until(lambda: "STANDBY" in states(b_states), timeout=30, what="b to stand by")
+        b_log.wait_for("another process with the same instance id 'orders-1' holds the lease")
+        # While b tries again every third of the 2 s TTL, a renews (a new expiresAt each time)
+        # under the epoch it acquired: the lease does not change hands.
+        lease = locks.find_one({"_id": "orders"})
+        epoch, renewals = lease["epoch"], {lease["expiresAt"]}
+
+        def renewed_four_times() -> bool:
+            now = locks.find_one({"_id": "orders"})
+            assert now["epoch"] == epoch, f"the lease changed hands: epoch {epoch} -> {now['epoch']}"
+            renewals.add(now["expiresAt"])
+            return len(renewals) >= 5
+
+        wait_until(renewed_four_times, what="four renewals of a's lease")
+        orders.insert_many([{"_id": i} for i in range(50)])
+        wait_until(lambda: ("a", 49) in handled_by(log), what="a to handle 50 events")
+        wait_until(
+            lambda: checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 50, what="a's saves"
+        )
+        assert states(b_states)[-1] == "STANDBY" and "RUNNING" not in states(b_states)
+        leader.send_signal(signal.SIGKILL)
+        leader.wait()
+        orders.insert_many([{"_id": i} for i in range(50, 80)])
+        wait_until(lambda: ("b", 79) in handled_by(log), timeout=30, what="b to take over")
+    finally:
+        for p in (leader, standby):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+    # b handled nothing while a led, then went on from a's last save, each event once.
+    assert handled_by(log) == [("a", i) for i in range(50)] + [("b", i) for i in range(50, 80)]
+    assert locks.find_one({"_id": "orders"})["epoch"] == epoch + 1  # one takeover, by b

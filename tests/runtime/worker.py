@@ -1,14 +1,16 @@
 """A connector process for the crash and signal tests.
 
     python tests/runtime/worker.py URI DATABASE LOG_FILE SAVE_EVERY_N
-        [--single-leader INSTANCE] [--handle-seconds SECONDS] [--states STATE_FILE]
+        [--single-leader INSTANCE] [--instance-id ID] [--handle-seconds SECONDS] [--states STATE_FILE]
 
 Appends one line per handled event ("<instance> <_id>") to LOG_FILE, flushed at once, so the file
 holds every handling that finished even when the process is killed with SIGKILL.
 
 ``--single-leader``: run the stream with a lease, as instance INSTANCE (default: every instance
-runs it, as "w"). ``--handle-seconds``: each event takes that long to handle, so that a test can
-kill the process while it is in the middle of what was written. ``--states``: append the stream's
+runs it, as "w"). ``--instance-id``: configure the connector with ID instead (the log lines still
+name INSTANCE), so that two processes can share one id. ``--handle-seconds``: each event takes
+that long to handle, so that a test can kill the process while it is in the middle of what was
+written. ``--states``: append the stream's
 state to STATE_FILE each time it changes (RUNNING, STANDBY, ...), so a test can wait for it.
 """
 
@@ -40,6 +42,7 @@ def main() -> int:
     parser.add_argument("log")
     parser.add_argument("save_every_n", type=int)
     parser.add_argument("--single-leader", metavar="INSTANCE")
+    parser.add_argument("--instance-id")
     parser.add_argument("--handle-seconds", type=float, default=0.0)
     parser.add_argument("--states")
     args = parser.parse_args()
@@ -63,7 +66,7 @@ def main() -> int:
                 time.sleep(handle_seconds)
             log.write(f"{instance} {event.document_key['_id']}\n")
 
-    connector = Connector(args.uri, [Worker], instance_id=instance)
+    connector = Connector(args.uri, [Worker], instance_id=args.instance_id or instance)
     if args.states:
         states = open(args.states, "a", buffering=1)
         threading.Thread(target=report_states, args=(connector, states), daemon=True).start()

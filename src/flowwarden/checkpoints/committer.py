@@ -83,6 +83,7 @@ class CheckpointCommitter:
         save_interval_seconds: float,
         epoch: int = 0,
         instance_id: str | None = None,
+        instance_token: str | None = None,
         initial: Checkpoint | None = None,
         on_save_error: SaveErrorCallback | None = None,
         on_saved: Callable[[float], None] | None = None,
@@ -117,6 +118,7 @@ class CheckpointCommitter:
         self.save_interval_seconds = float(save_interval_seconds)
         self.epoch = epoch
         self.instance_id = instance_id
+        self.instance_token = instance_token
         self.max_consecutive_failures = max_consecutive_failures
         self._store = store
         self._on_save_error = on_save_error
@@ -501,6 +503,7 @@ class CheckpointCommitter:
             checkpoint = Checkpoint(
                 stream_id=self.stream_id,
                 instance_id=self.instance_id,
+                instance_token=self.instance_token,
                 last_processed_token=token,
                 events_processed=self._events_base + frontier,
                 epoch=self.epoch,

@@ -38,6 +38,7 @@ F_SEEN_TOKEN = "lastSeenToken"
 F_SEEN_AT = "lastSeenTimestamp"
 F_PROCESSED_TOKEN = "lastProcessedToken"
 F_PROCESSED_AT = "lastProcessedTimestamp"
+F_INSTANCE_TOKEN = "instanceToken"
 F_EVENTS = "eventsProcessed"
 F_EPOCH = "epoch"
 F_UPDATED_AT = "updatedAt"
@@ -178,6 +179,9 @@ class Checkpoint:
 
     stream_id: str
     instance_id: str | None = None
+    instance_token: str | None = None
+    """The connector that wrote the processed position (``Connector.instance_token``): two
+    processes given the same ``instance_id`` still write different tokens."""
     last_processed_token: ResumeToken | None = None
     last_processed_at: datetime | None = None
     last_seen_token: ResumeToken | None = None
@@ -234,6 +238,7 @@ class Checkpoint:
         document = {
             F_ID: self.stream_id,
             F_INSTANCE: self.instance_id,
+            F_INSTANCE_TOKEN: self.instance_token,
             F_SEEN_TOKEN: copy_token(self.last_seen_token),
             F_SEEN_AT: self.last_seen_at,
             F_PROCESSED_TOKEN: copy_token(self.last_processed_token),
@@ -271,9 +276,11 @@ class Checkpoint:
             if not isinstance(metadata, Mapping):
                 raise ValueError(f"metadata must be a document, got {type(metadata).__name__}")
             instance = document.get(F_INSTANCE)
+            instance_token = document.get(F_INSTANCE_TOKEN)
             return cls(
                 stream_id=stream_id,
                 instance_id=None if instance is None else str(instance),
+                instance_token=None if instance_token is None else str(instance_token),
                 last_processed_token=_read_token(document.get(F_PROCESSED_TOKEN), F_PROCESSED_TOKEN),
                 last_processed_at=_read_time(document.get(F_PROCESSED_AT), F_PROCESSED_AT),
                 last_seen_token=_read_token(document.get(F_SEEN_TOKEN), F_SEEN_TOKEN),

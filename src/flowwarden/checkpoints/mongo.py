@@ -35,6 +35,7 @@ from flowwarden.checkpoints.model import (
     F_EVENTS,
     F_ID,
     F_INSTANCE,
+    F_INSTANCE_TOKEN,
     F_METADATA,
     F_PROCESSED_AT,
     F_PROCESSED_TOKEN,
@@ -83,6 +84,7 @@ def _token_older_than(field: str, data: str) -> dict[str, Any]:
 # What a record holds where a write creates it (an upsert): every field the write does not set.
 _NEW_RECORD: dict[str, Any] = {
     F_INSTANCE: None,
+    F_INSTANCE_TOKEN: None,
     F_PROCESSED_TOKEN: None,
     F_PROCESSED_AT: None,
     F_SEEN_TOKEN: None,
@@ -111,6 +113,7 @@ def _save_write(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]
     update = _upsert_update(
         {
             F_INSTANCE: checkpoint.instance_id,
+            F_INSTANCE_TOKEN: checkpoint.instance_token,
             F_PROCESSED_TOKEN: copy_token(checkpoint.last_processed_token),
             F_PROCESSED_AT: checkpoint.last_processed_at,
             F_EVENTS: checkpoint.events_processed,

@@ -54,6 +54,7 @@ def apply_save(
     return SaveResult.STORED, Checkpoint(
         stream_id=checkpoint.stream_id,
         instance_id=checkpoint.instance_id,
+        instance_token=checkpoint.instance_token,
         last_processed_token=checkpoint.last_processed_token,
         last_processed_at=checkpoint.last_processed_at,
         last_seen_token=None if current is None else current.last_seen_token,

@@ -241,6 +241,7 @@ def _listing(checkpoint: Any) -> dict[str, Any]:
         "eventsProcessed": checkpoint.events_processed,
         "epoch": checkpoint.epoch,
         "instanceId": checkpoint.instance_id,
+        "instanceToken": checkpoint.instance_token,
     }
 
 

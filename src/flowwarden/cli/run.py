@@ -111,7 +111,8 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
     parser.add_argument(
         "--instance-id",
         default=None,
-        help="this process's name in checkpoints and leases (default: generated)",
+        help="this process's name in checkpoints, leases and logs (default: generated); give each "
+        "process its own",
     )
     parser.add_argument(
         "--checkpoint-database",

@@ -55,7 +55,9 @@ class Settings(BaseSettings):
     )
     uri_file: Path | None = Field(None, description="a file holding the URI (a mounted secret)")
     instance_id: str | None = Field(
-        None, description="this process's name in checkpoints and leases (default: generated)"
+        None,
+        description="this process's name in checkpoints, leases and logs (default: generated); "
+        "give each process its own",
     )
     checkpoint_database: str = Field(
         DEFAULT_CHECKPOINT_DATABASE,

@@ -5,6 +5,9 @@ clock. A stream whose resume position is older than the oplog's oldest entry can
 history is lost, and the command exits 2 so that scripts and alerts notice. Where the oplog cannot
 be read (a user without read on ``local``; through a mongos, on a shard) the command says so and
 judges nothing.
+
+Instances are shown by their configured instance id and their instance token (``host:pid:random``,
+one per connector): two processes given the same id are told apart by the token.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def _row(
 ) -> dict[str, Any]:
     from flowwarden.events import token_cluster_time
 
+    holder, holder_token = _holder(lease, now)
     row: dict[str, Any] = {
         "stream": stream,
         "lastProcessed": None,
@@ -73,7 +77,9 @@ def _row(
         "secondsBehind": None,
         "eventsProcessed": None,
         "instanceId": None,
-        "leaseHolder": _holder(lease, now),
+        "instanceToken": None,
+        "leaseHolder": holder,
+        "leaseHolderToken": holder_token,
         "inOplog": None,
         "snapshot": None,
         "unreadable": reason,
@@ -85,6 +91,7 @@ def _row(
         lastSeen=_iso(checkpoint.last_seen_at),
         eventsProcessed=checkpoint.events_processed,
         instanceId=checkpoint.instance_id,
+        instanceToken=checkpoint.instance_token,
     )
     if checkpoint.snapshot is not None:
         progress = checkpoint.snapshot
@@ -100,14 +107,22 @@ def _row(
     return row
 
 
-def _holder(lease: dict[str, Any] | None, now: Timestamp | None) -> str | None:
-    """Who holds the stream's single-leader lease, if anyone does now."""
+def _holder(lease: dict[str, Any] | None, now: Timestamp | None) -> tuple[str | None, str | None]:
+    """Who holds the stream's single-leader lease, if anyone does now: its instance id and token."""
     if lease is None or lease.get("owner") is None:
-        return None
+        return None, None
     expires = lease.get("expiresAt")
     if isinstance(expires, datetime) and now is not None and expires.timestamp() <= now.time:
-        return None
-    return str(lease["owner"])
+        return None, None
+    token = lease.get("ownerToken")
+    return str(lease["owner"]), None if token is None else str(token)
+
+
+def _instance_text(instance: str | None, token: str | None) -> str:
+    """An instance for the table: "orders-1 (host:pid:random)", the id alone without a token."""
+    if instance is None:
+        return "-"
+    return instance if token is None else f"{instance} ({token})"
 
 
 def _snapshot_text(snapshot: dict[str, Any] | None) -> str:
@@ -151,8 +166,8 @@ def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp 
             "-" if row["secondsBehind"] is None else f"{row['secondsBehind']:,}",
             row["lastSeen"] or "-",
             f"{row['eventsProcessed']:,}",
-            row["instanceId"] or "-",
-            row["leaseHolder"] or "-",
+            _instance_text(row["instanceId"], row["instanceToken"]),
+            _instance_text(row["leaseHolder"], row["leaseHolderToken"]),
             {True: "yes", False: "NO: history lost", None: "?"}[row["inOplog"]],
             _snapshot_text(row["snapshot"]),
         )
@@ -170,8 +185,9 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
         help="every stream's position, lag and lease, as the deployment sees it now",
         description="Print every stream of a checkpoint collection: when its last processed and last "
         "seen events happened, how many seconds its resume position is behind the cluster's "
-        "current time, events processed, the instance that saved it, the holder of its lease, and "
-        "whether its position is still in the oplog. Exits 2 when a position has left the oplog "
+        "current time, events processed, the instance that saved it and the holder of its lease "
+        "(each by instance id and instance token, which tells apart processes given the same id), "
+        "and whether its position is still in the oplog. Exits 2 when a position has left the oplog "
         "(its history is lost), 1 when a document cannot be read.",
     )
     parser.add_argument("--database", required=True, help="the database holding the checkpoint collection")

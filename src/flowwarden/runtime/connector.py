@@ -26,7 +26,7 @@ from flowwarden.partitions import partition_specs
 from flowwarden.positions import maybe_await, reachable
 from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
 from flowwarden.runtime.dead_letter import DeadLetterWriter
-from flowwarden.runtime.lease import LOCKS_COLLECTION
+from flowwarden.runtime.lease import LOCKS_COLLECTION, instance_token
 from flowwarden.runtime.metrics import COLLECTOR, StreamMetrics
 from flowwarden.runtime.observability import Observability
 from flowwarden.runtime.status import StreamState, StreamStatus
@@ -104,6 +104,9 @@ class Connector:
                 option="handlers",
             )
         self.instance_id = instance_id or f"fw-{uuid.uuid4().hex[:12]}"
+        self.instance_token = instance_token()
+        """This connector's own name in leases and checkpoints (``host:pid:random``): unlike
+        ``instance_id``, which is configured and may be shared, no other connector has it."""
         self._checkpoint_store = checkpoint_store
         self._checkpoint_database = checkpoint_database
         self._spark = spark
@@ -343,6 +346,7 @@ class Connector:
             client=client,
             store=AwaitableStore(store),
             instance_id=self.instance_id,
+            instance_token=self.instance_token,
             locks_collection=db[LOCKS_COLLECTION],
             dead_letters=dead_letters,
             spark_provider=self._spark_session if spec.dataframe is not None else None,

@@ -1,9 +1,13 @@
 """Single-leader leases: one active instance per stream, through documents in ``_fw_locks``.
 
-A lease document is ``{_id: <stream>, owner, epoch, expiresAt, acquiredAt}``. Acquiring a free or
-expired lease increments ``epoch``; renewing keeps it. The epoch goes with every checkpoint write
-of the holder, so an instance that lost its lease is fenced by the checkpoint store even if it has
-not noticed yet.
+A lease document is ``{_id: <stream>, owner, ownerToken, epoch, expiresAt, acquiredAt}``: ``owner``
+is the holder's configured instance id, for people to read; ``ownerToken`` names the holder itself,
+one connector object (:func:`instance_token`), so that two processes given the same instance id are
+still two holders. A live lease is taken only by the token that holds it (a stream of the holder
+that re-opens), never by another connector, whatever its instance id; anyone takes a free or
+expired one. Acquiring increments ``epoch``; renewing keeps it. The epoch goes with every
+checkpoint write of the holder, so an instance that lost its lease is fenced by the checkpoint
+store even if it has not noticed yet.
 
 The holder also fences itself: it treats the lease as lost once ``ttl`` has passed since its last
 successful renewal, whether or not the server can be reached. Renewals run every third of the TTL,
@@ -15,6 +19,9 @@ well within the TTL (NTP does this).
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -25,20 +32,40 @@ from pymongo.errors import DuplicateKeyError
 LOCKS_COLLECTION = "_fw_locks"
 
 
+def instance_token() -> str:
+    """A new token naming one connector: ``host:pid:random``, unique even among connectors that
+    share a host, a process and an instance id; the host and pid tell an operator where it runs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
 @dataclass(frozen=True)
 class Lease:
     stream: str
     owner: str
+    token: str
     epoch: int
 
 
-class LeaseManager:
-    """Acquires, renews and releases the lease of one stream for one instance."""
+@dataclass(frozen=True)
+class Holder:
+    """Who the lease document names, as read: the holder's instance id and its token."""
 
-    def __init__(self, collection: Any, stream: str, owner: str, ttl_seconds: float) -> None:
+    owner: str | None
+    token: str | None
+
+
+class LeaseManager:
+    """Acquires, renews and releases the lease of one stream for one connector.
+
+    ``owner`` is the connector's instance id, ``token`` its :func:`instance_token`: only the token
+    decides whose lease it is.
+    """
+
+    def __init__(self, collection: Any, stream: str, owner: str, token: str, ttl_seconds: float) -> None:
         self._coll = collection
         self.stream = stream
         self.owner = owner
+        self.token = token
         self.ttl = ttl_seconds
         self.lease: Lease | None = None
         self._valid_until = 0.0  # monotonic deadline of the held lease
@@ -52,18 +79,22 @@ class LeaseManager:
         return self.lease is not None and time.monotonic() < self._valid_until
 
     async def try_acquire(self) -> Lease | None:
-        """Take the lease if nobody holds it or the holder's lease expired; None if another holds it."""
+        """Take the lease if nobody holds it, its holder's lease expired, or this connector holds
+        it already; None if another connector holds it (:meth:`holder` says which)."""
         now = datetime.now(timezone.utc)
         started = time.monotonic()
         try:
             doc = await self._coll.find_one_and_update(
                 {
                     "_id": self.stream,
-                    "$or": [{"expiresAt": {"$lt": now}}, {"owner": None}, {"owner": self.owner}],
+                    # The token, not the instance id: another process configured with the same
+                    # id must wait for expiry like any other, or both would lead by turns.
+                    "$or": [{"expiresAt": {"$lt": now}}, {"owner": None}, {"ownerToken": self.token}],
                 },
                 {
                     "$set": {
                         "owner": self.owner,
+                        "ownerToken": self.token,
                         "expiresAt": now + timedelta(seconds=self.ttl),
                         "acquiredAt": now,
                     },
@@ -73,11 +104,11 @@ class LeaseManager:
                 return_document=True,
             )
         except DuplicateKeyError:
-            # The document exists and its live lease belongs to another instance.
+            # The document exists and its live lease belongs to another connector.
             return None
         if doc is None:
             return None
-        self.lease = Lease(self.stream, self.owner, int(doc["epoch"]))
+        self.lease = Lease(self.stream, self.owner, self.token, int(doc["epoch"]))
         self._valid_until = started + self.ttl
         return self.lease
 
@@ -88,7 +119,7 @@ class LeaseManager:
         now = datetime.now(timezone.utc)
         started = time.monotonic()
         result = await self._coll.update_one(
-            {"_id": self.stream, "owner": self.owner, "epoch": self.lease.epoch},
+            {"_id": self.stream, "ownerToken": self.token, "epoch": self.lease.epoch},
             {"$set": {"expiresAt": now + timedelta(seconds=self.ttl)}},
         )
         if result.matched_count != 1:
@@ -103,6 +134,21 @@ class LeaseManager:
             return
         lease, self.lease = self.lease, None
         await self._coll.update_one(
-            {"_id": self.stream, "owner": self.owner, "epoch": lease.epoch},
-            {"$set": {"owner": None, "expiresAt": datetime.fromtimestamp(0, timezone.utc)}},
+            {"_id": self.stream, "ownerToken": self.token, "epoch": lease.epoch},
+            {
+                "$set": {
+                    "owner": None,
+                    "ownerToken": None,
+                    "expiresAt": datetime.fromtimestamp(0, timezone.utc),
+                }
+            },
         )
+
+    async def holder(self) -> Holder | None:
+        """Who the lease document names now (None without one); the holder's lease may have
+        expired meanwhile."""
+        doc = await self._coll.find_one({"_id": self.stream})
+        if doc is None:
+            return None
+        owner, token = doc.get("owner"), doc.get("ownerToken")
+        return Holder(None if owner is None else str(owner), None if token is None else str(token))

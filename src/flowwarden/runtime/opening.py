@@ -72,7 +72,6 @@ class StreamOpener:
         *,
         client: Any,
         store: AwaitableStore,
-        instance_id: str,
         log: StreamLog,
         batch_wait_seconds: float | None,
     ) -> None:
@@ -80,7 +79,6 @@ class StreamOpener:
         self.name = spec.name
         self._client = client
         self._store = store
-        self._instance_id = instance_id
         self.log = log
         self._batch_wait_seconds = batch_wait_seconds
         self.first_run = True
@@ -357,7 +355,8 @@ class StreamOpener:
         saved = await self._store.save(
             Checkpoint(
                 stream_id=self.name,
-                instance_id=self._instance_id,
+                instance_id=committer.instance_id,
+                instance_token=committer.instance_token,
                 last_processed_token=dict(token),
                 last_processed_at=token_datetime(token),
                 events_processed=events_processed,

@@ -1,11 +1,15 @@
 """Who may run a stream: the single-leader lease, or a watch for a second writer without one.
 
-With ``deployment="single_leader"`` a stream runs only while this instance holds its lease
+With ``deployment="single_leader"`` a stream runs only while this connector holds its lease
 (:class:`~flowwarden.runtime.lease.LeaseManager`): :meth:`Ownership.acquire` stands by until it
-does, :meth:`Ownership.keep` renews it and says when it is lost, and every checkpoint write
-carries the lease's epoch so a former leader is fenced. Without a lease, nothing stops two
-instances from running one stream; :meth:`Ownership.keep` then watches the checkpoint and warns,
-naming both instances, when another one writes it.
+does, saying who holds it, :meth:`Ownership.keep` renews it and says when it is lost, and every
+checkpoint write carries the lease's epoch so a former leader is fenced. Without a lease, nothing
+stops two connectors from running one stream; :meth:`Ownership.keep` then watches the checkpoint
+and warns, naming both, when another one writes it.
+
+A connector is told apart from others by its instance token, never by its instance id alone:
+two processes configured with the same instance id are two connectors, for the lease and for the
+watch alike.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Deployment
 from flowwarden.runtime.context import StreamLog
-from flowwarden.runtime.lease import LeaseManager
+from flowwarden.runtime.lease import Holder, LeaseManager
 from flowwarden.spec import StreamSpec
 
 
@@ -34,23 +38,27 @@ class Ownership:
         locks_collection: Any,
         store: AwaitableStore,
         instance_id: str,
+        instance_token: str,
         log: StreamLog,
         stopping: asyncio.Event,
     ) -> None:
         self.name = spec.name
         self._store = store
         self._instance_id = instance_id
+        self._instance_token = instance_token
         self.log = log
         self._stopping = stopping
         self._save_interval = spec.checkpoint.save_interval_seconds
         self.lease = (
-            LeaseManager(locks_collection, spec.name, instance_id, spec.stream.lease_ttl_seconds)
+            LeaseManager(
+                locks_collection, spec.name, instance_id, instance_token, spec.stream.lease_ttl_seconds
+            )
             if spec.stream.deployment == Deployment.SINGLE_LEADER
             else None
         )
         self.lost = False
         """The lease was held and is not any more: the stream must stop reading."""
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, str | None]] = set()
 
     @property
     def epoch(self) -> int | None:
@@ -66,12 +74,15 @@ class Ownership:
         self.lease.lease = None
         return True
 
-    async def acquire(self, standing_by: Callable[[str | None], None]) -> bool:
-        """Stand by until this instance holds the lease (at once without one); False if stopped
-        meanwhile. ``standing_by(error)`` hears each round spent waiting."""
+    async def acquire(self, standing_by: Callable[[str | None, str | None], None]) -> bool:
+        """Stand by until this connector holds the lease (at once without one); False if stopped
+        meanwhile. ``standing_by(error, reason)`` hears each round spent waiting: the error the
+        round met, if any, and why the stream waits (who holds the lease)."""
         lease = self.lease
         if lease is None:
             return True
+        reason: str | None = None
+        told: tuple[str | None, str | None] | None = None  # the holder the log last named
         while not self._stopping.is_set():
             error = None
             try:
@@ -79,14 +90,52 @@ class Ownership:
                     self.lost = False
                     self.log.info("stream %s: lease acquired (epoch %s)", self.name, self.epoch)
                     return True
+                holder = await lease.holder()
+                reason = self._standing_by_reason(holder)
+                if holder is not None and holder.owner is not None and (holder.owner, holder.token) != told:
+                    told = (holder.owner, holder.token)
+                    self._tell_holder(holder)
             except PyMongoError as failure:
                 error = f"lease: {type(failure).__name__}: {failure}"
-            standing_by(error)
+            standing_by(error, reason)
             try:
                 await asyncio.wait_for(self._stopping.wait(), lease.renew_interval)
             except asyncio.TimeoutError:
                 pass
         return False
+
+    def _standing_by_reason(self, holder: Holder | None) -> str:
+        if holder is None or holder.owner is None:
+            return "standing by for the lease"
+        token = holder.token or "no instance token"
+        if holder.owner == self._instance_id:
+            return (
+                f"standing by: another process with the same instance id {holder.owner!r} holds the "
+                f"lease ({token})"
+            )
+        return f"standing by: instance {holder.owner!r} holds the lease ({token})"
+
+    def _tell_holder(self, holder: Holder) -> None:
+        """Log who holds the lease, once per holder: a WARNING when it has this connector's
+        instance id, which then no longer tells the two processes apart."""
+        if holder.owner != self._instance_id:
+            self.log.info(
+                "stream %s: instance %r (%s) holds the lease; standing by until it stops or its lease "
+                "expires",
+                self.name,
+                holder.owner,
+                holder.token or "no instance token",
+            )
+            return
+        self.log.warning(
+            "stream %s: another process with the same instance id %r holds the lease (%s; this "
+            "process is %s); standing by until it stops or its lease expires. Give each process its "
+            "own instance_id so that checkpoints, logs and `flowwarden status` tell them apart",
+            self.name,
+            holder.owner,
+            holder.token or "no instance token",
+            self._instance_token,
+        )
 
     async def keep(
         self, committer: Callable[[], CheckpointCommitter | None], on_lost: Callable[[], None]
@@ -122,9 +171,10 @@ class Ownership:
             )
 
     async def _watch_for_other_writers(self, committer: Callable[[], CheckpointCommitter | None]) -> None:
-        """Every processed save writes this instance's id into the record; once this run has
-        saved, any other id found there was written since by someone else, who handles the same
-        events and overwrites this instance's positions."""
+        """Every processed save writes this connector's instance id and token into the record;
+        once this run has saved, any other id or token found there was written since by someone
+        else, who handles the same events and overwrites this connector's positions. A record
+        without a token (a store that does not keep it, FlowWarden for Java) is judged by its id."""
         interval = max(self._save_interval or 5.0, 1.0)
         while True:
             await asyncio.sleep(interval)
@@ -135,18 +185,42 @@ class Ownership:
                 stored = await self._store.load(self.name)
             except Exception:  # the committer reports a store in trouble
                 continue
-            other = stored.instance_id if stored is not None else None
-            self.log.debug("stream %s: checked for other writers; last saved by %r", self.name, other)
-            if other is None or other == self._instance_id or other in self._warned:
+            if stored is None or stored.instance_id is None:
                 continue
-            self._warned.add(other)
-            self.log.warning(
-                "stream %s: instance %r also writes this stream's checkpoint (this instance is %r): both "
-                "handle every event and overwrite each other's positions. Run one instance per stream, "
-                "or set @change_stream(deployment='single_leader') so that one instance at a time holds it",
+            other, token = stored.instance_id, stored.instance_token
+            self.log.debug(
+                "stream %s: checked for other writers; last saved by %r (%s)",
                 self.name,
                 other,
-                self._instance_id,
+                token or "no instance token",
+            )
+            ours = other == self._instance_id and token in (None, self._instance_token)
+            if ours or (other, token) in self._warned:
+                continue
+            self._warned.add((other, token))
+            advice = (
+                "Run one instance per stream, or set @change_stream(deployment='single_leader') so that "
+                "one instance at a time holds it"
+            )
+            if other != self._instance_id:
+                self.log.warning(
+                    "stream %s: instance %r also writes this stream's checkpoint (this instance is %r): "
+                    "both handle every event and overwrite each other's positions. %s",
+                    self.name,
+                    other,
+                    self._instance_id,
+                    advice,
+                )
+                continue
+            self.log.warning(
+                "stream %s: another process with the same instance id %r (%s; this process is %s) also "
+                "writes this stream's checkpoint: both handle every event and overwrite each other's "
+                "positions. %s, and give each process its own instance_id",
+                self.name,
+                other,
+                token,
+                self._instance_token,
+                advice,
             )
 
 

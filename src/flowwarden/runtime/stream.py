@@ -87,6 +87,7 @@ class StreamRunner:
         client: Any,
         store: AwaitableStore,
         instance_id: str,
+        instance_token: str,
         locks_collection: Any,
         dead_letters: DeadLetterWriter | None,
         spark_provider: Callable[[], Any] | None = None,
@@ -98,6 +99,7 @@ class StreamRunner:
         self._client = client
         self._store = store
         self._instance_id = instance_id
+        self._instance_token = instance_token
         self._spark_provider = spark_provider
         # Log records carry the stream's name (the JSON log format shows it as a field of its own).
         self.log = StreamLogger(logger or logging.getLogger(__name__), {"stream": spec.name})
@@ -108,6 +110,7 @@ class StreamRunner:
             locks_collection=locks_collection,
             store=store,
             instance_id=instance_id,
+            instance_token=instance_token,
             log=self.log,
             stopping=self._stopping,
         )
@@ -117,7 +120,6 @@ class StreamRunner:
             spec,
             client=client,
             store=store,
-            instance_id=instance_id,
             log=self.log,
             batch_wait_seconds=batch_method.max_wait_seconds if batch_method is not None else None,
         )
@@ -238,7 +240,9 @@ class StreamRunner:
         ownership = self._ownership
         try:
             while not self._stopping.is_set():
-                if not await self._until_stopped(ownership.acquire(self._standing_by), False):
+                acquired = await self._until_stopped(ownership.acquire(self._standing_by), False)
+                self.reason = None  # why it stood by, if it did: no longer the case either way
+                if not acquired:
                     break
                 keeper = asyncio.create_task(ownership.keep(lambda: self._committer, self._set_halt))
                 try:
@@ -303,8 +307,9 @@ class StreamRunner:
         if self.metrics is not None:
             self.metrics.save_failed()
 
-    def _standing_by(self, error: str | None) -> None:
+    def _standing_by(self, error: str | None, reason: str | None) -> None:
         self.state = StreamState.STANDBY
+        self.reason = reason
         if error is not None:
             self.last_error = error
 
@@ -454,6 +459,7 @@ class StreamRunner:
             save_interval_seconds=self.spec.checkpoint.save_interval_seconds,
             epoch=epoch if epoch is not None else (checkpoint.epoch if checkpoint else 0),
             instance_id=self._instance_id,
+            instance_token=self._instance_token,
             initial=checkpoint,
             on_saved=self.metrics.saved if self.metrics is not None else None,
             on_save_error=self._save_failed if self.metrics is not None else None,

@@ -47,6 +47,7 @@ class AsyncCheckpointStoreContract(abc.ABC):
         checkpoint = Checkpoint(
             stream_id=STREAM,
             instance_id="host-1:42",
+            instance_token="host-1:42:0f1e2d3c",
             last_processed_token=token,
             events_processed=12,
             epoch=3,
@@ -56,6 +57,7 @@ class AsyncCheckpointStoreContract(abc.ABC):
         loaded = await store.load(STREAM)
         assert loaded is not None
         assert loaded.instance_id == "host-1:42"
+        assert loaded.instance_token == "host-1:42:0f1e2d3c"
         assert loaded.last_processed_token == token
         assert loaded.last_processed_at == token_datetime(token)
         assert loaded.events_processed == 12

@@ -52,6 +52,7 @@ class CheckpointStoreContract(abc.ABC):
             Checkpoint(
                 stream_id=STREAM,
                 instance_id="host-1:42",
+                instance_token="host-1:42:0f1e2d3c",
                 last_processed_token=token,
                 events_processed=12,
                 epoch=3,
@@ -63,6 +64,7 @@ class CheckpointStoreContract(abc.ABC):
         assert loaded is not None
         assert loaded.stream_id == STREAM
         assert loaded.instance_id == "host-1:42"
+        assert loaded.instance_token == "host-1:42:0f1e2d3c"
         assert loaded.last_processed_token == token
         assert loaded.last_processed_at == token_datetime(token)
         assert loaded.last_seen_token is None
