@@ -133,7 +133,7 @@ def test_failing_checkpoint_writes_show_in_status_and_readyz_until_a_save_succee
         body = wait_until(lambda: (reply := readyz(connector))[0] == 503 and reply[1], what="/readyz to fail")
         problem = body["not_ready"]["orders"]
         assert problem.startswith("RUNNING: cannot save its checkpoint since ")
-        assert "3 failed saves in a row, the last CheckpointError: stream 'orders'" in problem
+        assert "3 failed saves in a row, the last: CheckpointError: stream 'orders'" in problem
         assert "waiting for replication timed out" in problem
         status = connector.status()["orders"]
         assert status.state == StreamState.RUNNING

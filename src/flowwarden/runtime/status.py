@@ -64,4 +64,4 @@ class StreamStatus:
             return f"cannot save its checkpoint since {when}: the checkpoint store has not answered"
         count = self.save_failures_in_row
         failed = "1 failed save" if count == 1 else f"{count} failed saves"
-        return f"cannot save its checkpoint since {when}: {failed} in a row, the last {self.last_save_error}"
+        return f"cannot save its checkpoint since {when}: {failed} in a row, the last: {self.last_save_error}"
