@@ -60,7 +60,10 @@ def test_a_checkpoint_store_that_does_not_answer_makes_the_stream_not_ready_unti
         connector.start()
         try:
             orders.insert_one({"_id": 0})
-            wait_until(lambda: store.load("orders") is not None and len(seen) == 1, what="event 0 saved")
+            wait_until(
+                lambda: (stored := store.load("orders")) is not None and stored.events_processed == 1,
+                what="event 0 saved",
+            )
             assert readyz(connector) == (200, {"ready": True, "not_ready": {}})
 
             store_rs.outage(_LONGER_THAN_THE_TEST)
