@@ -14,6 +14,10 @@ the URI is read once for every place the user information could end, and a chara
 if no reading puts it in a secret. A URI no reading can make sense of becomes a placeholder. Hiding
 too much is allowed here; showing a secret is not.
 
+:func:`redact_uris` does the same to every URI inside a message (an error's text, say). Where such
+a URI ends is one more guess: at any whitespace or closing quote, or at the end of the message, and
+a character is shown only if no choice of end puts it in a secret.
+
 :func:`quotes_secret` answers, from the same readings, whether a message (PyMongo's complaint about
 a URI it cannot parse quotes pieces of it) may hold one of the URI's secrets.
 """
@@ -26,7 +30,7 @@ from urllib.parse import unquote_plus
 
 from pymongo.common import URI_OPTIONS_VALIDATOR_MAP
 
-__all__ = ["HIDDEN", "UNPARSEABLE", "quotes_secret", "redact_uri"]
+__all__ = ["HIDDEN", "UNPARSEABLE", "quotes_secret", "redact_uri", "redact_uris"]
 
 HIDDEN = "***"
 """What stands in place of each hidden stretch of a URI."""
@@ -74,6 +78,10 @@ _PROPERTY_COLON = re.compile(r":|%3[aA]")
 # Where PyMongo may cut a URI, quoting only the piece between two of them in a message.
 _URI_DELIMITERS = re.compile(r"[/?#@:,&;=]")
 
+# Where a URI inside a message begins, and where it may end.
+_URI_START = re.compile(r"mongodb(?:\+srv)?://", re.IGNORECASE)
+_URI_END = re.compile(r"[\s'\"`<>()\[\]{}]")
+
 # Each '@' is one more reading of the URI; past this many the work grows quadratically, and a URI
 # with so many is not one anybody needs to read in a log.
 _MAX_AT_SIGNS = 64
@@ -92,6 +100,37 @@ def redact_uri(uri: str) -> str:
         # This runs while reporting another problem (a failed start, a log line): whatever the
         # input, it must neither raise in its turn nor fall back to printing the URI as given.
         return UNPARSEABLE
+
+
+def redact_uris(text: str) -> str:
+    """``text`` with every MongoDB URI in it redacted as :func:`redact_uri` does; never raises.
+
+    A URI runs from its scheme up to some whitespace, quote or bracket, or up to the next URI or
+    the end of the text: every one of these ends is read, and what any reading hides is hidden.
+    A URI that no reading makes sense of becomes ``<unparseable MongoDB URI>`` up to the next URI.
+    """
+    try:
+        starts = [match.start() for match in _URI_START.finditer(text)]
+        if not starts:
+            return text
+        out = [text[: starts[0]]]
+        for start, end in zip(starts, [*starts[1:], len(text)], strict=True):
+            out.append(_redact_in_text(text[start:end]))
+        return "".join(out)
+    except Exception:
+        return UNPARSEABLE  # as in redact_uri: reporting must neither raise nor leak
+
+
+def _redact_in_text(piece: str) -> str:
+    """A URI and the text after it, up to the next URI."""
+    hidden = bytearray(len(piece))
+    readable = False
+    for end in [*(match.start() for match in _URI_END.finditer(piece)), len(piece)]:
+        found = _mark(piece[:end], hidden)
+        if found is None:
+            return UNPARSEABLE
+        readable |= found
+    return _render(piece, hidden) if readable else UNPARSEABLE
 
 
 def quotes_secret(text: str, uri: str) -> bool:
@@ -125,19 +164,25 @@ def _hidden(uri: str) -> bytearray | None:
     """One byte per character of ``uri``, 1 where a secret may be; None if the URI cannot be read."""
     if not isinstance(uri, str):
         return None
+    hidden = bytearray(len(uri))
+    return hidden if _mark(uri, hidden) else None
+
+
+def _mark(uri: str, hidden: bytearray) -> bool | None:
+    """Set to 1 in ``hidden`` (as long as ``uri`` at least) each character that any reading of
+    ``uri`` puts in a secret; True if a reading finds a host list, None if none can be tried."""
     start = next((len(s) for s in _SCHEMES if uri[: len(s)].lower() == s), None)
     if start is None:
         return None
     at_signs = [i for i in range(start, len(uri)) if uri[i] == "@"]
     if len(at_signs) > _MAX_AT_SIGNS:
         return None
-    hidden = bytearray(len(uri))
     readable = False
     # PyMongo's reading is among these: without user information, or with it ending at the last
     # '@' before the host list. The others are what a password with '/', '?' or '@' would mean.
     for userinfo_end in [None, *at_signs]:
         readable |= _read(uri, start, userinfo_end, hidden)
-    return hidden if readable else None
+    return readable
 
 
 def _read(uri: str, start: int, userinfo_end: int | None, hidden: bytearray) -> bool:

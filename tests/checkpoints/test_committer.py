@@ -303,6 +303,30 @@ async def test_a_failed_synchronous_save_is_retried_by_the_next_commit() -> None
     await c.close()
 
 
+async def test_unconfirmed_since_runs_from_the_first_unanswered_write_until_one_succeeds() -> None:
+    store = GatedAsyncStore()
+    store.inner = RecordingStore(fail=lambda call: OSError("connection reset") if call == 1 else None)
+    store.gate.clear()
+    c = committer(store, save_every_n=1)
+    assert c.unconfirmed_since is None
+    first = asyncio.create_task(c.commit(1, tok(1)))
+    await store.started.wait()
+    began = c.unconfirmed_since
+    assert began is not None  # a write the store has not answered yet
+    store.gate.set()
+    await first
+    assert c.save_failures == 1 and c.unconfirmed_since == began  # it failed: still unconfirmed
+    store.gate.clear()
+    store.started.clear()
+    second = asyncio.create_task(c.commit(2, tok(2)))
+    await store.started.wait()
+    assert c.unconfirmed_since == began  # the oldest unconfirmed write counts
+    store.gate.set()
+    await second
+    assert store.inner.saved == [2] and c.unconfirmed_since is None
+    await c.close()
+
+
 async def test_count_saves_finish_before_commit_returns_one_at_a_time_and_coalesce() -> None:
     store = GatedAsyncStore()
     store.gate.clear()

@@ -1,4 +1,5 @@
-"""redact_uri: no form of URI gets a secret past it, and the hosts stay readable."""
+"""redact_uri: no form of URI gets a secret past it, and the hosts stay readable; redact_uris does
+the same for the URIs inside a message."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from urllib.parse import quote_plus
 
 import pytest
 
-from flowwarden.redaction import HIDDEN, UNPARSEABLE, quotes_secret, redact_uri
+from flowwarden.redaction import HIDDEN, UNPARSEABLE, quotes_secret, redact_uri, redact_uris
 from flowwarden.runtime import connector
 
 SECRET = "Hunter2xyz"
@@ -180,3 +181,41 @@ def test_the_connector_logs_through_this_redaction():
 )
 def test_quotes_secret_finds_any_piece_of_a_secret_in_a_message(message, uri, quotes):
     assert quotes_secret(message, uri) is quotes
+
+
+# How a URI sits in an error message: bare, quoted, in brackets, at the end, before a newline.
+AROUND = [
+    "cannot write to {} now",
+    "cannot write to '{}': connection refused",
+    'MongoClient("{}") timed out',
+    "store ({}), retried",
+    "the store is at {}",
+    "cannot write to {}\nTraceback (most recent call last):",
+]
+
+
+@pytest.mark.parametrize("message", AROUND)
+@pytest.mark.parametrize(("uri", "secret", "readable"), FORMS)
+def test_a_uri_inside_a_message_loses_its_secret_wherever_it_ends(message, uri, secret, readable):
+    redacted = redact_uris(message.format(uri))
+    assert secret not in redacted
+    assert message.split("{}")[0] in redacted  # the text before the URI is kept
+
+
+def test_the_text_around_a_plain_uri_stays_readable():
+    message = "cannot write to 'mongodb://app:s3cr3t@db1:27017,db2/?replicaSet=rs0': timed out"
+    assert redact_uris(message) == (
+        "cannot write to 'mongodb://app:***@db1:27017,db2/?replicaSet=rs0': timed out"
+    )
+    assert redact_uris("two: mongodb://a:s3cr3t@db1 and MONGODB+SRV://b:t0ps3cr3t@c.example.net/x") == (
+        "two: mongodb://a:***@db1 and MONGODB+SRV://b:***@c.example.net/x"
+    )
+    assert redact_uris("no URI in this message") == "no URI in this message"
+
+
+@pytest.mark.parametrize(
+    "message", ["mongodb://", "see mongodb://app:Hunter2xyz", "x mongodb://a:Hunter2xyz@" + "@" * 70]
+)
+def test_a_uri_no_reading_understands_is_replaced_up_to_the_next_one(message):
+    redacted = redact_uris(message)
+    assert SECRET not in redacted and UNPARSEABLE in redacted

@@ -145,6 +145,7 @@ class CheckpointCommitter:
         self.saves = 0
         self.save_failures = 0
         self.consecutive_failures = 0
+        self._unconfirmed_since: float | None = None
         self._failure: BaseException | None = None
         # commit() checks this one attribute: set once the committer is closed or failed.
         self._refusal: BaseException | None = None
@@ -395,6 +396,14 @@ class CheckpointCommitter:
         return self._failure
 
     @property
+    def unconfirmed_since(self) -> float | None:
+        """When (``time.monotonic()``) the oldest store write not yet followed by a successful one
+        began: the write in progress, or the first of those that failed in a row. None once a
+        write succeeded (and before the first). How long the store has left positions unsaved,
+        whether it fails or does not answer at all."""
+        return self._unconfirmed_since
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -546,7 +555,10 @@ class CheckpointCommitter:
     async def _timed(self, write: Awaitable[SaveResult]) -> SaveResult:
         """A store write; ``on_saved`` hears how long it took when it succeeds."""
         began = time.perf_counter()
+        if self._unconfirmed_since is None:
+            self._unconfirmed_since = time.monotonic()
         result = await write
+        self._unconfirmed_since = None
         if self._on_saved is not None:
             self._on_saved(time.perf_counter() - began)
         return result

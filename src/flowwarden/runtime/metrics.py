@@ -12,8 +12,8 @@ beside flowwarden's.
 - ``/metrics``: the registry in the Prometheus text format;
 - ``/healthz``: 200 while the connector's event loop turns (a handler holding the loop makes it
   fail), 503 otherwise;
-- ``/readyz``: 200 when every stream is RUNNING, else 503 with a JSON body naming the streams that
-  are not and their state.
+- ``/readyz``: 200 when every stream is RUNNING and can save its checkpoint, else 503 with a JSON
+  body naming the streams that are not ready: their state, and why one cannot save.
 
 Every flowwarden metric is named ``flowwarden_*`` and labelled by ``stream``.
 """
@@ -156,6 +156,17 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
     save_seconds = HistogramMetricFamily(
         "flowwarden_checkpoint_save_duration_seconds", "Seconds one checkpoint write took.", labels=["stream"]
     )
+    failures_in_row = GaugeMetricFamily(
+        "flowwarden_checkpoint_save_failures_in_row",
+        "Checkpoint writes that failed since the last one that succeeded.",
+        labels=["stream"],
+    )
+    cannot_save = GaugeMetricFamily(
+        "flowwarden_checkpoint_save_failing_seconds",
+        "Seconds since the first failed or unanswered checkpoint write after the last successful one "
+        "began, once the stream cannot save (/readyz fails); 0 while writes get through.",
+        labels=["stream"],
+    )
     behind = GaugeMetricFamily(
         "flowwarden_seconds_behind",
         "Now minus the cluster time of the newest event handled with nothing unfinished before it.",
@@ -205,6 +216,9 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
         save_seconds.add_metric([name], metrics.save_seconds.cumulative(), metrics.save_seconds.total)
         saves.add_metric([name], metrics.saves)
         failures.add_metric([name], metrics.save_failures)
+        failures_in_row.add_metric([name], status.save_failures_in_row)
+        since = status.cannot_save_since
+        cannot_save.add_metric([name], 0.0 if since is None else max(0.0, now - since.timestamp()))
         dead_letters.add_metric([name], metrics.dead_letters)
         restarts.add_metric([name], status.restarts)
         for each in StreamState:
@@ -219,7 +233,8 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
             behind.add_metric([name], max(0.0, now - status.last_processed_time.timestamp()))
         if status.last_seen_time is not None:
             seen_behind.add_metric([name], max(0.0, now - status.last_seen_time.timestamp()))
-    yield from (events, durations, batches, saves, failures, save_seconds, behind, seen_behind)
+    yield from (events, durations, batches, saves, failures, save_seconds, failures_in_row, cannot_save)
+    yield from (behind, seen_behind)
     yield from (restarts, state, lease, dead_letters, snapshot_copied, snapshot_total, snapshot_done)
 
 

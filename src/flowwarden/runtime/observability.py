@@ -8,7 +8,11 @@ Started by :class:`~flowwarden.runtime.connector.Connector` when it runs:
   deployment lets it be read (through a mongos, on every shard: see
   :func:`~flowwarden.positions.oplog_edge_async`);
 - with a progress interval, one INFO line per stream per interval: events per second, seconds
-  behind, and the position saved last.
+  behind, and the position saved last; a WARNING line, saying why, while the stream cannot save
+  its checkpoint.
+
+A stream is ready when it is RUNNING and its checkpoint saves get through (see
+:mod:`~flowwarden.runtime.save_health`): a stream that handles events it cannot save is not.
 """
 
 from __future__ import annotations
@@ -111,11 +115,20 @@ class Observability:
         return time.monotonic() - self._beat < STALL_SECONDS
 
     def not_ready(self) -> dict[str, str]:
-        """Each stream that is not RUNNING, with its state (called from the server's thread)."""
+        """Each stream that is not RUNNING, or cannot save its checkpoint, with its state and why
+        it cannot save (called from the server's thread)."""
         runners = self._runners()
         if not runners:
             return {"connector": "STARTING"}
-        return {r.name: r.state.value for r in runners if r.state != StreamState.RUNNING}
+        waiting = {}
+        for runner in runners:
+            status = runner.status()
+            problem = status.save_problem
+            if problem is not None:
+                waiting[runner.name] = f"{status.state.value}: {problem}"
+            elif status.state != StreamState.RUNNING:
+                waiting[runner.name] = status.state.value
+        return waiting
 
     async def _heartbeat(self) -> None:
         while True:
@@ -149,14 +162,17 @@ class Observability:
                 behind = (
                     f"{status.lag_seconds:.1f} s behind" if status.lag_seconds is not None else "not running"
                 )
-                runner.log.info(
-                    "stream %s: %s, %.0f events/s, %d handled in all, %s; saved at %s",
+                problem = status.save_problem
+                runner.log.log(
+                    logging.INFO if problem is None else logging.WARNING,
+                    "stream %s: %s, %.0f events/s, %d handled in all, %s; saved at %s%s",
                     runner.name,
                     status.state.value,
                     rate,
                     status.events_processed,
                     behind,
                     runner.saved_position(),
+                    "" if problem is None else f"; {problem}",
                 )
 
 

@@ -51,6 +51,7 @@ from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.runtime.ownership import Ownership
 from flowwarden.runtime.read_ahead import ReadAhead
 from flowwarden.runtime.restarts import Restarts
+from flowwarden.runtime.save_health import SaveHealth
 from flowwarden.runtime.snapshot import SnapshotCopy, SnapshotStopped
 from flowwarden.runtime.status import StreamState, StreamStatus
 from flowwarden.spec import StreamSpec
@@ -151,6 +152,7 @@ class StreamRunner:
         self.last_error: str | None = None
         self.error: BaseException | None = None
         self._committer: CheckpointCommitter | None = None
+        self._save_health = SaveHealth(metrics)
         self._last_processed_time: datetime | None = None
         self.opened: tuple[float, int] | None = None
         """When (``time.monotonic()``) the stream last opened, and its events count then."""
@@ -212,6 +214,7 @@ class StreamRunner:
         lag = None
         if newest is not None and self.state == StreamState.RUNNING:
             lag = max(0.0, (datetime.now(timezone.utc) - newest).total_seconds())
+        saving = self._save_health
         return StreamStatus(
             name=self.name,
             state=self.state,
@@ -225,6 +228,11 @@ class StreamRunner:
             reason=self.reason,
             events_waiting=self._dispatch.waiting() + (len(reader.items) if (reader := self._reader) else 0),
             snapshot=self._snapshot.progress,
+            save_failures_in_row=saving.failures,
+            last_save_error=saving.error,
+            cannot_save_since=saving.cannot_save_since(
+                committer.unconfirmed_since if committer is not None else None
+            ),
         )
 
     # ------------------------------------------------------------------------------------------
@@ -304,8 +312,8 @@ class StreamRunner:
                 )
 
     def _save_failed(self, error: BaseException, failures: int) -> None:
-        if self.metrics is not None:
-            self.metrics.save_failed()
+        committer = self._committer  # the one saving: a run's committer is closed before the next
+        self._save_health.failed(error, committer.unconfirmed_since if committer is not None else None)
 
     def _standing_by(self, error: str | None, reason: str | None) -> None:
         self.state = StreamState.STANDBY
@@ -461,8 +469,8 @@ class StreamRunner:
             instance_id=self._instance_id,
             instance_token=self._instance_token,
             initial=checkpoint,
-            on_saved=self.metrics.saved if self.metrics is not None else None,
-            on_save_error=self._save_failed if self.metrics is not None else None,
+            on_saved=self._save_health.saved,
+            on_save_error=self._save_failed,
         )
         self._committer = committer
         opener = self._opener
