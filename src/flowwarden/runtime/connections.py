@@ -74,23 +74,24 @@ def check_pool_size(max_pool_size: int | None, streams: int, *, given_client: bo
     """Refuse a ``maxPoolSize`` that cannot serve ``streams`` streams (see the module docstring)."""
     if max_pool_size is None or max_pool_size == 0 or max_pool_size > streams:
         return
-    needed = streams + 1
+    needed, size = streams + 1, pool_size_for(streams)
     if given_client:
-        where = "the client passed in has maxPoolSize"
+        where = "the client passed in has"
         fix = (
-            f"create the client with maxPoolSize={pool_size_for(streams)} (at least {needed}), or pass "
-            "the URI and flowwarden sizes the pool itself"
+            f"Create the client with maxPoolSize={size} (at least {needed}), or pass the URI and "
+            "flowwarden sizes the pool itself"
         )
     else:
-        where = "the URI sets maxPoolSize"
+        where = "the URI sets"
         fix = (
-            f"set maxPoolSize={pool_size_for(streams)} (at least {needed}) in the URI, or leave it out "
-            "and flowwarden sizes the pool itself"
+            f"Set maxPoolSize={size} (at least {needed}) in the URI, or leave it out and flowwarden "
+            "sizes the pool itself"
         )
     raise ConfigurationError(
-        f"{where}={max_pool_size}, but the connector runs {streams} stream(s) and each holds one "
-        "connection while its getMore waits for events; with no connection left over, streams "
-        f"would wait forever to open or to save their checkpoints. {fix[0].upper()}{fix[1:]}",
+        f"{where} maxPoolSize={max_pool_size}, but the connector runs {streams} stream(s) and each "
+        "holds one connection while its getMore waits for events; without a connection beyond "
+        "those, the streams holding them keep them and the others wait forever to open or to save "
+        f"their checkpoints. {fix}",
         owner="Connector",
         option="uri_or_client",
         value=max_pool_size,
