@@ -2,14 +2,15 @@
 
 Each bucket is a stream of its own (checkpoint, handler instance, status); together they deliver
 every event of the collection once, each document's events in order, across restarts while a
-writer keeps writing; a checkpoint stored under another layout stops the stream instead of
-starting it elsewhere.
+writer keeps writing, and with more buckets than the driver's default pool has connections; a
+checkpoint stored under another layout stops the stream instead of starting it elsewhere.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import pymongo
@@ -30,7 +31,8 @@ from flowwarden import (
 from flowwarden.errors import ConfigurationError
 from flowwarden.partitions import bucket_stage, layout_conflict, partition_name, partition_specs
 
-from .conftest import running, wait_until
+from .conftest import running, wait_until, wait_until_async
+from .handlers import recording_handler
 
 DOCUMENTS = 30
 
@@ -152,6 +154,65 @@ def test_partitioned_stream_delivers_every_event_once_across_three_restarts_with
         assert bucket == [event["_id"]["_data"] for s, event in delivered if s == name]
         document = client[db_name]["_fw_checkpoints"].find_one({"_id": name})
         assert document is not None and document["lastProcessedToken"]["_data"] == bucket[-1]
+
+
+@pytest.mark.parametrize(
+    ("partitions", "documents"), [(128, 1000), pytest.param(256, 3000, marks=pytest.mark.slow)]
+)
+def test_more_buckets_than_the_drivers_default_pool_deliver_every_event_once(
+    mongodb_uri: str,
+    client: pymongo.MongoClient[Any],
+    db_name: str,
+    needs_hashed_index_key: None,
+    partitions: int,
+    documents: int,
+) -> None:
+    # Each bucket's getMore holds a connection while it waits: more buckets than the driver's
+    # default maxPoolSize (100), on a URI that sets none.
+    delivered: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    @change_stream("orders", db_name, name="orders", partitions=partitions)
+    class Orders:
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            with lock:
+                delivered[event.raw["documentKey"]["_id"]] += 1
+
+    def handled() -> int:
+        with lock:
+            return sum(delivered.values())
+
+    with running(mongodb_uri, [Orders], progress_interval=0) as connector:
+        assert len(connector.status()) == partitions
+        client[db_name].orders.insert_many([{"_id": i} for i in range(documents)])
+        wait_until(lambda: handled() >= documents, timeout=90, what=f"{documents} events")
+        assert all(s.state is StreamState.RUNNING for s in connector.status().values())
+    assert delivered == Counter(range(documents))
+
+
+async def test_a_client_with_one_connection_beyond_the_buckets_delivers_every_event_once(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, needs_hashed_index_key: None
+) -> None:
+    # The smallest pool the connector accepts: every bucket's getMore holds a connection, and the
+    # openings and checkpoint saves of all of them share the one left over.
+    partitions, documents = 8, 200
+    handler, seen = recording_handler(db_name, stream={"partitions": partitions})
+    given = pymongo.AsyncMongoClient(mongodb_uri, maxPoolSize=partitions + 1)
+    connector = Connector(given, [handler])
+    task = asyncio.create_task(connector.run_async())
+    try:
+        await wait_until_async(
+            lambda: all(s.state is StreamState.RUNNING for s in connector.status().values()),
+            what="every bucket open",
+        )
+        client[db_name].orders.insert_many([{"_id": i} for i in range(documents)])
+        await wait_until_async(lambda: len(seen) >= documents, what=f"{documents} events")
+    finally:
+        connector.stop()
+        await task
+        await given.close()
+    assert sorted(seen) == [("insert", i) for i in range(documents)]
 
 
 @pytest.mark.parametrize(("first", "then"), [(2, 3), (3, 2), (1, 2), (2, 1)])

@@ -25,6 +25,7 @@ from flowwarden.errors import ConfigurationError
 from flowwarden.partitions import partition_specs
 from flowwarden.positions import maybe_await, reachable
 from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
+from flowwarden.runtime.connections import check_pool_size, client_pool_size, make_client, uri_pool_size
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.lease import LOCKS_COLLECTION, instance_token
 from flowwarden.runtime.metrics import COLLECTOR, StreamMetrics
@@ -57,9 +58,14 @@ class Connector:
 
     ``uri_or_client``: a MongoDB URI, or a ``pymongo.AsyncMongoClient`` (or a motor client) that
     the connector uses as given; a client must be used on the event loop that runs the connector
-    (:meth:`run_async`). ``checkpoint_store`` applies to every handler without its own
-    ``@checkpoint(store=...)``; by default checkpoints live in ``_fw_checkpoints`` of the stream's
-    database (``checkpoint_database`` for cluster streams).
+    (:meth:`run_async`). Each stream holds one of the client's connections while it waits for
+    events: a client made from the URI gets ``maxPoolSize`` = streams + 100 unless the URI sets
+    one, and a ``maxPoolSize`` (the URI's or the client's) not larger than the number of streams
+    is refused (see :mod:`flowwarden.runtime.connections`).
+
+    ``checkpoint_store`` applies to every handler without its own ``@checkpoint(store=...)``; by
+    default checkpoints live in ``_fw_checkpoints`` of the stream's database
+    (``checkpoint_database`` for cluster streams).
 
     ``metrics_port`` serves ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` on
     ``metrics_host`` (127.0.0.1 by default; 0 picks a free port, see :attr:`metrics_address`).
@@ -103,6 +109,10 @@ class Connector:
                 owner="Connector",
                 option="handlers",
             )
+        if self._given_client is not None:
+            check_pool_size(client_pool_size(self._given_client), len(self.specs), given_client=True)
+        else:
+            check_pool_size(uri_pool_size(uri_or_client), len(self.specs), given_client=False)
         self.instance_id = instance_id or f"fw-{uuid.uuid4().hex[:12]}"
         self.instance_token = instance_token()
         """This connector's own name in leases and checkpoints (``host:pid:random``): unlike
@@ -169,7 +179,11 @@ class Connector:
         observability.serve()
         if observability.exports_metrics:
             COLLECTOR.add(self)
-        client = self._given_client or _make_client(self._uri)
+        if self._given_client is not None:
+            client = self._given_client
+        else:
+            assert self._uri is not None
+            client = make_client(self._uri, len(self.specs))
         watching = asyncio.create_task(observability.run(client), name="flowwarden-observability")
         try:
             self._runners = [self._runner(spec, client) for spec in self.specs]
@@ -363,13 +377,6 @@ class Connector:
                     master=self._spark_master, app_name=self._spark_app_name, conf=self._spark_conf
                 )
             return self._spark
-
-
-def _make_client(uri: str | None) -> Any:
-    from pymongo import AsyncMongoClient
-
-    assert uri is not None
-    return AsyncMongoClient(uri, tz_aware=True, appname="flowwarden")
 
 
 def _check_async_client(client: Any) -> None:

@@ -43,6 +43,7 @@ from flowwarden.failures import Failure, classify
 from flowwarden.logs import StreamLogger
 from flowwarden.partitions import layout_conflict
 from flowwarden.positions import HISTORY_LOST, reachable, refused_position
+from flowwarden.runtime.connections import client_pool_size
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch, Invalidated, Reopen
 from flowwarden.runtime.exhausted import GivingUp
@@ -60,6 +61,9 @@ _DEFAULT_READ_AHEAD_BATCH = 1000  # without a batch_size: the read-ahead bound c
 # With the deployment out of reach, a stop does not wait for server selection (30 s by default)
 # in the final save or the lease release: the stored checkpoint is behind, never ahead.
 _STOP_IO_TIMEOUT_SECONDS = 2.0
+# An opening that takes longer is waiting for something (the deployment, or a pooled connection):
+# the log and the status say so rather than leave the stream STARTING without a word.
+SLOW_OPEN_SECONDS = 30.0
 
 T = TypeVar("T")
 
@@ -155,6 +159,7 @@ class StreamRunner:
         self._save_health = SaveHealth(metrics)
         self._last_processed_time: datetime | None = None
         self.opened: tuple[float, int] | None = None
+        self._slow_open_reason: str | None = None
         """When (``time.monotonic()``) the stream last opened, and its events count then."""
         if self._dispatch.batch is not None and not hasattr(store.store, "save_batch_end"):
             raise ConfigurationError(
@@ -374,7 +379,7 @@ class StreamRunner:
         try:
             if self._snapshot.enabled and not await self._copy_existing():
                 return  # a stop came while copying; the chunk in hand stays unsaved
-            opened = await self._until_stopped(self._open_from_checkpoint(), None)
+            opened = await self._until_stopped(self._opening(), None)
         except OperationFailure as error:
             if error.code == HISTORY_LOST:
                 raise _HistoryLost(error) from error
@@ -450,6 +455,27 @@ class StreamRunner:
             raise ConfigurationError(
                 conflict, owner=f"stream {self.name!r}", option="partitions", value=stream.partitions
             )
+
+    async def _opening(self) -> tuple[Any, CheckpointCommitter, dict[str, Any]]:
+        """:meth:`_open_from_checkpoint`; once it has taken :data:`SLOW_OPEN_SECONDS`, a warning and
+        the status's reason say what the stream is waiting for, until it opens."""
+        notice = asyncio.get_running_loop().call_later(SLOW_OPEN_SECONDS, self._slow_open)
+        try:
+            return await self._open_from_checkpoint()
+        finally:
+            notice.cancel()
+            if self.reason is not None and self.reason == self._slow_open_reason:
+                self.reason = None
+
+    def _slow_open(self) -> None:
+        pool = client_pool_size(self._client)
+        limit = f" (maxPoolSize {pool})" if pool else ""
+        self._slow_open_reason = (
+            f"not open after {SLOW_OPEN_SECONDS:g}s: waiting for the deployment to answer or for a "
+            f"free connection in the client's pool{limit}"
+        )
+        self.reason = self._slow_open_reason
+        self.log.warning("stream %s: %s", self.name, self.reason)
 
     async def _open_from_checkpoint(self) -> tuple[Any, CheckpointCommitter, dict[str, Any]]:
         """Load the checkpoint, open the change stream, store a new opening position.
