@@ -27,8 +27,9 @@ INTERNAL_PREFIX = "_fw_"
 
 
 # MongoDB's sort order of _id values across types: one tuple of $type aliases per bracket. A
-# query comparison ($gt) only matches values of its own bracket, so "after this _id" is "greater
-# within its bracket, or of a later bracket".
+# query comparison ($gt, $lte) only matches values of its own bracket, so a range of _ids is
+# "greater within the first one's bracket, any of a bracket between, or not greater within the
+# last one's bracket".
 ID_TYPE_ORDER: tuple[tuple[str, ...], ...] = (
     ("null",),
     ("int", "long", "double", "decimal"),
@@ -44,15 +45,27 @@ ID_TYPE_ORDER: tuple[tuple[str, ...], ...] = (
 )
 
 
-def after_id(last: Any) -> dict[str, Any]:
-    """The find filter of the documents whose ``_id`` sorts after ``last`` (:class:`MinKey`:
-    every document), across types, in MongoDB's sort order."""
-    if isinstance(last, MinKey):
-        return {}
-    bracket = _bracket(last)
-    later = [alias for aliases in ID_TYPE_ORDER[bracket + 1 :] for alias in aliases]
-    greater = {"_id": {"$gt": last}}
-    return {"$or": [greater, {"_id": {"$type": later}}]} if later else greater
+def id_range(after: Any, through: Any) -> dict[str, Any]:
+    """The find filter of the documents whose ``_id`` sorts after ``after`` (:class:`MinKey`:
+    from the first) and not after ``through`` (an ``_id`` read before), across types, in
+    MongoDB's sort order. Each part reads one bracket or a list of whole brackets, so the
+    server answers it from the ``_id`` index."""
+    if isinstance(through, MinKey):
+        raise ValueError("an _id range ends at an _id; MinKey ends none")
+    low = -1 if isinstance(after, MinKey) else _bracket(after)
+    high = _bracket(through)
+    if low > high:
+        return {"_id": {"$in": []}}  # ``after`` sorts past ``through``: an empty range
+    if low == high:
+        return {"_id": {"$gt": after, "$lte": through}}
+    parts: list[dict[str, Any]] = []
+    if low >= 0:
+        parts.append({"_id": {"$gt": after}})
+    between = [alias for aliases in ID_TYPE_ORDER[low + 1 : high] for alias in aliases]
+    if between:
+        parts.append({"_id": {"$type": between}})
+    parts.append({"_id": {"$lte": through}})
+    return parts[0] if len(parts) == 1 else {"$or": parts}
 
 
 def _bracket(value: Any) -> int:
@@ -196,12 +209,12 @@ def _document_expression(expression: Any) -> Any:
 
 
 __all__ = [
-    "after_id",
     "all_of",
     "copied_collection",
     "copied_database",
     "copy_filter",
     "document_query",
+    "id_range",
     "plain_id",
     "snapshot_row",
 ]

@@ -3,6 +3,9 @@
 The claim that matters most is tested with real processes: a connector SIGKILLed in the middle
 of copying 5,000 documents while a writer inserts, updates and deletes, then restarted; every row
 it delivered, applied in order (snapshot rows as upserts), rebuilds the collection exactly.
+The copy's bound (what existed when it began) holds while inserts outrun the copy, also across a
+kill; a batch method's snapshot batch handed over again after a kill keeps its id and its ``_id``
+range while a writer deletes and inserts inside it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +160,7 @@ def test_a_database_stream_copies_its_collections_in_order_and_not_flowwardens_o
     mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
 ) -> None:
     database = client[db_name]
+    database.create_collection("archive")  # first in name order, and nothing to copy
     database.returns.insert_many([{"_id": 1}, {"_id": 2}])
     database.orders.insert_one({"_id": 1})
     database["_fw_dlq"].insert_one({"_id": "not user data"})
@@ -425,3 +430,305 @@ def test_ids_of_every_type_are_copied_once_in_mongodbs_order(
     with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL, seen, snapshot_chunk_size=2)]):
         wait_until(lambda: len(seen) == len(ids), what="every document")
     assert [key for _, key, _ in seen] == ids
+
+
+# -- the copy is bounded at its start -------------------------------------------------------------
+
+
+class _Inserter:
+    """Inserts ``{"_id": first}``, ``first + 1``... one at a time, once ``start`` is set, until
+    stopped or ``cap`` documents (so that a copy chasing it ends too)."""
+
+    def __init__(self, collection: Any, first: int, start: threading.Event, cap: int = 4_000) -> None:
+        self._collection = collection
+        self._first = first
+        self._start = start
+        self._cap = cap
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.count = 0
+
+    def _run(self) -> None:
+        if not self._start.wait(60):
+            return
+        while not self._stop.is_set() and self.count < self._cap:
+            self._collection.insert_one({"_id": self._first + self.count})
+            self.count += 1
+
+    def inserted(self) -> list[int]:
+        return list(range(self._first, self._first + self.count))
+
+    def __enter__(self) -> _Inserter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def test_the_copy_ends_at_what_existed_when_it_began_while_inserts_outrun_it(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(150)])
+    seen: list[tuple[str, Any]] = []
+    copying = threading.Event()
+    inserter = _Inserter(orders, 150, copying)
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        snapshot=Snapshot.INITIAL,
+        snapshot_chunk_size=25,
+        max_await_time_ms=50,
+    )
+    @checkpoint(save_every_n=100, save_interval_seconds=0.2)
+    class Orders:
+        @on_snapshot
+        def copied(self, event: ChangeEvent) -> None:
+            if not copying.is_set():
+                copying.set()
+                # The first row waits for 200 inserts: the copy has all of them ahead of it.
+                wait_until(lambda: inserter.count >= 200, timeout=60, what="200 inserts during the copy")
+            time.sleep(0.002)  # slower than the writer: it keeps inserting while the copy runs
+            seen.append(("snapshot", event.document_key["_id"]))
+
+        @on_insert
+        def inserted(self, event: ChangeEvent) -> None:
+            seen.append(("insert", event.document_key["_id"]))
+
+    with running(mongodb_uri, [Orders]) as connector:
+        with inserter:
+            wait_until(
+                lambda: (s := connector.status()["orders"].snapshot) is not None and s.done,
+                timeout=120,
+                what="the copy to end",
+            )
+        expected = inserter.inserted()
+        wait_until(lambda: len(seen) >= 150 + len(expected), timeout=60, what="every insert as a change")
+    assert len(expected) >= 200
+    assert seen[:150] == [("snapshot", i) for i in range(150)]
+    assert seen[150:] == [("insert", key) for key in expected]
+    stored = checkpoint_doc(client, db_name, "orders")
+    assert stored is not None and stored["snapshot"]["endId"] == 149 and stored["snapshot"]["copied"] == 150
+
+
+# -- crashes in the middle of the copy, with a batch method ----------------------------------------
+
+BATCH_WORKER = Path(__file__).with_name("snapshot_batch_worker.py")
+
+
+def _start_batches(
+    uri: str, db: str, log: Path, *, kind: str, chunk: int, max_events: int, kill_at: int, delay: float
+) -> subprocess.Popen[str]:
+    args = [uri, db, str(log), kind, str(chunk), str(max_events), str(kill_at), str(delay)]
+    process = subprocess.Popen(
+        [sys.executable, str(BATCH_WORKER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready", process.stderr.read() if process.stderr else ""
+    return process
+
+
+def _batches(log: Path) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """The batches the worker recorded, in order: (batch id, [(operation, _id), ...])."""
+    if not log.exists():
+        return []
+    lines = [json_util.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [(batch_id, [(operation, key) for operation, key in rows]) for batch_id, rows in lines]
+
+
+def _snapshot_done(client: pymongo.MongoClient[Any], db: str) -> bool:
+    return bool((checkpoint_doc(client, db, "orders") or {}).get("snapshot", {}).get("done"))
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0, process.stderr.read() if process.stderr else ""
+
+
+@pytest.mark.slow
+def test_the_bound_survives_a_kill_in_the_middle_of_the_copy(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, tmp_path: Path
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(300)])
+    log = tmp_path / "batches.jsonl"
+    worker = {"kind": "batch", "chunk": 20, "max_events": 20, "delay": 0.05}
+    first_batch = threading.Event()
+    with _Inserter(orders, 300, first_batch) as inserter:
+        first = _start_batches(mongodb_uri, db_name, log, kill_at=3, **worker)  # type: ignore[arg-type]
+        wait_until(lambda: _batches(log), timeout=60, what="the first batch")
+        first_batch.set()  # the bound was stored before the first batch: inserts come after it
+        assert first.wait(60) == -signal.SIGKILL
+        stored = checkpoint_doc(client, db_name, "orders")
+        assert stored is not None and not stored["snapshot"]["done"]
+        assert stored["snapshot"]["endId"] == 299
+        # The restart finds documents past the bound, more coming as it copies.
+        wait_until(lambda: inserter.count >= 200, timeout=60, what="200 inserts")
+        second = _start_batches(mongodb_uri, db_name, log, kill_at=0, **worker)  # type: ignore[arg-type]
+        try:
+            wait_until(lambda: _snapshot_done(client, db_name), timeout=120, what="the copy to end")
+            inserter.stop()
+            expected = set(inserter.inserted())
+            wait_until(
+                lambda: {key for _, rows in _batches(log) for op, key in rows if op == "insert"} >= expected,
+                timeout=60,
+                what="every insert as a change",
+            )
+        finally:
+            _stop(second)
+    rows = [row for _, batch in _batches(log) for row in batch]
+    assert {key for op, key in rows if op == "snapshot"} == set(range(300))
+    assert {key for op, key in rows if op == "insert"} == expected
+    stored = checkpoint_doc(client, db_name, "orders")
+    assert stored is not None and stored["snapshot"]["endId"] == 299 and stored["snapshot"]["done"]
+
+
+class _RangeWriter:
+    """Deletes documents and inserts new ones between them (``_id`` k + 0.5) in ``orders``'s
+    first ``size`` _ids, at random, until stopped, unless paused; keeps what it deleted and
+    inserted."""
+
+    def __init__(self, collection: Any, size: int, seed: int) -> None:
+        self._collection = collection
+        self._size = size
+        self._random = random.Random(seed)
+        self._stop = threading.Event()
+        self._going = threading.Event()
+        self._going.set()
+        self._idle = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.deleted: set[Any] = set()
+        self.inserted: set[Any] = set()
+
+    def pause(self) -> None:
+        """Return once the writer wrote its last write until :meth:`resume`."""
+        self._idle.clear()
+        self._going.clear()
+        assert self._idle.wait(30), "the writer did not pause"
+
+    def resume(self) -> None:
+        self._going.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._going.is_set():
+                self._idle.set()
+                self._going.wait()
+                continue
+            key = self._random.randrange(self._size)
+            if self._random.random() < 0.5:
+                self.delete(key)
+            else:
+                self.insert(key + 0.5)
+            self._stop.wait(0.005)
+
+    def delete(self, key: Any) -> None:
+        if self._collection.delete_one({"_id": key}).deleted_count:
+            self.deleted.add(key)
+
+    def insert(self, key: Any) -> None:
+        if key not in self.inserted and key not in self.deleted:
+            self._collection.insert_one({"_id": key})
+            self.inserted.add(key)
+
+    def __enter__(self) -> _RangeWriter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._going.set()
+        self._thread.join(30)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind", ["batch", pytest.param("dataframe", marks=pytest.mark.spark)], ids=["on_batch", "on_dataframe"]
+)
+def test_a_snapshot_batch_handed_over_again_after_a_kill_keeps_its_id_and_its_id_range(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, tmp_path: Path, kind: str
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(200)])
+    log = tmp_path / "batches.jsonl"
+    # Chunks of 30 read for batches of 10: a chunk must still be one batch.
+    worker = {"kind": kind, "chunk": 30, "max_events": 10, "delay": 0.05}
+    with _RangeWriter(orders, 200, seed=11) as writer:
+        first = _start_batches(mongodb_uri, db_name, log, kill_at=4, **worker)  # type: ignore[arg-type]
+        assert first.wait(120) == -signal.SIGKILL, first.stderr.read() if first.stderr else ""
+        killed_id, killed_rows = _batches(log)[-1]
+        killed = sorted(key for _, key in killed_rows)
+        # Between the two runs, inside the batch whose progress was not saved: every other
+        # document goes, one new comes between two others, and nothing else changes until the
+        # batch comes again (a chunk read again as "the next max_events" would reach past it).
+        writer.pause()
+        for key in killed[1::2]:
+            writer.delete(key)
+        writer.insert(killed[0] + 0.25)
+        delivered_before = len(_batches(log))
+        second = _start_batches(mongodb_uri, db_name, log, kill_at=0, **worker)  # type: ignore[arg-type]
+        try:
+            wait_until(lambda: len(_batches(log)) > delivered_before, timeout=60, what="a batch again")
+            writer.resume()
+            wait_until(lambda: _snapshot_done(client, db_name), timeout=120, what="the copy to end")
+            writer.stop()
+            orders.insert_one({"_id": "end"})
+            wait_until(
+                lambda: any(key == "end" for _, rows in _batches(log) for _, key in rows),
+                timeout=60,
+                what="the last insert",
+            )
+        finally:
+            _stop(second)
+
+    batches = _batches(log)
+    snapshot = [
+        (batch_id, {key for _, key in rows})
+        for batch_id, rows in batches
+        if rows[0][0] == "snapshot"
+    ]
+    # The batch the kill interrupted came first after the restart, under the same id.
+    assert next(b for b, rows in batches[delivered_before:] if rows[0][0] == "snapshot") == killed_id
+    # A batch's _id range: after the end of the batch before it, through its own end (its
+    # first delivery's highest _id: where its chunk was planned to end).
+    ends: dict[str, Any] = {}
+    for batch_id, keys in snapshot:
+        ends.setdefault(batch_id, max(keys))
+    order = sorted(ends, key=ends.__getitem__)
+    ranges = {batch_id: (ends[order[i - 1]] if i else -1, ends[batch_id]) for i, batch_id in enumerate(order)}
+    for batch_id, keys in snapshot:
+        low, high = ranges[batch_id]
+        assert all(low < key <= high for key in keys), f"{batch_id} holds rows outside ({low}, {high}]"
+    under: dict[Any, set[str]] = {}
+    for batch_id, keys in snapshot:
+        for key in keys:
+            under.setdefault(key, set()).add(batch_id)
+    assert [key for key, ids in under.items() if len(ids) > 1] == []
+    # Handed over again: what it held, less what was deleted since, plus what was inserted since.
+    deliveries: dict[str, list[set[Any]]] = {}
+    for batch_id, keys in snapshot:
+        deliveries.setdefault(batch_id, []).append(keys)
+    again = {batch_id: keys for batch_id, keys in deliveries.items() if len(keys) > 1}
+    assert killed_id in again
+    for batch_id, (before, *later) in again.items():
+        for after in later:
+            assert before - after <= writer.deleted, batch_id
+            assert after - before <= writer.inserted, batch_id
+    before, after = again[killed_id][:2]
+    assert set(killed[1::2]) <= before - after and killed[0] + 0.25 in after - before
+    # Nothing lost: the rows, applied in order, are the collection.
+    state: set[Any] = set()
+    for _, rows in batches:
+        for operation, key in rows:
+            (state.discard if operation == "delete" else state.add)(key)
+    assert state == {document["_id"] for document in orders.find()}

@@ -970,6 +970,35 @@ def test_snapshot_offsets_cover_the_copy_then_the_changes_and_replay_the_same_ro
         reader.stop()
 
 
+def test_the_copy_stops_at_the_bound_its_offsets_carry_also_for_a_restarted_reader(
+    client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
+) -> None:
+    orders = client[db_name]["orders"]
+    orders.insert_many([{"_id": i, "n": i} for i in range(8)])
+    reader = reader_for(mongodb_uri, db_name, snapshot="initial")
+    try:
+        initial = reader.initialOffset()
+        assert json_util.loads(initial["snapshot"]["endId"])["v"] == 7
+        orders.insert_many([{"_id": i, "n": i} for i in range(8, 20)])  # after the copy began
+        first = reader.latestOffset(initial, ReadMaxRows(5))
+    finally:
+        reader.stop()
+    # A restarted query plans on from the offsets Spark logged, with more inserted meanwhile.
+    orders.insert_many([{"_id": i, "n": i} for i in range(20, 30)])
+    again = reader_for(mongodb_uri, db_name, snapshot="initial")
+    try:
+        second = again.latestOffset(first, ReadMaxRows(5))
+        closed = again.latestOffset(second, ReadMaxRows(5))
+        assert closed["snapshot"]["done"] and closed["snapshot"]["copied"] == 8
+        changes = again.latestOffset(closed, ReadMaxRows(100))
+        copied = [numbers(read_rows(again, a, b)) for a, b in ((initial, first), (first, second))]
+        assert copied == [[0, 1, 2, 3, 4], [5, 6, 7]]
+        inserted = [(r["operation_type"], *numbers([r])) for r in read_rows(again, closed, changes)]
+        assert inserted == [("insert", i) for i in range(8, 30)]
+    finally:
+        again.stop()
+
+
 def test_a_query_with_a_snapshot_restarted_mid_copy_delivers_every_document_and_change_once(
     spark: SparkSession,
     client: pymongo.MongoClient[dict[str, Any]],
@@ -994,7 +1023,7 @@ def test_a_query_with_a_snapshot_restarted_mid_copy_delivers_every_document_and_
 
     run({"once": True})  # one micro-batch: part of the copy
     orders.update_one({"_id": 3}, {"$set": {"n": 103}})  # copied already: arrives as its change
-    orders.insert_one({"_id": 40, "n": 40})  # not copied yet, inserted after the copy began
+    orders.insert_one({"_id": 40, "n": 40})  # past the copy's bound: arrives as its change only
     run({"once": True})  # restarted in the middle of the copy
     run({"availableNow": True})  # the rest of the copy, then the changes
 
@@ -1002,7 +1031,7 @@ def test_a_query_with_a_snapshot_restarted_mid_copy_delivers_every_document_and_
     copied = sorted(
         json_util.loads(r["document_key"])["_id"] for r in rows if r["operation_type"] == "snapshot"
     )
-    assert copied == list(range(41)), "each document once; _id 40, inserted before its chunk, copied too"
+    assert copied == list(range(40)), "each document that existed when the copy began, once"
     changes = sorted(
         (r["operation_type"], json_util.loads(r["document_key"])["_id"])
         for r in rows

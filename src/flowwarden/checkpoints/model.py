@@ -96,18 +96,30 @@ class SnapshotProgress:
 
     ``token`` is the stream position taken before the copy began: the change stream opens right
     after it once the copy is done, so nothing written after it is missed. The copy goes through
-    ``namespaces`` in order, each in ``_id`` order; ``namespace`` and ``last_id`` name the last
-    document whose handling finished (``last_id`` :class:`~bson.MinKey`: none of ``namespace``
-    yet, since any value, null included, may be an ``_id``), and
-    ``copied`` counts the documents handled so far. A restart copies on from right after
-    ``last_id``. Within one snapshot (one ``token``) progress never goes back: :attr:`order`
-    only grows.
+    ``namespaces`` in order, each in ``_id`` order, in chunks:
+
+    - ``end_id`` is the bound of ``namespace``: its highest ``_id`` (under the copy filter) read
+      when its copy began, after ``token`` was taken. The copy reads no ``_id`` past it, so it
+      ends however fast documents are inserted; those inserted later arrive as changes.
+      :class:`~bson.MinKey`: the namespace had nothing to copy.
+    - ``last_id`` is the last ``_id`` of the last chunk whose handling finished (MinKey: none
+      of ``namespace`` yet, since any value, null included, may be an ``_id``).
+    - ``chunk`` counts the chunks planned so far; ``chunk_end`` is the last ``_id`` of chunk
+      number ``chunk`` while it is planned and not finished (MinKey: none is). A chunk is planned
+      (stored) before its rows are handed over, so a restart hands over the same ``_id`` range
+      ``(last_id, chunk_end]`` under the same number again.
+
+    ``copied`` counts the documents handled so far. Within one snapshot (one ``token``) progress
+    never goes back: :attr:`order` only grows.
     """
 
     token: ResumeToken
     namespaces: tuple[str, ...]
     namespace: str
+    end_id: Any = field(default_factory=MinKey)
     last_id: Any = field(default_factory=MinKey)
+    chunk: int = 0
+    chunk_end: Any = field(default_factory=MinKey)
     copied: int = 0
     total: int | None = None
     """An estimate of the documents to copy, taken when the copy began (for progress only)."""
@@ -119,22 +131,32 @@ class SnapshotProgress:
         object.__setattr__(self, "namespaces", tuple(self.namespaces))
 
     @property
+    def pending(self) -> bool:
+        """Whether chunk number :attr:`chunk` is planned and its handling not finished."""
+        return not isinstance(self.chunk_end, MinKey)
+
+    @property
     def order(self) -> int:
-        """Orders the saves of one snapshot: more documents copied, then done, is newer."""
-        return self.copied * 2 + int(self.done)
+        """Orders the saves of one snapshot: each chunk is planned, then finished; done is last."""
+        return self.chunk * 2 + (0 if self.pending else 1) + 2 * int(self.done)
 
     def to_document(self) -> dict[str, Any]:
-        return {
+        document = {
             "token": copy_token(self.token),
             "namespaces": list(self.namespaces),
             "namespace": self.namespace,
+            "endId": self.end_id,
             "lastId": self.last_id,
+            "chunk": self.chunk,
             "copied": self.copied,
             "total": self.total,
             "done": self.done,
             "order": self.order,
             "startedAt": self.started_at,
         }
+        if self.pending:
+            document["chunkEnd"] = self.chunk_end
+        return document
 
     @classmethod
     def from_document(cls, document: Any) -> SnapshotProgress:
@@ -157,7 +179,10 @@ class SnapshotProgress:
             token=token,
             namespaces=tuple(namespaces),
             namespace=namespace,
+            end_id=document.get("endId", MinKey()),
             last_id=document.get("lastId", MinKey()),
+            chunk=_read_int(document.get("chunk"), f"{F_SNAPSHOT}.chunk"),
+            chunk_end=document.get("chunkEnd", MinKey()),
             copied=_read_int(document.get("copied"), f"{F_SNAPSHOT}.copied"),
             total=None if total is None else _read_int(total, f"{F_SNAPSHOT}.total"),
             done=done,

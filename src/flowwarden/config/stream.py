@@ -128,7 +128,9 @@ class ChangeStreamOptions(Options):
     )
     snapshot_chunk_size: int = option(
         1000,
-        "Documents the initial snapshot reads at a time; its progress is saved after each chunk was handled.",
+        "Documents the initial snapshot reads at a time (at most max_events for @on_batch and "
+        "@on_dataframe: a chunk is one batch); each chunk is stored before it is handed over "
+        "and again once it was handled.",
         ge=1,
     )
     split_large_events: bool = option(

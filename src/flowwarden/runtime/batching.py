@@ -232,15 +232,12 @@ class BatchDelivery:
         return True
 
     async def deliver_rows(self, rows: list[Any], batch_id: str) -> bool:
-        """Initial-snapshot rows, in batches of at most ``max_events``, each handed over once the
-        one before it returned; False when a stop interrupted one."""
+        """One chunk of initial-snapshot rows as one batch under ``batch_id``, handed over once
+        the batch before it returned; False when a stop interrupted it. Never split: the copy
+        plans chunks of at most ``max_events``, and a chunk handed over again after a restart
+        (the same ``_id`` range, see :mod:`flowwarden.runtime.snapshot`) must be the same batch."""
         await self.settle()
-        for start in range(0, len(rows), self.max_events):
-            part = rows[start : start + self.max_events]
-            ctx = self._invoker.context(f"{batch_id}+{start}")
-            if not await self._run(part, ctx, Counter(snapshot=len(part))):
-                return False
-        return True
+        return await self._run(rows, self._invoker.context(batch_id), Counter(snapshot=len(rows)))
 
     def add(self, sequence: int, change: MutableMapping[str, Any]) -> None:
         self._batch.add(sequence, change)

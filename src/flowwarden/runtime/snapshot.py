@@ -7,10 +7,25 @@ The rules this module keeps:
   stream opens right after ``T``. Every write after ``T`` therefore arrives as a change, and
   nothing is missed; a document written while the copy runs may arrive twice (copied, and as its
   change), never zero times;
-- documents are read in ``_id`` order, ``snapshot_chunk_size`` at a time, collection after
-  collection; a chunk's progress is saved only after every row of it was handled (or given up on
-  under the retry policy's ``on_exhausted``), so a restart copies on right after the last saved
-  chunk and hands at most one chunk over again;
+- the copy is bounded: when a collection's copy begins (after ``T`` was taken), its highest
+  ``_id`` under the copy filter is read and stored in the progress before any of its rows is
+  handed over, and the copy reads no ``_id`` past it. Documents inserted later with a higher
+  ``_id`` are changes after ``T``, so they arrive as changes, and the copy ends however fast
+  documents are inserted. Each collection's bound is taken when its copy begins, not all at the
+  start: the progress then holds one bound whatever the number of collections (a cluster stream
+  may copy thousands, and the progress is written twice per chunk), and a collection copied later
+  copies at most what was inserted while the ones before it were copied (rows that also arrive
+  as their changes), which is bounded by then too;
+- documents are read in ``_id`` order, collection after collection, in chunks of
+  ``snapshot_chunk_size`` documents, and of at most ``max_events`` for ``@on_batch`` and
+  ``@on_dataframe`` methods, so that a chunk is handed over as exactly one batch. A chunk is
+  planned before it is handed over: its number and its last ``_id`` are stored in the progress
+  (``chunk``, ``chunkEnd``); once every row of it was handled (or given up on under the retry
+  policy's ``on_exhausted``) it is stored as finished. A restart hands a planned, unfinished
+  chunk over again as the same ``_id`` range under the same number (``ctx.batch_id`` is
+  ``snapshot:<T>:<chunk number>``): the documents of that range as they are then, so one deleted
+  since is missing (its delete follows as a change) and one inserted since inside the range is
+  there (and arrives as its insert too). It then copies on right after the chunk;
 - the stream's ``$match`` stages that read only the document (``fullDocument.*``,
   ``documentKey._id``) filter the copy too, so a partitioned stream's
   bucket, or a filter on a document field, copies what its changes would deliver
@@ -45,11 +60,11 @@ from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.snapshots import (
-    after_id,
     all_of,
     copied_collection,
     copied_database,
     copy_filter,
+    id_range,
     plain_id,
     snapshot_row,
 )
@@ -57,7 +72,7 @@ from flowwarden.spec import StreamSpec
 
 
 class SnapshotStopped(Exception):
-    """The stream began stopping while the copy ran: the chunk in hand stays unsaved."""
+    """The stream began stopping while the copy ran: the chunk in hand stays unfinished."""
 
 
 class SnapshotCopy:
@@ -122,17 +137,26 @@ class SnapshotCopy:
             progress = await self._begin(epoch)
         else:
             self.log.info(
-                "stream %s: continuing the initial snapshot after %s document(s), in %s",
+                "stream %s: continuing the initial snapshot after %s document(s), in %s%s",
                 self.name,
                 progress.copied,
                 progress.namespace,
+                f", handing chunk {progress.chunk} over again" if progress.pending else "",
             )
         self.progress = progress
-        index = progress.namespaces.index(progress.namespace)
-        for namespace in progress.namespaces[index:]:
-            if namespace != progress.namespace:
-                progress = replace(progress, namespace=namespace, last_id=MinKey())
-            progress = await self._copy(namespace, progress, epoch)
+        while True:
+            if self._stopping.is_set():
+                raise SnapshotStopped()
+            if progress.pending:
+                # Planned before a restart: the same _id range again.
+                planned_range = id_range(progress.last_id, progress.chunk_end)
+                documents = await self._find(progress.namespace, planned_range)
+            else:
+                planned = await self._plan(progress, epoch)
+                if planned is None:
+                    break
+                progress, documents = planned
+            progress = await self._hand_over(progress, documents, epoch)
         progress = replace(progress, done=True)
         await self._store.save_snapshot(self.name, progress, epoch)
         self.progress = progress
@@ -150,10 +174,12 @@ class SnapshotCopy:
         token = await self._opener.current_position()
         namespaces = await self._namespaces()
         total = await self._estimate(namespaces)
+        first = namespaces[0] if namespaces else ""
         progress = SnapshotProgress(
             token=token,
             namespaces=tuple(namespaces) or ("",),
-            namespace=namespaces[0] if namespaces else "",
+            namespace=first,
+            end_id=await self._bound(first),  # after the position: see the module docstring
             total=total,
             started_at=utc_now(),
         )
@@ -169,52 +195,95 @@ class SnapshotCopy:
         )
         return progress
 
-    async def _copy(self, namespace: str, progress: SnapshotProgress, epoch: int) -> SnapshotProgress:
-        if not namespace:
-            return progress
-        database, _, collection = namespace.partition(".")
-        target = self._client[database][collection]
-        # Read as raw BSON always: DataFrame streams keep it, the others decode each document on
-        # its own, so one that cannot be decoded is given up alone (see _rows).
-        codec = self._opener.read_options()
-        raw = codec is not None
-        strict: CodecOptions[Any] = target.codec_options
-        # surrogateescape: reading a raw document's _id inflates all of it, and text that is not
-        # UTF-8 must not stop the copy there (the bytes themselves stay as the server sent them).
-        reading = (codec or CodecOptions(document_class=RawBSONDocument)).with_options(
-            unicode_decode_error_handler="surrogateescape"
-        )
-        target = target.with_options(codec_options=reading)
-        chunk = self.spec.stream.snapshot_chunk_size
-        cluster_time = token_cluster_time(progress.token)
-        query = copy_filter(self.spec.pipeline)
+    async def _plan(
+        self, progress: SnapshotProgress, epoch: int
+    ) -> tuple[SnapshotProgress, list[Any]] | None:
+        """Read the next chunk and store it as planned; None once every collection was copied.
+        A collection the copy moves on to gets its bound first (stored with its first chunk)."""
         while True:
-            if self._stopping.is_set():
-                raise SnapshotStopped()
-            bounded = all_of(query, after_id(progress.last_id))
-            cursor = target.find(bounded, sort=[("_id", 1)], limit=chunk, batch_size=chunk)
-            documents = await cursor.to_list(None)
-            if not documents:
-                return progress
-            rows = await self._rows(documents, namespace, cluster_time, None if raw else strict)
-            batch_id = f"snapshot:{progress.token['_data']}:{progress.copied}"
+            if progress.namespace and not isinstance(progress.end_id, MinKey):
+                documents = await self._find(
+                    progress.namespace, id_range(progress.last_id, progress.end_id), self._chunk_size
+                )
+                if documents:
+                    planned = replace(
+                        progress, chunk=progress.chunk + 1, chunk_end=plain_id(documents[-1]["_id"])
+                    )
+                    await self._store.save_snapshot(self.name, planned, epoch)
+                    self.progress = planned
+                    return planned, documents
+            index = progress.namespaces.index(progress.namespace) + 1
+            if index >= len(progress.namespaces):
+                return None
+            namespace = progress.namespaces[index]
+            end_id = await self._bound(namespace)
+            progress = replace(progress, namespace=namespace, last_id=MinKey(), end_id=end_id)
+
+    async def _hand_over(
+        self, progress: SnapshotProgress, documents: list[Any], epoch: int
+    ) -> SnapshotProgress:
+        """Hand the planned chunk over, then store it as finished."""
+        rows = await self._rows(documents, progress.namespace, token_cluster_time(progress.token))
+        if rows:
+            batch_id = f"snapshot:{progress.token['_data']}:{progress.chunk}"
             await self._dispatch.deliver_snapshot(rows, batch_id)
             if self._dispatch.halt:  # a row was left unfinished (a stop, a lost lease)
                 raise SnapshotStopped()
-            last = documents[-1]["_id"]
-            progress = replace(progress, last_id=plain_id(last), copied=progress.copied + len(documents))
-            await self._store.save_snapshot(self.name, progress, epoch)
-            self.progress = progress
-            if len(documents) < chunk:
-                return progress
+        finished = replace(
+            progress, last_id=progress.chunk_end, chunk_end=MinKey(), copied=progress.copied + len(documents)
+        )
+        await self._store.save_snapshot(self.name, finished, epoch)
+        self.progress = finished
+        return finished
 
-    async def _rows(
-        self, documents: list[Any], namespace: str, cluster_time: Any, decode: CodecOptions[Any] | None
-    ) -> list[Any]:
-        """The snapshot rows of raw ``documents``, decoded with ``decode`` (None: kept raw). A
-        document that cannot be decoded gets ``on_exhausted`` at once, alone: decoding it again
-        cannot help (STOP fails the stream before it; SKIP and DEAD_LETTER go on without it)."""
+    @property
+    def _chunk_size(self) -> int:
+        size = self.spec.stream.snapshot_chunk_size
+        method = self.spec.batch or self.spec.dataframe
+        return size if method is None else min(size, method.max_events)
+
+    def _collection(self, namespace: str) -> Any:
+        """``namespace``'s collection, read as raw BSON always: DataFrame streams keep it, the
+        others decode each document on its own, so one that cannot be decoded is given up alone
+        (see :meth:`_rows`)."""
         database, _, collection = namespace.partition(".")
+        target = self._client[database][collection]
+        # surrogateescape: reading a raw document's _id inflates all of it, and text that is not
+        # UTF-8 must not stop the copy there (the bytes themselves stay as the server sent them).
+        reading = (self._opener.read_options() or CodecOptions(document_class=RawBSONDocument)).with_options(
+            unicode_decode_error_handler="surrogateescape"
+        )
+        return target.with_options(codec_options=reading)
+
+    async def _find(self, namespace: str, ids: dict[str, Any], limit: int = 0) -> list[Any]:
+        """The documents of ``namespace`` in the ``_id`` range ``ids`` that the copy filter
+        matches, in ``_id`` order (at most ``limit``; 0: all)."""
+        query = all_of(copy_filter(self.spec.pipeline), ids)
+        cursor = self._collection(namespace).find(
+            query, sort=[("_id", 1)], limit=limit, batch_size=limit or self.spec.stream.snapshot_chunk_size
+        )
+        documents: list[Any] = await cursor.to_list(None)
+        return documents
+
+    async def _bound(self, namespace: str) -> Any:
+        """The highest ``_id`` of ``namespace`` the copy filter matches (MinKey: none)."""
+        if not namespace:
+            return MinKey()
+        cursor = self._collection(namespace).find(
+            copy_filter(self.spec.pipeline), projection={"_id": 1}, sort=[("_id", -1)], limit=1
+        )
+        found = await cursor.to_list(None)
+        return plain_id(found[0]["_id"]) if found else MinKey()
+
+    async def _rows(self, documents: list[Any], namespace: str, cluster_time: Any) -> list[Any]:
+        """The snapshot rows of raw ``documents``: kept raw for DataFrame streams, else decoded
+        with the collection's codec options. A document that cannot be decoded gets
+        ``on_exhausted`` at once, alone: decoding it again cannot help (STOP fails the stream
+        before it; SKIP and DEAD_LETTER go on without it)."""
+        database, _, collection = namespace.partition(".")
+        decode: CodecOptions[Any] | None = None
+        if self._opener.read_options() is None:
+            decode = self._client[database][collection].codec_options
         rows = []
         for document in documents:
             if decode is None:

@@ -207,13 +207,19 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def initialOffset(self) -> Offset:
         offset = self._retrying(self._initial_offset, None)
         if self.options.snapshot is not Snapshot.NEVER:
-            # The copy's namespaces are fixed when the query begins (see source_snapshot).
+            # The copy's namespaces are fixed when the query begins, and the first one's bound
+            # is read after the position was taken (see source_snapshot).
             options = self.options
             names = self._retrying(
                 lambda: source_snapshot.namespaces(self._client_for(), options.database, options.collection),
                 None,
             )
-            return source_snapshot.first_offset(offset, names)
+            first = names[0] if names else None
+            end_id = self._retrying(
+                lambda: source_snapshot.bound(self._raw_client_for(), first, copy_filter(options.pipeline)),
+                None,
+            )
+            return source_snapshot.first_offset(offset, names, end_id)
         return offset if self._buckets == 1 else {"partitions": [offset] * self._buckets}
 
     def _initial_offset(self) -> Offset:

@@ -6,18 +6,24 @@ collection; once they are all read, the micro-batches are the change events afte
 offsets cover both phases: during the copy an offset is
 
     {"snapshot": {"token": <T's _data>, "namespaces": [..], "at": <index>,
+                  "endId": <canonical Extended JSON of the bound of namespace ``at``; MinKey: none>,
                   "lastId": <canonical Extended JSON of the last _id read; MinKey: none>,
                   "copied": <documents read so far>}}
 
-and a micro-batch from such an offset to the next one holds the documents of namespace ``at``
-of the end offset with ``_id`` in (start ``lastId``, end ``lastId``] (from the first ``_id``
-when the start offset is of an earlier namespace). Once every document was read, one empty
-micro-batch ends at the same offset with ``"done": true``, so the copy ends at a fixed point
-whatever is inserted later; a change-stream offset after it holds the events after ``T`` (with
-``snapshot=initial_only`` nothing follows it). Planning reads a micro-batch's documents and carries them
-to the executor; a micro-batch Spark replays without planning it again reads that ``_id`` range
-again, as the documents are then (their changes since ``T`` follow as change events anyway).
-Rows are :func:`~flowwarden.snapshots.snapshot_row`\\ s.
+The copy is bounded: when a collection's copy begins (after ``T`` was taken; the first one's in
+the initial offset, each later one's when planning moves on to it), its highest ``_id`` under
+the copy filter is read and carried in the offsets (``endId``), and no ``_id`` past it is read;
+documents inserted later with a higher ``_id`` are changes after ``T`` and arrive as such, so
+the copy ends however fast documents are inserted, and a restarted query copies to the bound
+its offsets carry. A micro-batch from such an offset to the next one holds the documents of
+namespace ``at`` of the end offset with ``_id`` in (start ``lastId``, end ``lastId``] (from the
+first ``_id`` when the start offset is of an earlier namespace). Once every document was read,
+one empty micro-batch ends at the same offset with ``"done": true``, so the copy ends at a fixed
+point whatever is inserted later; a change-stream offset after it holds the events after ``T``
+(with ``snapshot=initial_only`` nothing follows it). Planning reads a micro-batch's documents and
+carries them to the executor; a micro-batch Spark replays without planning it again reads that
+``_id`` range again, as the documents are then (their changes since ``T`` follow as change
+events anyway). Rows are :func:`~flowwarden.snapshots.snapshot_row`\\ s.
 """
 
 from __future__ import annotations
@@ -30,10 +36,10 @@ from bson.raw_bson import RawBSONDocument
 
 from flowwarden.events import token_cluster_time
 from flowwarden.snapshots import (
-    after_id,
     all_of,
     copied_collection,
     copied_database,
+    id_range,
     plain_id,
     snapshot_row,
 )
@@ -60,16 +66,34 @@ def done_offset(offset: Offset) -> Offset:
     return {"snapshot": {**offset["snapshot"], "done": True}}
 
 
-def first_offset(token: Mapping[str, Any], namespaces: list[str]) -> Offset:
+def first_offset(token: Mapping[str, Any], namespaces: list[str], end_id: Any) -> Offset:
+    """The offset a new query starts at: ``end_id`` is the first namespace's bound (see
+    :func:`bound`), read after ``token`` was taken."""
     return {
         "snapshot": {
             "token": token["_data"],
             "namespaces": namespaces,
             "at": 0,
+            "endId": _dump_id(end_id),
             "lastId": _dump_id(MinKey()),
             "copied": 0,
         }
     }
+
+
+def bound(raw_client: Any, namespace: str | None, query: Mapping[str, Any]) -> Any:
+    """The highest ``_id`` of ``namespace`` that ``query`` matches, in MongoDB's sort order
+    (MinKey: none, or no namespace)."""
+    if namespace is None:
+        return MinKey()
+    database, collection = namespace.split(".", 1)
+    cursor = raw_client[database][collection].find(
+        dict(query), projection={"_id": 1}, sort=[("_id", -1)], limit=1
+    )
+    with cursor:
+        for document in cursor:
+            return plain_id(document["_id"])
+    return MinKey()
 
 
 def namespaces(client: Any, database: str | None, collection: str | None) -> list[str]:
@@ -97,13 +121,15 @@ def plan_chunk(
     cluster_time = token_cluster_time(snapshot_token(start))
     at = state["at"]
     last = _load_id(state["lastId"])
+    end_id = _load_id(state["endId"])
     names: list[str] = state["namespaces"]
     while at < len(names):
         rows: list[bytes] = []
         size = 0
         last_id: Any = None
         database, collection = names[at].split(".", 1)
-        for document in _documents(raw_client, names[at], query, last, None, max_rows):
+        empty = isinstance(end_id, MinKey)
+        for document in () if empty else _documents(raw_client, names[at], query, last, end_id, max_rows):
             row = snapshot_row(document, database, collection, cluster_time, raw=True)
             rows.append(row.raw)
             size += len(row.raw)
@@ -115,6 +141,7 @@ def plan_chunk(
                 "snapshot": {
                     **state,
                     "at": at,
+                    "endId": _dump_id(end_id),
                     "lastId": _dump_id(plain_id(last_id)),
                     "copied": state["copied"] + len(rows),
                 }
@@ -122,6 +149,7 @@ def plan_chunk(
             return end, b"".join(rows)
         at += 1
         last = MinKey()
+        end_id = bound(raw_client, names[at] if at < len(names) else None, query)
     return None
 
 
@@ -144,11 +172,9 @@ def _documents(
     raw_client: Any, namespace: str, query: Mapping[str, Any], after: Any, through: Any, limit: int | None
 ) -> Iterator[RawBSONDocument]:
     """The documents of ``namespace`` matching ``query`` with ``_id`` after ``after`` (MinKey:
-    from the first) and up to ``through`` (None: to the last), in ``_id`` order."""
+    from the first) and up to ``through`` (an ``_id`` read before), in ``_id`` order."""
     database, collection = namespace.split(".", 1)
-    # The upper end is an _id read before: only ids sorting after it are outside the range.
-    upper = {} if through is None else {"$nor": [after_id(through)]}
-    filter_ = all_of(query, after_id(after), upper)
+    filter_ = all_of(query, id_range(after, through))
     cursor = raw_client[database][collection].find(filter_, sort=[("_id", 1)], limit=limit or 0)
     with cursor:
         yield from cursor
@@ -164,6 +190,7 @@ def _load_id(text: str) -> Any:
 
 
 __all__ = [
+    "bound",
     "done_offset",
     "first_offset",
     "is_done",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from bson import ObjectId
+from bson import MinKey, ObjectId
 
 from flowwarden.checkpoints.contract.support import STREAM, sample_token
 from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
@@ -25,15 +25,25 @@ LAST_IDS: tuple[Any, ...] = (7, "sku-9", ObjectId("65a1b2c3d4e5f60718293a4b"), {
 
 
 def progress(
-    copied: int, *, done: bool = False, token: Mapping[str, Any] | None = None, last_id: Any = None
+    chunk: int,
+    *,
+    done: bool = False,
+    token: Mapping[str, Any] | None = None,
+    last_id: Any = None,
+    end_id: Any = 10_000,
+    planned: Any = MinKey(),
 ) -> SnapshotProgress:
-    """Progress of the snapshot taken at ``token`` (default: one fixed token)."""
+    """Progress of the snapshot taken at ``token`` (default: one fixed token) after ``chunk``
+    chunks, the last one finished, or planned through ``planned`` and not finished yet."""
     return SnapshotProgress(
         token=token or sample_token(1_700_000_000, 5),
         namespaces=("shop.orders", "shop.returns"),
         namespace="shop.orders",
-        last_id=copied if last_id is None else last_id,
-        copied=copied,
+        end_id=end_id,
+        last_id=chunk * 10 if last_id is None else last_id,
+        chunk=chunk,
+        chunk_end=planned,
+        copied=chunk * 10,
         total=1_000,
         done=done,
         started_at=STARTED,
@@ -55,6 +65,30 @@ class SnapshotStoreContract(abc.ABC):
             assert loaded is not None and loaded.snapshot == saved
             # Progress is not a position: no token was written.
             assert loaded.resume_token is None
+
+    def test_the_bound_and_the_planned_chunk_round_trip(self, store: Any) -> None:
+        chunk = 0
+        for bound in (*LAST_IDS, MinKey(), None):
+            for planned in (bound, MinKey()):
+                chunk += 1
+                saved = progress(chunk, end_id=bound, planned=planned)
+                assert store.save_snapshot(STREAM, saved, 0) is SaveResult.STORED
+                loaded = store.load(STREAM)
+                assert loaded is not None and loaded.snapshot is not None
+                assert isinstance(loaded.snapshot.end_id, MinKey) is isinstance(bound, MinKey)
+                assert loaded.snapshot.end_id == bound and loaded.snapshot.chunk_end == saved.chunk_end
+                assert loaded.snapshot.pending is not isinstance(planned, MinKey) and loaded.snapshot == saved
+
+    def test_a_chunk_is_planned_then_finished_and_never_planned_again(self, store: Any) -> None:
+        assert store.save_snapshot(STREAM, progress(2), 0) is SaveResult.STORED
+        assert store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.STORED
+        # The plan stays: a save of the finished chunk before it does not go back.
+        assert store.save_snapshot(STREAM, progress(2), 0) is SaveResult.IGNORED
+        assert store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.IGNORED
+        assert store.save_snapshot(STREAM, progress(3), 0) is SaveResult.STORED
+        assert store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.IGNORED
+        loaded = store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(3)
 
     def test_snapshot_progress_never_goes_back(self, store: Any) -> None:
         assert store.save_snapshot(STREAM, progress(10), 0) is SaveResult.STORED
@@ -107,6 +141,20 @@ class AsyncSnapshotStoreContract(abc.ABC):
             loaded = await store.load(STREAM)
             assert loaded is not None and loaded.snapshot == saved
             assert loaded.resume_token is None
+
+    async def test_the_bound_and_the_planned_chunk_round_trip(self, store: Any) -> None:
+        chunk = 0
+        for bound in (*LAST_IDS, MinKey(), None):
+            for planned in (bound, MinKey()):
+                chunk += 1
+                saved = progress(chunk, end_id=bound, planned=planned)
+                assert await store.save_snapshot(STREAM, saved, 0) is SaveResult.STORED
+                loaded = await store.load(STREAM)
+                assert loaded is not None and loaded.snapshot is not None
+                assert isinstance(loaded.snapshot.end_id, MinKey) is isinstance(bound, MinKey)
+                assert loaded.snapshot.end_id == bound and loaded.snapshot.chunk_end == saved.chunk_end
+                assert loaded.snapshot.pending is not isinstance(planned, MinKey) and loaded.snapshot == saved
+        assert await store.save_snapshot(STREAM, progress(chunk, planned=5), 0) is SaveResult.IGNORED
 
     async def test_snapshot_progress_never_goes_back(self, store: Any) -> None:
         assert await store.save_snapshot(STREAM, progress(10), 0) is SaveResult.STORED
