@@ -47,7 +47,7 @@ from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.eventbson import classic_document_event_bson
 from flowwarden.testing.embedded.largeevents import split_event, too_large
 from flowwarden.testing.embedded.limits import MAX_CHANGE_EVENT_SIZE, MAX_INTERNAL_OBJECT_SIZE
-from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, Oplog, OplogRecord
+from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, NOOP, Oplog, OplogRecord
 from flowwarden.testing.embedded.rawstrings import encode
 from flowwarden.testing.embedded.stages import (
     SPLIT_STAGE,
@@ -512,7 +512,7 @@ class ChangeStreamCursor:
         if self._cluster:
 
             def cluster(record: OplogRecord) -> int:
-                if record.db in INTERNAL_DATABASES:
+                if record.db in INTERNAL_DATABASES or record.kind == NOOP:
                     return 0
                 name = record.coll
                 if name == VIEWS_COLLECTION:

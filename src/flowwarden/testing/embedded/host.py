@@ -39,7 +39,7 @@ from flowwarden.testing.embedded.crud import Scope
 from flowwarden.testing.embedded.cursors import CursorRegistry
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.keys import value_key
-from flowwarden.testing.embedded.oplog import Oplog, OplogOp, key_timestamp
+from flowwarden.testing.embedded.oplog import NOOP, Oplog, OplogOp, key_timestamp
 from flowwarden.testing.embedded.sessions import TRANSACTION_CONTROL, SessionRegistry, TxnState
 from flowwarden.testing.embedded.shardmerge import MergedOplog
 from flowwarden.testing.embedded.storage import Catalog, Document
@@ -101,7 +101,11 @@ class ReplicaSetHost:
         )
         for member in self.members:
             # Events and local.oplog.rs show the catalog's collection UUIDs.
-            self.oplog_of(member).uuid_source = self.collection_uuid
+            oplog = self.oplog_of(member)
+            oplog.uuid_source = self.collection_uuid
+            if sharded:
+                # A shard's oplog is never empty: replSetInitiate logs this first, as MongoDB's does.
+                oplog.append([OplogOp(NOOP, "", None, description={"msg": "initiating set"})])
         self.member = self.members[0]
         self.oplog = self.oplog_of(self.member)
         """The replica set's oplog; a sharded cluster's first shard's."""

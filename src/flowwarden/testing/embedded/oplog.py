@@ -50,7 +50,11 @@ CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "renam
 
 EXPANDED_OPS = frozenset({"create", "createIndexes", "dropIndexes", "modify"})
 
-_ALL_OPS = CLASSIC_OPS | EXPANDED_OPS
+NOOP = "noop"
+"""A no-op entry (``op: "n"``): what a member logs that is no change, e.g. ``replSetInitiate``'s
+"initiating set"; its ``description`` is the entry's ``o``. No change stream reports it."""
+
+_ALL_OPS = CLASSIC_OPS | EXPANDED_OPS | {NOOP}
 _EPOCH = _dt.datetime(1970, 1, 1)
 _ENCODE_STEP = 256  # document events encoded per event-loop step
 _ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
@@ -576,10 +580,12 @@ def _rs_op(record: OplogRecord) -> dict[str, Any]:
         doc = {"op": "u", "ns": f"{op.db}.{op.coll}", "ui": ui, "o": op.after, "o2": op.document_key}
     elif record.kind == "delete":
         doc = {"op": "d", "ns": f"{op.db}.{op.coll}", "ui": ui, "o": op.document_key}
+    elif record.kind == NOOP:
+        doc = {"op": "n", "ns": "", "o": dict(op.description or {})}
     else:
         doc = {"op": "c", "ns": f"{op.db}.$cmd", "ui": ui, "o": _command_object(record)}
     if ui is None:
-        del doc["ui"]
+        doc.pop("ui", None)
     return doc
 
 
@@ -631,6 +637,7 @@ __all__ = [
     "CLASSIC_OPS",
     "DOCUMENT_OPS",
     "EXPANDED_OPS",
+    "NOOP",
     "Oplog",
     "OplogOp",
     "OplogRecord",
