@@ -1,4 +1,5 @@
-"""The oplog of the embedded replica set: every logged write, in cluster-time order.
+"""The oplog of a replica set member (the replica set's, or one shard's): every write it logged, in
+cluster-time order.
 
 The server appends what MongoDB would log (one entry per document write, one entry per committed
 transaction, one per DDL command); change-stream cursors read it and ``local.oplog.rs`` finds show
@@ -255,6 +256,7 @@ class Oplog:
         self._entry_sizes: deque[int] = deque()  # records per kept entry, oldest first
         self._last_key = ts_key(origin if origin is not None else Timestamp(int(time.time()), 0))
         self._clock_key = self._last_key  # at or after the newest entry: see advance()
+        self._clock = key_timestamp(self._clock_key)  # every reply carries it: made once per change
         self._origin_key = self._last_key
         self._dropped_key: int | None = None
         self._waiters: set[asyncio.Future[None]] = set()
@@ -284,6 +286,7 @@ class Oplog:
         entry the mongos has seen on any shard."""
         if key > self._clock_key:
             self._clock_key = key
+            self._clock = key_timestamp(key)
 
     def next_key(self) -> int:
         """The cluster time (as one integer) an entry appended now would get."""
@@ -407,9 +410,10 @@ class Oplog:
             records.append(OplogRecord(seq + index, key, index, count, op, uuid, wall_ms, lsid, txn_number))
         self._entry_sizes.append(count)
         self._last_key = self._clock_key = key
+        ts = self._clock = key_timestamp(key)
         if self.max_events is not None:
             self._trim(self.max_events)
-        return key_timestamp(key)
+        return ts
 
     def _trim(self, limit: int) -> None:
         sizes = self._entry_sizes
