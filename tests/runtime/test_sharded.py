@@ -276,23 +276,28 @@ def test_status_on_two_shards_judges_a_position_by_the_newest_of_their_oldest_en
     assert (code, row["inOplog"]) == (ExitCode.USAGE, False)
 
 
-def wait_for_the_next_second(after: Timestamp) -> None:
-    """Until this machine's clock, which the embedded cluster's cluster times follow, is past
-    ``after``'s second: the oplog window counts whole seconds."""
-    wait_until(lambda: time.time() >= after.time + 1, timeout=5, what=f"the second after {after.time}")
+def wait_for_the_second(second: int) -> None:
+    """Until this machine's clock, which the embedded cluster's cluster times follow, reaches
+    ``second``: the oplog window counts whole seconds."""
+    wait_until(lambda: time.time() >= second, timeout=5, what=f"the second {second}")
 
 
 @pytest.mark.embedded_only
 def test_the_oplog_window_metric_on_two_shards_spans_from_the_newest_oldest_to_the_newest_entry() -> None:
     with two_shards(oplog_max_events=20) as (cluster, mongos):
-        # shard0 keeps its first entries, all of one second; shard1 rolls, then writes a second later.
-        wait_for_the_next_second(max(shard_edges(cluster, -1)))
+        # shard1 rolls after shard0's last entry, then writes two seconds after its new oldest
+        # entry: its window is longer than shard0's, so which oldest entry is taken shows.
+        wait_for_the_second(max(shard_edges(cluster, -1)).time + 1)
         roll_shard1(mongos, 30)
-        wait_for_the_next_second(shard_edges(cluster, -1)[1])
+        with pymongo.MongoClient(cluster.shard_uris[1]) as shard1:
+            # The entry that is shard1's oldest once the next write has rolled the present oldest.
+            [next_oldest] = shard1.local["oplog.rs"].find({}, sort=[("$natural", 1)], skip=1, limit=1)
+        wait_for_the_second(next_oldest["ts"].time + 2)
         roll_shard1(mongos, 1)
         oldest, newest = shard_edges(cluster, 1), shard_edges(cluster, -1)
-        assert oldest[0].time == newest[0].time < oldest[1].time < newest[1].time
+        assert newest[0] < oldest[1] < newest[1]
         window = (max(newest).time - max(oldest).time) / 3600
+        assert window > (newest[0].time - oldest[0].time) / 3600
         handler, _ = recording_handler("shop")
         # Checkpoints kept in memory: nothing the connector writes moves the shards' edges.
         with running(
