@@ -49,10 +49,10 @@ def topology(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def shared_sharded() -> Iterator[EmbeddedReplicaSet]:
-    """The run's one embedded sharded cluster (a mongos and its shard)."""
+    """The run's one embedded sharded cluster: a mongos and two shards."""
     from flowwarden.testing import EmbeddedReplicaSet
 
-    with EmbeddedReplicaSet(topology="sharded") as cluster:
+    with EmbeddedReplicaSet(topology="sharded", shards=2) as cluster:
         yield cluster
 
 

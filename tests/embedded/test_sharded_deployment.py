@@ -1,5 +1,7 @@
-"""EmbeddedReplicaSet(topology="sharded"): a mongos and its shard's member, two processes on two
-ports sharing one deployment's data and oplog, each with its own identity and fail points."""
+"""EmbeddedReplicaSet(topology="sharded"): a mongos and its one shard's member, two processes on two
+ports serving one deployment's data, each with its own identity and fail points; the mongos's
+writes and change streams are the shard's oplog's. Clusters of more shards:
+test_sharded_cluster.py."""
 
 from __future__ import annotations
 

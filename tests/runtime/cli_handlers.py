@@ -5,6 +5,8 @@ Configured by environment variables (the command line names only the class):
 - ``FW_TEST_DB``: the database whose ``orders`` collection is watched;
 - ``FW_TEST_LOG``: a file that gets one line per handled event, ``<_id>``, flushed at once, so
   it holds every handling that finished even when the process is killed with SIGKILL;
+- ``FW_TEST_LOG_EVENTS``: set, each line is ``<_id> <operationType> <resume token _data>``, which
+  tells every event apart (the same document's updates included);
 - ``FW_TEST_BLOCK_ON``: an ``_id`` whose handler never returns (a hung handler);
 - ``FW_TEST_SAVE_EVERY_N`` (default 1000) and ``FW_TEST_SAVE_INTERVAL`` (default 60 seconds);
 - ``FW_TEST_CONCURRENCY`` (default 1): above 1, the handler runs in worker threads;
@@ -22,6 +24,7 @@ from flowwarden import ChangeEvent, change_stream, checkpoint, on_change
 
 _log = open(os.environ["FW_TEST_LOG"], "a", buffering=1)
 _block_on = os.environ.get("FW_TEST_BLOCK_ON")
+_log_events = bool(os.environ.get("FW_TEST_LOG_EVENTS"))
 _never = threading.Event()
 if os.environ.get("FW_TEST_LOG_SERVER_SELECTION"):
     logging.getLogger("pymongo.serverSelection").setLevel(logging.DEBUG)
@@ -45,4 +48,7 @@ class Orders:
         if _block_on is not None and str(key) == _block_on:
             _log.write("blocked\n")
             _never.wait()
-        _log.write(f"{key}\n")
+        if _log_events:
+            _log.write(f"{key} {event.operation_type} {event.token['_data']}\n")
+        else:
+            _log.write(f"{key}\n")

@@ -1,13 +1,15 @@
 """EmbeddedReplicaSet: a single-node MongoDB replica set speaking the wire protocol on 127.0.0.1,
-or a one-shard sharded cluster: a mongos in front of that member.
+or a sharded cluster: a mongos in front of N single-node shards.
 
 Modules, from the socket inwards: ``server`` (the public class, thread and connections), ``wire``
-(message framing), ``topology`` (the processes clients reach: the member, and a mongos), ``host``
+(message framing), ``topology`` (the processes clients reach: the member, or a mongos and its
+shards; and which shard logs a write through the mongos), ``host``
 (state and the per-command pipeline), the ``commands`` package (every command, one module per
 group), ``crud`` and ``storage`` (documents, indexes, namespaces),
 ``sessions`` (transactions and retryable writes), ``failpoints`` (``failCommand``), ``cursors``,
 ``ttl`` (the TTL monitor); the oplog and change streams live in ``oplog``, ``tokens``, ``updates``,
-``changestream`` and ``largeevents`` (events over 16 MB).
+``changestream``, ``shardmerge`` (a mongos's merge of its shards' oplogs) and ``largeevents``
+(events over 16 MB).
 """
 
 from __future__ import annotations

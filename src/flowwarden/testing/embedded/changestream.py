@@ -47,7 +47,7 @@ from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.eventbson import classic_document_event_bson
 from flowwarden.testing.embedded.largeevents import split_event, too_large
 from flowwarden.testing.embedded.limits import MAX_CHANGE_EVENT_SIZE, MAX_INTERNAL_OBJECT_SIZE
-from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, Oplog, OplogRecord
+from flowwarden.testing.embedded.oplog import CLASSIC_OPS, DOCUMENT_OPS, NOOP, Oplog, OplogRecord
 from flowwarden.testing.embedded.rawstrings import encode
 from flowwarden.testing.embedded.stages import (
     SPLIT_STAGE,
@@ -76,10 +76,38 @@ MAX_BATCH_BYTES = 16 * 1024 * 1024
 INTERNAL_DATABASES = frozenset({"admin", "config", "local"})
 
 
+class ChangeSource(Protocol):
+    """Where a change stream reads its records: a replica set member's
+    :class:`~flowwarden.testing.embedded.oplog.Oplog`, or the
+    :class:`~flowwarden.testing.embedded.shardmerge.MergedOplog` of a mongos's shards."""
+
+    @property
+    def clock_key(self) -> int: ...
+
+    @property
+    def first_seq(self) -> int: ...
+
+    @property
+    def end_seq(self) -> int: ...
+
+    def history_lost_before(self, key: int, *, event: bool = False) -> bool: ...
+
+    def seek(self, key: int, index: int = 0) -> int: ...
+
+    def view(self) -> tuple[list[OplogRecord], int]: ...
+
+    def release(self, seq: int) -> None: ...
+
+    async def wait(self, timeout: float) -> None: ...
+
+    def wake_all(self) -> None: ...
+
+
 class ChangeStreamHost(Protocol):
     """What a change stream needs from the server (implemented by the server's host)."""
 
     oplog: Oplog
+    """What a stream reads unless it is given a source of its own."""
 
     def lookup_document(self, db: str, coll: str, document_key: dict[str, Any]) -> dict[str, Any] | None:
         """The current document with this key (``fullDocument: updateLookup``), or None."""
@@ -91,15 +119,22 @@ class ChangeStreamHost(Protocol):
 
 
 async def open_change_stream(
-    host: ChangeStreamHost, db: str, coll: str | None, pipeline: list[Any], cmd: Mapping[str, Any]
+    host: ChangeStreamHost,
+    db: str,
+    coll: str | None,
+    pipeline: list[Any],
+    cmd: Mapping[str, Any],
+    *,
+    source: ChangeSource | None = None,
 ) -> ChangeStreamCursor:
     """Open the change stream an ``aggregate`` asks for; ``pipeline[0]`` is its ``$changeStream``.
 
     ``coll`` None is a database stream (``aggregate: 1``); ``db`` "admin" with
     ``allChangesForCluster: true`` is a cluster stream. ``cmd`` is the whole command; nothing in
     it beyond the pipeline changes a stream here (batch size and maxTimeMS reach
-    :meth:`ChangeStreamCursor.fetch`; a collation is accepted and not applied). Raises
-    :class:`CommandError` exactly where MongoDB refuses the request.
+    :meth:`ChangeStreamCursor.fetch`; a collation is accepted and not applied). ``source`` is
+    what the stream reads (``host.oplog`` when None). Raises :class:`CommandError` exactly where
+    MongoDB refuses the request.
     """
     first = pipeline[0] if pipeline else None
     if not isinstance(first, Mapping) or len(first) != 1 or "$changeStream" not in first:
@@ -147,6 +182,7 @@ async def open_change_stream(
         early_matches=early,
         filters_only=filters_only,
         split=split,
+        source=source,
     )
 
 
@@ -166,9 +202,10 @@ class ChangeStreamCursor:
         early_matches: int = 0,
         filters_only: bool = False,
         split: bool = False,
+        source: ChangeSource | None = None,
     ) -> None:
         self._host = host
-        self._oplog = host.oplog
+        self._oplog: ChangeSource = host.oplog if source is None else source
         self._db = db
         self._coll = coll
         self._cluster = cluster
@@ -229,7 +266,7 @@ class ChangeStreamCursor:
                 self._next_seq = oplog.seek(start_key)
             else:
                 # A new stream starts one tick after the newest operation, as MongoDB does.
-                start_key = oplog.newest_key + 1
+                start_key = oplog.clock_key + 1
                 self._next_seq = oplog.end_seq
             self._pbrt = high_water_mark(key_timestamp(start_key))
             self._latest_key = start_key
@@ -387,11 +424,12 @@ class ChangeStreamCursor:
                         return batch
         finally:
             self._next_seq = base + index
+            oplog.release(self._next_seq)
         if last is not None:
             self._pbrt = last.token()
             self._latest_key = last.key
         if index >= end and self._pending_invalidate is None and not ready:
-            newest = oplog.newest_key
+            newest = oplog.clock_key
             if newest > self._latest_key:
                 self._pbrt = high_water_mark(key_timestamp(newest))
                 self._latest_key = newest
@@ -474,7 +512,7 @@ class ChangeStreamCursor:
         if self._cluster:
 
             def cluster(record: OplogRecord) -> int:
-                if record.db in INTERNAL_DATABASES:
+                if record.db in INTERNAL_DATABASES or record.kind == NOOP:
                     return 0
                 name = record.coll
                 if name == VIEWS_COLLECTION:
@@ -726,6 +764,7 @@ def _history_lost() -> CommandError:
 
 __all__ = [
     "DEFAULT_AWAIT_MS",
+    "ChangeSource",
     "ChangeStreamCursor",
     "ChangeStreamHost",
     "open_change_stream",

@@ -1,12 +1,17 @@
-"""The replica set's state and the command pipeline every request goes through.
+"""The deployment's state and the command pipeline every request goes through.
 
-:class:`ReplicaSetHost` holds everything a command can touch (catalog, oplog, cursors, sessions)
-and the deployment's processes (:mod:`~flowwarden.testing.embedded.topology`: the member, and a
-mongos in a sharded deployment), and is the ``ChangeStreamHost`` change streams read documents
-and options from. Its :meth:`ReplicaSetHost.run` takes one decoded request, received by one of the
-processes, through the steps MongoDB takes: the command's lookup, that process's fail point, the
-refusals of a mongos, session and transaction bookkeeping, retryable-write replay, the command
-itself, and the ``$clusterTime``/``operationTime`` every reply carries.
+:class:`ReplicaSetHost` holds everything a command can touch (catalog, oplogs, cursors, sessions)
+and the deployment's processes (:mod:`~flowwarden.testing.embedded.topology`: the member; or a
+mongos and one member per shard, each with its oplog), and is the ``ChangeStreamHost`` change
+streams read documents and options from. Its :meth:`ReplicaSetHost.run` takes one decoded
+request, received by one of the processes, through the steps MongoDB takes: the command's lookup,
+that process's fail point, the refusals of a mongos, session and transaction bookkeeping,
+retryable-write replay, the command itself, and the ``$clusterTime``/``operationTime`` every reply
+carries: the member's own cluster time, or a mongos's, the newest of its shards'.
+
+Where a write is logged: on the member that received it; through a mongos, on the shard that
+:class:`~flowwarden.testing.embedded.topology.Placement` names for it, after the mongos told that
+shard its cluster time.
 
 Everything here runs on the server's event loop thread; nothing may block it.
 """
@@ -15,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import os
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bson import Binary, Int64, ObjectId, Timestamp
 
@@ -33,18 +39,22 @@ from flowwarden.testing.embedded.crud import Scope
 from flowwarden.testing.embedded.cursors import CursorRegistry
 from flowwarden.testing.embedded.errors import CommandError
 from flowwarden.testing.embedded.keys import value_key
-from flowwarden.testing.embedded.oplog import Oplog, OplogOp
+from flowwarden.testing.embedded.oplog import NOOP, Oplog, OplogOp, key_timestamp
 from flowwarden.testing.embedded.sessions import TRANSACTION_CONTROL, SessionRegistry, TxnState
+from flowwarden.testing.embedded.shardmerge import MergedOplog
 from flowwarden.testing.embedded.storage import Catalog, Document
 from flowwarden.testing.embedded.topology import (
     REPLICA_SET_NAME,
-    SHARD_NAME,
+    Placement,
     Process,
     Role,
     refuse_local_through_mongos,
-    shard_documents,
+    shard_name,
 )
 from flowwarden.testing.embedded.ttl import expire_ttl_documents
+
+if TYPE_CHECKING:
+    from flowwarden.testing.embedded.changestream import ChangeSource
 
 log = logging.getLogger(__name__)
 
@@ -71,20 +81,39 @@ class ConnectionInfo:
 
 
 class ReplicaSetHost:
-    """State of the single-node replica set (``rs0``, or the shard ``shard0`` behind a mongos when
-    ``sharded``); the ``ChangeStreamHost`` of its change streams."""
+    """State of the single-node replica set (``rs0``), or of a sharded cluster (``sharded``): a
+    mongos and ``shards`` single-node shards, each with its own oplog of at most
+    ``oplog_max_events`` entries; the ``ChangeStreamHost`` of their change streams."""
 
-    def __init__(self, oplog_max_events: int | None = None, *, sharded: bool = False) -> None:
-        self.oplog = Oplog(oplog_max_events)
+    def __init__(
+        self, oplog_max_events: int | None = None, *, sharded: bool = False, shards: int = 1
+    ) -> None:
+        if shards < 1 or (shards > 1 and not sharded):
+            raise ValueError(f"a sharded cluster has 1 or more shards, a replica set 1; got {shards}")
         self.catalog = Catalog()
-        # Events and local.oplog.rs show the catalog's collection UUIDs.
-        self.oplog.uuid_source = self.collection_uuid
-        self.cursors = CursorRegistry()
-        self.sessions = SessionRegistry(self.catalog, self.oplog)
-        self.member = Process(Role.MEMBER, SHARD_NAME if sharded else REPLICA_SET_NAME)
-        self.mongos = Process(Role.MONGOS) if sharded else None
-        self.election_id = ObjectId("7fffffff0000000000000001")
         self.started_wall = time.time()
+        origin = Timestamp(int(self.started_wall), 0)
+        uuids: dict[tuple[str, str], bytes] = {}
+        names = [shard_name(k) for k in range(shards)] if sharded else [REPLICA_SET_NAME]
+        self.members: tuple[Process, ...] = tuple(
+            Process(Role.MEMBER, name, oplog=Oplog(oplog_max_events, origin=origin, uuids=uuids))
+            for name in names
+        )
+        for member in self.members:
+            # Events and local.oplog.rs show the catalog's collection UUIDs.
+            oplog = self.oplog_of(member)
+            oplog.uuid_source = self.collection_uuid
+            if sharded:
+                # A shard's oplog is never empty: replSetInitiate logs this first, as MongoDB's does.
+                oplog.append([OplogOp(NOOP, "", None, description={"msg": "initiating set"})])
+        self.member = self.members[0]
+        self.oplog = self.oplog_of(self.member)
+        """The replica set's oplog; a sharded cluster's first shard's."""
+        self.mongos = Process(Role.MONGOS) if sharded else None
+        self.placement = Placement(self.members, Timestamp(int(self.started_wall), 1)) if sharded else None
+        self.cursors = CursorRegistry()
+        self.sessions = SessionRegistry(self.catalog)
+        self.election_id = ObjectId("7fffffff0000000000000001")
         self.started = time.monotonic()
         self.connections_current = 0
         self.connections_total = 0
@@ -102,7 +131,13 @@ class ReplicaSetHost:
             "notablescan": False,
         }
         self._shutdown: asyncio.Event | None = None
-        self._main_scope = Scope(self.catalog, self._emit)
+        self._member_scopes = {
+            member: Scope(self.catalog, functools.partial(self._log_on, member)) for member in self.members
+        }
+        # The TTL monitor of a cluster deletes on each shard, which logs its own documents' deletes.
+        self._ttl_scope = (
+            self._member_scopes[self.member] if self.placement is None else Scope(self.catalog, self._route)
+        )
         self._last_ttl_pass = time.monotonic()
 
     # -- identity --------------------------------------------------------------------------
@@ -110,18 +145,23 @@ class ReplicaSetHost:
     @property
     def processes(self) -> tuple[Process, ...]:
         """Every process of the deployment, the one clients connect to first."""
-        return (self.member,) if self.mongos is None else (self.mongos, self.member)
+        return self.members if self.mongos is None else (self.mongos, *self.members)
 
-    @property
-    def address(self) -> str:
-        """The replica set member's ``host:port`` (what its ``hello`` and replSetGetStatus name)."""
-        return self.member.address
+    @staticmethod
+    def oplog_of(process: Process) -> Oplog:
+        """A member's oplog (a mongos has none: it reads its shards')."""
+        if process.oplog is None:
+            raise CommandError(20, "a mongos has no oplog of its own", code_name="IllegalOperation")
+        return process.oplog
 
     def shards(self) -> list[Document]:
         """``config.shards`` as a mongos answers it (empty when the deployment is not sharded)."""
-        if self.mongos is None:
-            return []
-        return shard_documents(self.member, Timestamp(int(self.started_wall), 1))
+        return [] if self.placement is None else self.config_documents("shards") or []
+
+    def config_documents(self, name: str) -> list[Document] | None:
+        """``config.<name>`` as a mongos reads it from its config servers, for the collections it
+        has (``shards``, ``databases``, ``collections``); None otherwise, or when not sharded."""
+        return None if self.placement is None else self.placement.config_documents(name)
 
     def reset_loop_state(self) -> None:
         """Forget objects bound to a previous event loop (the server is being started again)."""
@@ -133,12 +173,64 @@ class ReplicaSetHost:
             self._shutdown = asyncio.Event()
         return self._shutdown
 
-    def cluster_time_fields(self) -> Document:
-        ts: Timestamp = self.oplog.cluster_time
+    def cluster_time(self, process: Process) -> Timestamp:
+        """The process's cluster time: a member's own; a mongos's, the newest of its shards'."""
+        if process.oplog is not None:
+            return process.oplog.cluster_time
+        return key_timestamp(self._mongos_clock())
+
+    def _mongos_clock(self) -> int:
+        return max(self.oplog_of(member).clock_key for member in self.members)
+
+    def cluster_time_fields(self, process: Process) -> Document:
+        ts = self.cluster_time(process)
         return {"$clusterTime": {"clusterTime": ts, "signature": ZERO_SIGNATURE}, "operationTime": ts}
 
-    def _emit(self, op: OplogOp) -> None:
-        self.oplog.append((op,))
+    def change_source(self, process: Process) -> ChangeSource:
+        """What a change stream opened on ``process`` reads: a member's oplog, or for a mongos the
+        merge of every shard's."""
+        if process.oplog is not None:
+            return process.oplog
+        return MergedOplog([self.oplog_of(member) for member in self.members])
+
+    # -- where writes are logged -----------------------------------------------------------------
+
+    def scope_for(self, process: Process) -> Scope:
+        """Where a command received by ``process`` outside a transaction writes and logs: on a
+        mongos, each write on its shard, told the mongos's cluster time as of now (the command's
+        start) before its first write."""
+        if process.oplog is not None:
+            return self._member_scopes[process]
+        return Scope(self.catalog, functools.partial(self._route, gossip=self._mongos_clock()))
+
+    def _log_on(self, member: Process, op: OplogOp) -> None:
+        self.oplog_of(member).append((op,))
+        if self.placement is not None:
+            self.placement.observe(op)
+
+    def _route(self, op: OplogOp, gossip: int = 0) -> None:
+        assert self.placement is not None
+        shard = self.oplog_of(self.placement.owner(op))
+        shard.advance(gossip)
+        shard.append((op,))
+        self.placement.observe(op)
+
+    def log_transaction(self, process: Process, ops: Sequence[OplogOp], lsid: Document, number: int) -> None:
+        """Log a committed transaction's ``ops``: one entry on the member that ran it; through a
+        mongos, one entry on each shard it wrote to, all at one commit time."""
+        if process.oplog is not None or self.placement is None:
+            self.oplog_of(process).append(ops, lsid=lsid, txn_number=number)
+            return
+        parts: dict[Process, list[OplogOp]] = {}
+        for op in ops:
+            parts.setdefault(self.placement.owner(op), []).append(op)
+        gossip = self._mongos_clock()
+        shards = [self.oplog_of(shard) for shard in parts]
+        for shard in shards:
+            shard.advance(gossip)
+        commit = max(shard.next_key() for shard in shards)
+        for shard, part in zip(shards, parts.values(), strict=True):
+            shard.append(part, lsid=lsid, txn_number=number, at=commit)
 
     # -- ChangeStreamHost --------------------------------------------------------------------
 
@@ -177,7 +269,7 @@ class ReplicaSetHost:
         except Exception as exc:  # a bug must not kill the connection loop: answer InternalError
             log.exception("embedded replica set: command %r failed", next(iter(command), None))
             reply = CommandError(1, f"internal error in the embedded replica set: {exc!r}").to_reply()
-        reply.update(self.cluster_time_fields())
+        reply.update(self.cluster_time_fields(conn.process))
         return reply
 
     async def _run(self, conn: ConnectionInfo, cmd: Document, db: str) -> Document:
@@ -209,7 +301,7 @@ class ReplicaSetHost:
                     50768, "Transactions need a session: the command carries autocommit but no lsid"
                 )
             txn = self.sessions.transaction_for(session, name, cmd)
-        scope = self._main_scope
+        scope = self.scope_for(process)
         if txn is not None and txn.state is TxnState.IN_PROGRESS and name not in TRANSACTION_CONTROL:
             scope = Scope(txn.catalog, txn.ops.append, txn.txn_id)
         retry_key: Hashable | None = None
@@ -269,7 +361,7 @@ class ReplicaSetHost:
         now = time.monotonic()
         if now - self._last_ttl_pass >= interval:
             self._last_ttl_pass = now
-            expire_ttl_documents(self._main_scope)
+            expire_ttl_documents(self._ttl_scope)
 
     def close(self) -> None:
         self.cursors.close_all()

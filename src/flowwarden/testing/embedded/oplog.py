@@ -1,4 +1,5 @@
-"""The oplog of the embedded replica set: every logged write, in cluster-time order.
+"""The oplog of a replica set member (the replica set's, or one shard's): every write it logged, in
+cluster-time order.
 
 The server appends what MongoDB would log (one entry per document write, one entry per committed
 transaction, one per DDL command); change-stream cursors read it and ``local.oplog.rs`` finds show
@@ -7,7 +8,9 @@ it. Each entry gets one cluster time; each document-level operation inside it is
 
 Hard rules:
 
-* Cluster times are strictly increasing: ``Timestamp(max(now_seconds, last.time), increment)``.
+* Cluster times are strictly increasing: ``Timestamp(max(now_seconds, last.time), increment)``,
+  and every entry comes after the oplog's clock, which a shard's also moves on when a mongos
+  tells it a newer cluster time (:meth:`Oplog.advance`): what was read up to the clock is final.
 * Everything here runs on the server's event loop thread: :meth:`Oplog.append` wakes the cursors
   awaiting new entries by resolving loop futures, so it must never be called from another thread.
 * Documents handed to :meth:`Oplog.append` are kept as they are and shared with every event built
@@ -48,7 +51,11 @@ CLASSIC_OPS = frozenset({"insert", "update", "replace", "delete", "drop", "renam
 
 EXPANDED_OPS = frozenset({"create", "createIndexes", "dropIndexes", "modify"})
 
-_ALL_OPS = CLASSIC_OPS | EXPANDED_OPS
+NOOP = "noop"
+"""A no-op entry (``op: "n"``): what a member logs that is no change, e.g. ``replSetInitiate``'s
+"initiating set"; its ``description`` is the entry's ``o``. No change stream reports it."""
+
+_ALL_OPS = CLASSIC_OPS | EXPANDED_OPS | {NOOP}
 _EPOCH = _dt.datetime(1970, 1, 1)
 _ENCODE_STEP = 256  # document events encoded per event-loop step
 _ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
@@ -227,9 +234,19 @@ class OplogRecord:
 
 
 class Oplog:
-    """The replica set's oplog: append on write, read by change streams and ``local.oplog.rs``."""
+    """A replica set member's oplog: append on write, read by change streams and ``local.oplog.rs``.
 
-    def __init__(self, max_events: int | None = None) -> None:
+    The members of a sharded cluster's shards each have one; they share ``origin`` (the cluster's
+    start) and ``uuids`` (a collection's UUID is the cluster's, whichever shard logs it).
+    """
+
+    def __init__(
+        self,
+        max_events: int | None = None,
+        *,
+        origin: Timestamp | None = None,
+        uuids: dict[tuple[str, str], bytes] | None = None,
+    ) -> None:
         if max_events is not None and max_events < 1:
             raise ValueError(f"oplog max_events must be at least 1 (or None for no limit), got {max_events}")
         self.max_events = max_events
@@ -237,14 +254,15 @@ class Oplog:
         self._base = 0  # seq of self._records[0]
         self._head = 0  # index in self._records of the oldest kept record
         self._entry_sizes: deque[int] = deque()  # records per kept entry, oldest first
-        self._last = Timestamp(int(time.time()), 0)
-        self._last_key = ts_key(self._last)
+        self._last_key = ts_key(origin if origin is not None else Timestamp(int(time.time()), 0))
+        self._clock_key = self._last_key  # at or after the newest entry: see advance()
+        self._clock = key_timestamp(self._clock_key)  # every reply carries it: made once per change
         self._origin_key = self._last_key
         self._dropped_key: int | None = None
         self._waiters: set[asyncio.Future[None]] = set()
         self._encoded_upto = 0  # records below this sequence number were offered to the encoder
         self._encoding = False
-        self._uuids: dict[tuple[str, str], bytes] = {}
+        self._uuids: dict[tuple[str, str], bytes] = {} if uuids is None else uuids
         self.uuid_source: Callable[[str, str], Binary | bytes | None] | None = None
         """Where a collection's UUID comes from on first sight (the server's catalog); random if unset."""
 
@@ -252,12 +270,31 @@ class Oplog:
 
     @property
     def cluster_time(self) -> Timestamp:
-        """The newest cluster time (for ``$clusterTime`` and ``operationTime``)."""
-        return self._last
+        """The member's cluster time (for ``$clusterTime`` and ``operationTime``): its newest
+        entry's, or the newer one a mongos told it since."""
+        return key_timestamp(self._clock_key)
+
+    @property
+    def clock_key(self) -> int:
+        """The cluster time as one integer: every entry up to it is in the oplog, every later
+        entry will come after it."""
+        return self._clock_key
+
+    def advance(self, key: int) -> None:
+        """Move the clock on to ``key`` if it is behind, logging nothing: what a shard does with
+        the cluster time a mongos sends it (gossip), so that its next entry comes after every
+        entry the mongos has seen on any shard."""
+        if key > self._clock_key:
+            self._clock_key = key
+            self._clock = key_timestamp(key)
+
+    def next_key(self) -> int:
+        """The cluster time (as one integer) an entry appended now would get."""
+        return self._next_key(time.time())
 
     def _next_key(self, now: float) -> int:
         candidate = int(now) << 32 | 1
-        last = self._last_key
+        last = self._clock_key
         return candidate if candidate > last else last + 1
 
     # -- collection UUIDs ---------------------------------------------------------------------
@@ -291,7 +328,12 @@ class Oplog:
     # -- writing ------------------------------------------------------------------------------
 
     def append(
-        self, ops: Sequence[OplogOp], *, lsid: dict[str, Any] | None = None, txn_number: int | None = None
+        self,
+        ops: Sequence[OplogOp],
+        *,
+        lsid: dict[str, Any] | None = None,
+        txn_number: int | None = None,
+        at: int | None = None,
     ) -> Timestamp:
         """Record ``ops`` at ONE new cluster time and wake waiting change-stream cursors.
 
@@ -304,7 +346,14 @@ class Oplog:
         nothing is left the current cluster time is returned and no entry is added. A
         ``dropDatabase`` is preceded by one ``drop`` entry per collection of that database still
         live, as MongoDB drops the collections first. Returns the cluster time used.
+
+        ``at`` sets that cluster time (as one integer; it must be after :attr:`clock_key`): the
+        commit time every shard of a transaction that wrote to several logs its part at.
         """
+        if at is not None and at <= self._clock_key:
+            raise ValueError(
+                f"an entry at {key_timestamp(at)} would not come after the clock {self.cluster_time}"
+            )
         if len(ops) == 1 and ops[0].op == "insert":
             kept: Sequence[OplogOp] = ops  # the hot path: nothing to filter
         else:
@@ -313,13 +362,13 @@ class Oplog:
                 if op.op not in _ALL_OPS:
                     raise ValueError(f"unknown oplog operation {op.op!r}; expected one of {sorted(_ALL_OPS)}")
             if not kept:
-                return self._last
+                return self.cluster_time
             if lsid is None and txn_number is None:
                 for op in kept:
                     if op.op == "dropDatabase":
                         for coll in self._live_collections(op.db, kept):
                             self._append_entry([OplogOp("drop", op.db, coll)], None, None)
-        ts = self._append_entry(kept, lsid, txn_number)
+        ts = self._append_entry(kept, lsid, txn_number, at)
         if self._waiters:
             self._wake()
         if not self._encoding:
@@ -339,10 +388,14 @@ class Oplog:
         return sorted(coll for (d, coll) in self._uuids if d == db and coll not in dropped_here)
 
     def _append_entry(
-        self, ops: Sequence[OplogOp], lsid: dict[str, Any] | None, txn_number: int | None
+        self,
+        ops: Sequence[OplogOp],
+        lsid: dict[str, Any] | None,
+        txn_number: int | None,
+        at: int | None = None,
     ) -> Timestamp:
         now = time.time()
-        key = self._next_key(now)
+        key = self._next_key(now) if at is None else at
         wall_ms = int(now * 1000)
         records = self._records
         seq = self._base + len(records)
@@ -356,8 +409,8 @@ class Oplog:
                 uuid = self._uuid_for(op)
             records.append(OplogRecord(seq + index, key, index, count, op, uuid, wall_ms, lsid, txn_number))
         self._entry_sizes.append(count)
-        self._last_key = key
-        ts = self._last = key_timestamp(key)
+        self._last_key = self._clock_key = key
+        ts = self._clock = key_timestamp(key)
         if self.max_events is not None:
             self._trim(self.max_events)
         return ts
@@ -413,17 +466,7 @@ class Oplog:
 
     async def wait(self, timeout: float) -> None:
         """Return after the next append, or after ``timeout`` seconds, whichever comes first."""
-        if timeout <= 0:
-            return
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._waiters.add(fut)
-        handle = loop.call_later(timeout, _resolve, fut)
-        try:
-            await fut
-        finally:
-            handle.cancel()
-            self._waiters.discard(fut)
+        await wait_for_appends((self,), timeout)
 
     def wake_all(self) -> None:
         """Wake every awaiting cursor now (a cursor closed while it waits)."""
@@ -441,10 +484,6 @@ class Oplog:
         """Sequence number the next record will get."""
         return self._base + len(self._records)
 
-    @property
-    def newest_key(self) -> int:
-        return self._last_key
-
     def view(self) -> tuple[list[OplogRecord], int]:
         """``(records, base)``: record with sequence ``s`` is ``records[s - base]`` (for ``s`` kept).
 
@@ -452,6 +491,10 @@ class Oplog:
         callers keep sequence numbers, never list indexes, across awaits.
         """
         return self._records, self._base
+
+    def release(self, seq: int) -> None:
+        """A reader is done with the records before ``seq``; the oplog keeps them regardless (its
+        retention alone drops entries)."""
 
     def history_lost_before(self, key: int, *, event: bool = False) -> bool:
         """Whether a resume point at cluster time ``key`` is older than the oldest kept entry.
@@ -495,6 +538,23 @@ class Oplog:
         return out
 
 
+async def wait_for_appends(oplogs: Sequence[Oplog], timeout: float) -> None:
+    """Return after the next append to any of ``oplogs``, or after ``timeout`` seconds."""
+    if timeout <= 0:
+        return
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    for oplog in oplogs:
+        oplog._waiters.add(fut)
+    handle = loop.call_later(timeout, _resolve, fut)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+        for oplog in oplogs:
+            oplog._waiters.discard(fut)
+
+
 def _position(record: OplogRecord) -> tuple[int, int]:
     return (record.key, record.index)
 
@@ -524,10 +584,12 @@ def _rs_op(record: OplogRecord) -> dict[str, Any]:
         doc = {"op": "u", "ns": f"{op.db}.{op.coll}", "ui": ui, "o": op.after, "o2": op.document_key}
     elif record.kind == "delete":
         doc = {"op": "d", "ns": f"{op.db}.{op.coll}", "ui": ui, "o": op.document_key}
+    elif record.kind == NOOP:
+        doc = {"op": "n", "ns": "", "o": dict(op.description or {})}
     else:
         doc = {"op": "c", "ns": f"{op.db}.$cmd", "ui": ui, "o": _command_object(record)}
     if ui is None:
-        del doc["ui"]
+        doc.pop("ui", None)
     return doc
 
 
@@ -579,8 +641,10 @@ __all__ = [
     "CLASSIC_OPS",
     "DOCUMENT_OPS",
     "EXPANDED_OPS",
+    "NOOP",
     "Oplog",
     "OplogOp",
     "OplogRecord",
     "key_timestamp",
+    "wait_for_appends",
 ]

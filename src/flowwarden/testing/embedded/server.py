@@ -3,7 +3,8 @@
 The thread owns one asyncio event loop; every connection, command, cursor and oplog call runs
 on it, so none of them need locks. The methods of :class:`EmbeddedReplicaSet` are called from
 other threads (a test, the CLI) and hand their work to the loop thread-safely. A sharded
-deployment listens on two ports, the mongos's and the shard member's, from the same loop.
+deployment listens on a port per process, the mongos's and each shard member's, from the same
+loop.
 """
 
 from __future__ import annotations
@@ -76,14 +77,19 @@ class EmbeddedReplicaSet:
     Unmodified PyMongo (sync and async) and motor clients connect with :attr:`uri`. It is a test
     double, not a database: data lives in memory and is gone when the process ends.
 
-    ``topology="sharded"`` makes it a sharded cluster of one shard instead: :attr:`uri` reaches a
-    mongos (``hello`` says ``msg: "isdbgrid"``, drivers see topology type Sharded, the ``local``
-    database is refused, ``config.shards`` lists the shard), and the shard's replica set member
-    (``shard0``) listens on :attr:`shard_port` with the same data and oplog, so that a client can
-    read the shard's oplog there as on a real cluster. Its collections are all unsharded.
+    ``topology="sharded"`` makes it a sharded cluster of ``shards`` shards instead: :attr:`uri`
+    reaches a mongos (``hello`` says ``msg: "isdbgrid"``, drivers see topology type Sharded, the
+    ``local`` database is refused, ``config.shards`` lists the shards), and each shard's replica
+    set member (``shard0``, ``shard1``, ...) listens on a port of its own (:attr:`shard_uris`)
+    with its own oplog, retention (``oplog_max_events`` entries each) and cluster time, so that a
+    client can read a shard's oplog there as on a real cluster. A database's collections live on
+    its primary shard, unless ``shardCollection`` with the key ``{_id: "hashed"}`` spreads one
+    over every shard; the mongos merges the shards' change streams in cluster-time order. All
+    processes serve one store of documents. :mod:`flowwarden.testing.embedded.topology` says what
+    is modelled and what is not.
 
     ``start()`` and ``stop()`` are idempotent; a stopped server can be started again and comes
-    back on the same ports with its data and oplog, so a client's URI stays valid across restarts.
+    back on the same ports with its data and oplogs, so a client's URI stays valid across restarts.
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class EmbeddedReplicaSet:
         oplog_max_events: int | None = None,
         *,
         topology: Topology = "replica_set",
+        shards: int = 1,
         shard_port: int = 0,
     ) -> None:
         if oplog_max_events is not None and oplog_max_events < 1:
@@ -100,7 +107,13 @@ class EmbeddedReplicaSet:
             raise ValueError(f"topology must be one of {', '.join(map(repr, _TOPOLOGIES))}, got {topology!r}")
         if topology == "replica_set" and shard_port:
             raise ValueError("shard_port is for topology='sharded'; a replica set listens on port only")
-        self._host = ReplicaSetHost(oplog_max_events, sharded=topology == "sharded")
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be an integer of at least 1, got {shards!r}")
+        if topology == "replica_set" and shards != 1:
+            raise ValueError(
+                f"shards is for topology='sharded'; a replica set has no shards, got shards={shards}"
+            )
+        self._host = ReplicaSetHost(oplog_max_events, sharded=topology == "sharded", shards=shards)
         self._topology: Topology = topology
         # The port each process binds (0: the OS chooses, and the chosen one is kept, so that a
         # restart comes back where clients look for it).
@@ -108,7 +121,8 @@ class EmbeddedReplicaSet:
             self._host.member.port = port
         else:
             self._host.mongos.port = port
-            self._host.member.port = shard_port
+            for index, member in enumerate(self._host.members):
+                member.port = shard_port + index if shard_port else 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.base_events.Server] = []
@@ -143,23 +157,43 @@ class EmbeddedReplicaSet:
         return f"mongodb://127.0.0.1:{self.port}/?replicaSet={self._host.member.set_name}"
 
     @property
+    def shard_ports(self) -> tuple[int, ...]:
+        """The port of each shard's replica set member, ``shard0``'s first (``shard_port + k``
+        for shard ``k`` when created with a ``shard_port``); empty for a replica set."""
+        return () if self._host.mongos is None else tuple(member.port for member in self._host.members)
+
+    @property
+    def shard_uris(self) -> tuple[str, ...]:
+        """``mongodb://127.0.0.1:<port>/?replicaSet=shard<k>`` for each shard: the shard itself,
+        where its oplog is readable (what ``config.shards`` names); empty for a replica set."""
+        if self._host.mongos is None:
+            return ()
+        members = self._host.members
+        return tuple(f"mongodb://127.0.0.1:{m.port}/?replicaSet={m.set_name}" for m in members)
+
+    @property
     def shard_port(self) -> int | None:
-        """The port of the shard's replica set member when sharded; None for a replica set."""
-        return None if self._host.mongos is None else self._host.member.port
+        """The port of the first shard's replica set member when sharded; None for a replica set."""
+        return self.shard_ports[0] if self.shard_ports else None
 
     @property
     def shard_uri(self) -> str | None:
-        """``mongodb://127.0.0.1:<shard_port>/?replicaSet=shard0``: the shard itself, where its
-        oplog is readable (what ``config.shards`` names); None for a replica set."""
-        if self._host.mongos is None:
-            return None
-        member = self._host.member
-        return f"mongodb://127.0.0.1:{member.port}/?replicaSet={member.set_name}"
+        """The first of :attr:`shard_uris` (``shard0``); None for a replica set."""
+        return self.shard_uris[0] if self.shard_uris else None
 
     @property
     def oplog(self) -> Oplog:
-        """The replica set's oplog. Touch it only from the server's loop (or while it is stopped)."""
+        """The replica set's oplog; a sharded cluster's first shard's (:attr:`shard_oplogs` has
+        every shard's). Touch it only from the server's loop (or while it is stopped)."""
         return self._host.oplog
+
+    @property
+    def shard_oplogs(self) -> tuple[Oplog, ...]:
+        """Each shard's oplog, ``shard0``'s first; empty for a replica set. As :attr:`oplog`, touch
+        them only from the server's loop (or while it is stopped)."""
+        if self._host.mongos is None:
+            return ()
+        return tuple(self._host.oplog_of(member) for member in self._host.members)
 
     @property
     def running(self) -> bool:
@@ -257,7 +291,8 @@ class EmbeddedReplicaSet:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        shard = f", shard_uri={self.shard_uri!r}" if self.shard_uri is not None else ""
+        uris = self.shard_uris
+        shard = f", shard_uri={uris[0]!r}" if len(uris) == 1 else f", shard_uris={uris!r}" if uris else ""
         return f"EmbeddedReplicaSet(uri={self.uri!r}{shard}, {state})"
 
     # -- loop plumbing -------------------------------------------------------------------------
@@ -423,7 +458,7 @@ class EmbeddedReplicaSet:
                 # MongoDB answers this one and keeps the connection: the message itself was sound.
                 if not too_large.more_to_come:
                     refusal = CommandError(10334, too_large.errmsg).to_reply()
-                    refusal.update(host.cluster_time_fields())
+                    refusal.update(host.cluster_time_fields(conn.process))
                     await self._send(
                         writer,
                         too_large.op_code,
@@ -442,7 +477,7 @@ class EmbeddedReplicaSet:
                     f"Unsupported OP_QUERY command: {name}. The client driver may require an upgrade.",
                     code_name="UnsupportedOpQueryCommand",
                 ).to_reply()
-                reply.update(host.cluster_time_fields())
+                reply.update(host.cluster_time_fields(conn.process))
             else:
                 reply = await host.run(conn, request.command, request.db)
             if request.more_to_come:
@@ -453,7 +488,7 @@ class EmbeddedReplicaSet:
                 error = CommandError(
                     10334, f"reply could not be encoded as BSON: {exc}", code_name="BSONObjectTooLarge"
                 )
-                payload = encode({**error.to_reply(), **host.cluster_time_fields()})
+                payload = encode({**error.to_reply(), **host.cluster_time_fields(conn.process)})
             await self._send(writer, request.op_code, request.request_id, payload, checksum=request.checksum)
 
     async def _send(

@@ -4,7 +4,8 @@ A transaction reads and writes a private :class:`Catalog` that copies each colle
 server's catalog on first access; nothing it writes is visible to anyone else until commit. Commit
 checks that no other write touched the documents the transaction wrote since it copied them
 (WriteConflict otherwise), installs the new documents, and hands all of the transaction's oplog
-ops to ONE ``oplog.append`` call: one cluster time for the whole transaction, as MongoDB does.
+ops to the log it is given, in ONE call: one cluster time for the whole transaction, as MongoDB
+does (the host logs them as one entry, or one entry per shard at one commit time).
 
 A write outside any transaction to a document an open transaction has written waits for that
 transaction to end (:meth:`SessionRegistry.wait_for_transaction_end`), as mongod's does: every
@@ -20,13 +21,13 @@ import asyncio
 import enum
 import itertools
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowwarden.testing.embedded.crud import write_conflict
 from flowwarden.testing.embedded.errors import CommandError
-from flowwarden.testing.embedded.oplog import Oplog, OplogOp
+from flowwarden.testing.embedded.oplog import OplogOp
 from flowwarden.testing.embedded.storage import Catalog, Collection, Document, DuplicateKey
 
 # MongoDB's transactionLifetimeLimitSeconds default: an open transaction older than this is aborted.
@@ -101,9 +102,8 @@ def session_key(lsid: Any) -> Hashable:
 class SessionRegistry:
     """Every session the server has seen, by lsid; runs on the event loop only."""
 
-    def __init__(self, catalog: Catalog, oplog: Oplog) -> None:
+    def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
-        self._oplog = oplog
         self._sessions: dict[Hashable, Session] = {}
         self._end_waiters: set[asyncio.Future[None]] = set()
 
@@ -235,8 +235,9 @@ class SessionRegistry:
         )
         return CommandError(251, message, labels=["TransientTransactionError"])
 
-    def commit(self, session: Session) -> None:
-        """Make the transaction's writes visible at one new cluster time, or raise WriteConflict."""
+    def commit(self, session: Session, log: Callable[[Sequence[OplogOp], Document, int], None]) -> None:
+        """Make the transaction's writes visible, handing its ops to ``log`` (with its lsid and
+        txnNumber) to be logged at one new cluster time; or raise WriteConflict."""
         txn = session.txn
         assert txn is not None
         if txn.state is TxnState.COMMITTED:
@@ -252,7 +253,7 @@ class SessionRegistry:
         self._release(txn)
         if txn.ops:
             lsid = {k: v for k, v in session.lsid.items()}
-            self._oplog.append(txn.ops, lsid=lsid, txn_number=txn.number)
+            log(txn.ops, lsid, txn.number)
         txn.ops = []
 
     def abort(self, session: Session) -> None:

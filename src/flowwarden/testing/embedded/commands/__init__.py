@@ -17,7 +17,7 @@ One module per group of commands:
 * ``writes``: insert, update, delete, findAndModify;
 * ``reads``: find, count, distinct, aggregate (and so opening change streams);
 * ``cursors``: getMore, killCursors;
-* ``sharding``: what only a mongos has (listShards).
+* ``sharding``: what only a mongos has (listShards, enableSharding, shardCollection).
 
 ``registry`` holds the table, ``arguments`` the field checks and ``replies`` the reply shapes
 they share.

@@ -52,7 +52,7 @@ def hello_reply(host: ReplicaSetHost, conn: ConnectionInfo, *, legacy: bool, hel
     else:
         if hello_ok:
             reply["helloOk"] = True
-        ts: Timestamp = host.oplog.cluster_time
+        ts: Timestamp = host.oplog_of(process).cluster_time
         written = ts.as_datetime() if ts.time else utcnow()
         reply.update(
             {

@@ -1,5 +1,6 @@
-"""Read commands: ``find`` (``local.oplog.rs`` included, and ``config.shards`` through a mongos),
-``count``, ``distinct`` and ``aggregate``.
+"""Read commands: ``find`` (a member's ``local.oplog.rs`` included, and ``config.shards``,
+``config.databases`` and ``config.collections`` through a mongos), ``count``, ``distinct`` and
+``aggregate``.
 
 A read that returns documents answers with a cursor's first batch; what is left is served by
 ``getMore`` (:mod:`flowwarden.testing.embedded.commands.cursors`). An ``aggregate`` whose first
@@ -33,11 +34,12 @@ async def cmd_find(ctx: Context) -> Document:
     batch_size = batch_size_of(cmd)
     single_batch = bool(cmd.get("singleBatch", False))
     ns = f"{ctx.db}.{name}"
+    # The config servers' catalog of the cluster, which a mongos reads through to.
+    held = ctx.host.config_documents(name) if ctx.db == "config" and ctx.conn.process.is_mongos else None
     if ctx.db == "local" and name == "oplog.rs":
         docs = _oplog_rs(ctx, query, sort, skip, limit)
-    elif ctx.db == "config" and name == "shards" and ctx.conn.process.is_mongos:
-        # The config servers' catalog of shards, which a mongos reads through to.
-        docs = crud.select_from(ctx.host.shards(), query, sort, skip, limit)
+    elif held is not None:
+        docs = crud.select_from(held, query, sort, skip, limit)
     else:
         docs = crud.select_in(ctx.scope.catalog, ctx.db, name, query, sort=sort, skip=skip, limit=limit)
     if projection:
@@ -57,7 +59,7 @@ def _oplog_rs(ctx: Context, query: Document, sort: Document | None, skip: int, l
             raise CommandError(2, "local.oplog.rs can only be sorted by $natural on the embedded replica set")
         natural = -1 if sort["$natural"] < 0 else 1
     plain = not query and not skip
-    docs = ctx.host.oplog.oplog_rs_find(natural, limit if (plain and limit) else None)
+    docs = ctx.host.oplog_of(ctx.conn.process).oplog_rs_find(natural, limit if (plain and limit) else None)
     if query:
         try:
             docs = [d for d in docs if engine.matches(query, d)]
@@ -126,7 +128,8 @@ async def cmd_aggregate(ctx: Context) -> Document:
         # Imported here so the rest of the server never depends on the change-stream engine.
         from flowwarden.testing.embedded.changestream import open_change_stream
 
-        stream = await open_change_stream(ctx.host, ctx.db, coll_name, pipeline, cmd)
+        source = ctx.host.change_source(ctx.conn.process)
+        stream = await open_change_stream(ctx.host, ctx.db, coll_name, pipeline, cmd, source=source)
         return await first_batch_reply(ctx, stream, batch_size)
     if coll_name is None:
         stage = next(iter(first), "") if isinstance(first, dict) else ""

@@ -60,7 +60,7 @@ def write_concern_error(ctx: Context) -> Document | None:
 def write_reply(ctx: Context, reply: Document) -> Document:
     """``reply`` completed as a write command's reply (opTime, electionId, writeConcernError, ok)."""
     if not ctx.conn.process.is_mongos:
-        ts: Timestamp = ctx.host.oplog.cluster_time
+        ts: Timestamp = ctx.host.oplog_of(ctx.conn.process).cluster_time
         reply["opTime"] = {"ts": ts, "t": Int64(1)}
         reply["electionId"] = ctx.host.election_id
     wce = write_concern_error(ctx)

@@ -98,7 +98,7 @@ async def cmd_repl_set_get_status(ctx: Context) -> Document:
         # mongos has the command only to say this (with no code: clients read it as UnknownError).
         raise CommandError(8, "replSetGetStatus is not supported through mongos", extra={"info": "mongos"})
     host = ctx.host
-    ts: Timestamp = host.oplog.cluster_time
+    ts: Timestamp = host.oplog_of(ctx.conn.process).cluster_time
     optime = {"ts": ts, "t": Int64(1)}
     return {
         "set": ctx.conn.process.set_name,
@@ -110,7 +110,7 @@ async def cmd_repl_set_get_status(ctx: Context) -> Document:
         "members": [
             {
                 "_id": 0,
-                "name": host.address,
+                "name": ctx.conn.process.address,
                 "health": 1.0,
                 "state": 1,
                 "stateStr": "PRIMARY",

@@ -8,6 +8,7 @@ hand it over. Ending or killing a session also kills the cursors it owns.
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 from bson import Binary
@@ -75,7 +76,7 @@ async def cmd_commit_transaction(ctx: Context) -> Document:
             13, "commitTransaction may only be run against the admin database.", code_name="Unauthorized"
         )
     session, _ = _transaction_session(ctx)
-    ctx.host.sessions.commit(session)
+    ctx.host.sessions.commit(session, functools.partial(ctx.host.log_transaction, ctx.conn.process))
     reply: Document = {"ok": 1.0}
     wce = write_concern_error(ctx)
     if wce is not None:
