@@ -31,11 +31,16 @@ def bucket_stage(index: int, count: int) -> dict[str, Any]:
     """The ``$match`` keeping the events whose ``documentKey._id`` falls in hash bucket ``index``
     of ``count``: MongoDB's hashed index key of it (``$toHashedIndexKey``, the hash of hashed
     sharding, MongoDB 7.0+), modulo ``count`` and made non-negative. Every event of one document
-    falls in the same bucket; events without a document key (drop, rename, invalidate) hash as
-    null, all in one bucket."""
+    falls in the same bucket; events without a document key (drop, rename) hash as null, all in
+    one bucket.
+
+    ``invalidate`` passes in every bucket, as it passes ``operation_types``: it is not an event
+    of a document but the end of each stream. The server closes every bucket's cursor after it;
+    a bucket that did not see it would end as if stopped, neither stopping with the error nor
+    restarting after it (``on_invalidate``)."""
     key = {"$toHashedIndexKey": "$documentKey._id"}
     bucket = {"$mod": [{"$add": [{"$mod": [key, count]}, count]}, count]}
-    return {"$match": {"$expr": {"$eq": [bucket, index]}}}
+    return {"$match": {"$or": [{"operationType": "invalidate"}, {"$expr": {"$eq": [bucket, index]}}]}}
 
 
 def partition_name(name: str, index: int, count: int) -> str:

@@ -150,6 +150,9 @@ def all_of(*queries: Mapping[str, Any]) -> dict[str, Any]:
     return parts[0] if len(parts) == 1 else {"$and": parts}
 
 
+_INVALIDATE = {"operationType": "invalidate"}
+
+
 def document_query(query: Mapping[str, Any]) -> dict[str, Any] | None:
     """A change-stream ``$match`` query as a query on the documents themselves, or None when it
     reads anything else (the operation type, the namespace, the update description...)."""
@@ -158,6 +161,12 @@ def document_query(query: Mapping[str, Any]) -> dict[str, Any] | None:
         if key in ("$and", "$or", "$nor"):
             if not isinstance(value, list) or not value:
                 return None
+            if key == "$or":
+                # A copied document is never an invalidate: the branch a bucket keeps it by
+                # (flowwarden.partitions.bucket_stage) matches no row.
+                value = [part for part in value if part != _INVALIDATE]
+                if not value:
+                    return None
             parts = [document_query(part) if isinstance(part, Mapping) else None for part in value]
             if any(part is None for part in parts):
                 return None

@@ -251,7 +251,8 @@ async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]])
             method.bind(instance),
             is_async=method.is_async,
             wants_ctx=method.wants_ctx,
-            stream=spec.name,
+            # The entry's own stream: a bucket's name (orders[1/4]) for a partitioned class.
+            stream=str(entry.get("stream") or spec.name),
             logger=logger,
             policy=spec.retry,
             stopping=stopping,
