@@ -12,15 +12,18 @@ stream's name fails here.
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pymongo
 from bson import Timestamp
+from prometheus_client.parser import text_string_to_metric_families
 from pymongo.errors import AutoReconnect
 
 from flowwarden import (
@@ -264,6 +267,11 @@ def test_batch_histograms_count_the_batches_the_method_got(mongodb_uri, client, 
     assert outcomes_shown(found, "orders") == {("insert", "ok"): 35 - retried, ("insert", "retried"): retried}
 
 
+def saving(found: Samples) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The checkpoint-save samples of a scrape."""
+    return {key: number for key, number in found.items() if key[0].startswith("flowwarden_checkpoint_save")}
+
+
 class CountingStore:
     """MongoCheckpointStore, counting the writes it received and how each ended."""
 
@@ -274,19 +282,30 @@ class CountingStore:
         self.failed: Counter[str] = Counter()
         self.seconds = 0.0
         """The time the stored writes took, measured around the inner store's call."""
+        self.writing = 0
+        """Writes under way."""
 
     def _write(self, method: str, *args: Any) -> SaveResult:
+        with self._lock:
+            self.writing += 1
         began = time.perf_counter()
         try:
             result: SaveResult = getattr(self._inner, method)(*args)
         except Exception:
             with self._lock:
                 self.failed[method] += 1
+                self.writing -= 1
             raise
         with self._lock:
             self.stored[method] += 1
             self.seconds += time.perf_counter() - began
+            self.writing -= 1
         return result
+
+    def writes(self) -> tuple[int, int, int]:
+        """(writes under way, stored, failed)."""
+        with self._lock:
+            return self.writing, sum(self.stored.values()), sum(self.failed.values())
 
     def save(self, checkpoint: Checkpoint) -> SaveResult:
         return self._write("save", checkpoint)
@@ -338,7 +357,16 @@ def test_checkpoint_saves_and_failures_are_the_writes_the_store_got(
                 orders.insert_one({"_id": key})
             wait_until(lambda: sum(store.failed.values()) == 2, what="two failed writes")
             wait_until(lambda: checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 8)
-            found = samples(connector)
+
+            def settled() -> Samples | None:
+                """A scrape between two moments when no write was under way and the store's counts
+                and the save metrics stood still: a write that ends is counted on the next loop turn."""
+                before, first = store.writes(), samples(connector)
+                found = samples(connector)
+                quiet = before == store.writes() and before[0] == 0
+                return found if quiet and saving(first) == saving(found) else None
+
+            found = wait_until(settled, what="the store and the metrics at rest")
             span = time.perf_counter() - began
         fired = fail_command.off()
 
@@ -388,6 +416,7 @@ def test_restarts_are_the_reopens_after_injected_transient_errors(
 def test_seconds_behind_are_now_minus_the_stored_positions(mongodb_uri, client, db_name, next_server_second):
     store = InMemoryCheckpointStore()  # its writes add nothing to the oplog the streams follow
     handled: Counter[str] = Counter()
+    cluster_times: dict[str, int] = {}  # the newest handled event's cluster time, per stream
 
     def stream(name: str) -> type:
         @change_stream(name, db_name, name=name, max_await_time_ms=50)
@@ -395,6 +424,8 @@ def test_seconds_behind_are_now_minus_the_stored_positions(mongodb_uri, client, 
         class Counting:
             @on_change
             def handle(self, event: ChangeEvent) -> None:
+                assert event.cluster_time is not None
+                cluster_times[name] = event.cluster_time.time
                 handled[name] += 1
 
         return Counting
@@ -448,6 +479,8 @@ def test_seconds_behind_are_now_minus_the_stored_positions(mongodb_uri, client, 
 
         wait_until(seen_newest, what="lastSeen at the newest write")
         busy = check(connector, both)
+        # lastProcessed is the handled event's cluster time, as the method saw it.
+        assert {n: stored(n)[0] for n in both} == cluster_times  # type: ignore[index]
         assert busy["orders"][1] < busy["orders"][0] - 2  # seen stays small while processed grows
         # Nothing is written now: time passes, and both gauges grow from where the streams stand.
         wait_until(lambda: time.time() >= newest + 2.5, what="2.5 s after the last write")
@@ -545,6 +578,8 @@ def test_snapshot_gauges_follow_the_rows_the_method_finished(mongodb_uri, client
             release.set()
         wait_until(lambda: stored_progress().get("done") is True, what="the snapshot done")
         wait_until(lambda: rows[-2:] == [("insert", 10), ("insert", 11)], what="the changes after it")
+        # Counted once handled: events_processed moves with the count (snapshot rows are not events).
+        wait_until(lambda: connector.status()["orders"].events_processed == 2, what="both counted")
         end = samples(connector)
 
     # Midway: the chunk of _id 0..3 finished and was saved; the method holds _id 5 of the next.
@@ -611,3 +646,49 @@ def test_lease_held_and_stream_state_follow_the_lease_document(mongodb_uri, clie
         )
         wait_until(lambda: status() == StreamState.STANDBY, what="STANDBY after losing the lease")
         check(connector, held=False, state="STANDBY")
+
+
+def documented_metrics() -> dict[str, tuple[str, frozenset[str]]]:
+    """The metrics table of docs/operations.md: name -> (type, labels)."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    rows = re.findall(r"^\| `(flowwarden_\w+)` \| (\w+) \|([^|]*)\|", text, re.MULTILINE)
+    return {name: (kind, frozenset(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
+
+
+def exposed_metrics(connector: Connector) -> dict[str, tuple[str, frozenset[str]]]:
+    """flowwarden's families on /metrics: name as scraped (counters end in _total) -> (type,
+    the labels of their samples, a histogram's ``le`` left out)."""
+    status, body = get(connector, "/metrics")
+    assert status == 200
+    exposed = {}
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name.startswith("flowwarden_"):
+            labels = frozenset(label for sample in family.samples for label in sample.labels if label != "le")
+            name = f"{family.name}_total" if family.type == "counter" else family.name
+            exposed[name] = (family.type, labels)
+    return exposed
+
+
+def test_the_operations_table_lists_every_metric_with_its_type_and_labels(mongodb_uri, client, db_name):
+    orders = client[db_name].orders
+    orders.insert_one({"_id": 0})
+    handled: list[str] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot=Snapshot.INITIAL, max_await_time_ms=50)
+    class Orders:
+        @on_insert
+        def created(self, event: ChangeEvent) -> None:
+            handled.append(event.operation_type)
+
+    def every_family(connector: Connector) -> dict[str, tuple[str, frozenset[str]]] | None:
+        """The families once each has samples (the oplog window's once it was read)."""
+        found = exposed_metrics(connector)
+        unread = [name for name, (_, labels) in found.items() if not labels and name != WINDOW]
+        return found if WINDOW in found and not unread else None
+
+    with running(mongodb_uri, [Orders], metrics_port=0) as connector:
+        wait_until(lambda: handled == ["snapshot"], what="the snapshot row")
+        orders.insert_one({"_id": 1})
+        wait_until(lambda: handled == ["snapshot", "insert"], what="the change after it")
+        exposed = wait_until(lambda: every_family(connector), what="samples in every family")
+    assert exposed == documented_metrics()
