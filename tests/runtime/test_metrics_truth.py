@@ -119,10 +119,29 @@ def oplog_edges(client: pymongo.MongoClient[Any]) -> tuple[Timestamp, Timestamp]
     return oldest["ts"], newest["ts"]
 
 
-def recording_handler(db: str, name: str, on_exhausted: OnError, calls: list[Call], **fail: set[Any]) -> type:
-    """@on_change on collection ``name``: each call is appended to ``calls``. The events
-    ``fail["once"]`` names ((operation, _id)) fail on their first call, ``fail["always"]`` on
-    every call; two attempts in all."""
+@dataclass(frozen=True)
+class Call:
+    """One call of a recording handler's method, as the method saw it."""
+
+    stream: str
+    operation: str
+    key: Any
+    ok: bool
+    seconds: float
+
+
+def recording_handler(
+    db: str,
+    name: str,
+    on_exhausted: OnError,
+    calls: list[Call],
+    *,
+    once: frozenset[tuple[str, int]] = frozenset(),
+    always: frozenset[tuple[str, int]] = frozenset(),
+) -> type:
+    """@on_change on collection ``name``, two attempts per event; each call is appended to
+    ``calls``. The events named in ``once`` ((operation, _id)) fail on their first call, those
+    in ``always`` on every call."""
 
     @change_stream(name, db, name=name, max_await_time_ms=50)
     @checkpoint(save_every_n=1, save_interval_seconds=0.2)
@@ -133,24 +152,13 @@ def recording_handler(db: str, name: str, on_exhausted: OnError, calls: list[Cal
             began = time.perf_counter()
             what = (event.operation_type, event.document_key["_id"])
             tried = any(c.stream == name and (c.operation, c.key) == what for c in calls)
-            fails = what in fail.get("always", set()) or (what in fail.get("once", set()) and not tried)
-            time.sleep(HANDLER_SECONDS)
+            fails = what in always or (what in once and not tried)
+            time.sleep(HANDLER_SECONDS)  # a floor for the durations (see HANDLER_SECONDS)
             calls.append(Call(name, what[0], what[1], not fails, time.perf_counter() - began))
             if fails:
                 raise ValueError(f"{name} cannot take {what} yet")
 
     return Recording
-
-
-@dataclass(frozen=True)
-class Call:
-    """One call of a recording handler's method, as the method saw it."""
-
-    stream: str
-    operation: str
-    key: Any
-    ok: bool
-    seconds: float
 
 
 def outcomes_seen(calls: list[Call], stream: str, on_exhausted: OnError) -> Counter[tuple[str, str]]:
@@ -174,25 +182,15 @@ def test_events_and_handler_durations_are_what_the_methods_got_and_the_dlq_holds
     mongodb_uri, client, db_name
 ):
     calls: list[Call] = []
-    policies = {"orders": OnError.DEAD_LETTER, "payments": OnError.SKIP, "refunds": OnError.STOP}
+    # stream -> (on_exhausted, events failing once, events failing on every call)
+    plans: dict[str, tuple[OnError, set[tuple[str, int]], set[tuple[str, int]]]] = {
+        "orders": (OnError.DEAD_LETTER, {("insert", 3), ("update", 1)}, {("insert", 4), ("delete", 5)}),
+        "payments": (OnError.SKIP, {("insert", 1)}, {("insert", 2), ("update", 3)}),
+        "refunds": (OnError.STOP, set(), {("insert", 1)}),
+    }
     handlers = [
-        recording_handler(
-            db_name,
-            "orders",
-            OnError.DEAD_LETTER,
-            calls,
-            once={("insert", 3), ("update", 1)},
-            always={("insert", 4), ("delete", 5)},
-        ),
-        recording_handler(
-            db_name,
-            "payments",
-            OnError.SKIP,
-            calls,
-            once={("insert", 1)},
-            always={("insert", 2), ("update", 3)},
-        ),
-        recording_handler(db_name, "refunds", OnError.STOP, calls, always={("insert", 1)}),
+        recording_handler(db_name, name, policy, calls, once=frozenset(once), always=frozenset(always))
+        for name, (policy, once, always) in plans.items()
     ]
     began = time.perf_counter()
     with running(mongodb_uri, handlers, metrics_port=0) as connector:
@@ -215,7 +213,7 @@ def test_events_and_handler_durations_are_what_the_methods_got_and_the_dlq_holds
 
     dlq = client[db_name]["_fw_dlq"]
     every_outcome: set[str] = set()
-    for stream, policy in policies.items():
+    for stream, (policy, _, _) in plans.items():
         expected = outcomes_seen(calls, stream, policy)
         assert outcomes_shown(found, stream) == expected, stream
         every_outcome |= {outcome for _, outcome in expected}
@@ -242,7 +240,7 @@ def test_batch_histograms_count_the_batches_the_method_got(mongodb_uri, client, 
     @checkpoint(save_every_n=1, save_interval_seconds=0.2)
     @retry_policy(max_attempts=3, initial_delay_seconds=0.01)
     class Lines:
-        @on_batch(max_events=10, max_wait_seconds=0.2)
+        @on_batch(max_events=10, max_wait_seconds=60)  # handed over full: 10 events each
         def handle(self, events: list[ChangeEvent]) -> None:
             keys = tuple(e.document_key["_id"] for e in events)
             calls.append(keys)
@@ -250,21 +248,21 @@ def test_batch_histograms_count_the_batches_the_method_got(mongodb_uri, client, 
                 raise ValueError("the batch with order 12 fails once")
 
     with running(mongodb_uri, [Lines], metrics_port=0) as connector:
-        client[db_name].orders.insert_many([{"_id": i} for i in range(35)])
-        wait_until(lambda: connector.status()["orders"].events_processed == 35, what="35 events")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(30)])
+        wait_until(lambda: connector.status()["orders"].events_processed == 30, what="30 events")
         found = samples(connector)
 
     batches = list(dict.fromkeys(calls))  # each batch once, in the order handed over
-    assert sorted(k for batch in batches for k in batch) == list(range(35))
+    assert sorted(k for batch in batches for k in batch) == list(range(30))
     sizes = [len(batch) for batch in batches]
     shown = histogram(found, "flowwarden_batch_events", "orders")
     assert_buckets_hold(shown, [float(s) for s in sizes], observed_are_floors=False)
-    assert shown.sum == 35
-    assert 10 in sizes  # a batch of exactly a bucket's bound counts in that bucket
+    assert shown.sum == 30
+    assert sizes == [10, 10, 10]  # a batch of exactly a bucket's bound counts in that bucket
     assert histogram(found, "flowwarden_handler_duration_seconds", "orders").count == len(calls)
     retried = sum(len(b) for b in batches if calls.count(b) > 1)
     assert retried > 0
-    assert outcomes_shown(found, "orders") == {("insert", "ok"): 35 - retried, ("insert", "retried"): retried}
+    assert outcomes_shown(found, "orders") == {("insert", "ok"): 30 - retried, ("insert", "retried"): retried}
 
 
 def saving(found: Samples) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -302,10 +300,10 @@ class CountingStore:
             self.writing -= 1
         return result
 
-    def writes(self) -> tuple[int, int, int]:
-        """(writes under way, stored, failed)."""
+    def tally(self) -> tuple[int, Counter[str], int, float]:
+        """(writes under way, stored writes by method, failed writes, seconds the stored took)."""
         with self._lock:
-            return self.writing, sum(self.stored.values()), sum(self.failed.values())
+            return self.writing, Counter(self.stored), sum(self.failed.values()), self.seconds
 
     def save(self, checkpoint: Checkpoint) -> SaveResult:
         return self._write("save", checkpoint)
@@ -358,25 +356,26 @@ def test_checkpoint_saves_and_failures_are_the_writes_the_store_got(
             wait_until(lambda: sum(store.failed.values()) == 2, what="two failed writes")
             wait_until(lambda: checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 8)
 
-            def settled() -> Samples | None:
-                """A scrape between two moments when no write was under way and the store's counts
-                and the save metrics stood still: a write that ends is counted on the next loop turn."""
-                before, first = store.writes(), samples(connector)
+            def settled() -> tuple[Samples, tuple[int, Counter[str], int, float]] | None:
+                """A scrape, with the store's tally, between two moments when no write was under
+                way and the tally and the save metrics stood still: a write that ends is counted
+                on the event loop's next turn. (Stopping writes once more: the tally is taken here.)"""
+                before, first = store.tally(), samples(connector)
                 found = samples(connector)
-                quiet = before == store.writes() and before[0] == 0
-                return found if quiet and saving(first) == saving(found) else None
+                quiet = before == store.tally() and before[0] == 0
+                return (found, before) if quiet and saving(first) == saving(found) else None
 
-            found = wait_until(settled, what="the store and the metrics at rest")
+            found, (_, stored, failed, seconds) = wait_until(settled, what="the store and metrics at rest")
             span = time.perf_counter() - began
         fired = fail_command.off()
 
     saves = value(found, "flowwarden_checkpoint_saves_total", stream="orders")
-    assert saves == sum(store.stored.values())
-    assert store.stored["save"] >= 4  # events 0..2, and the last one at least
-    assert value(found, "flowwarden_checkpoint_save_failures_total", stream="orders") == fired == 2
+    assert saves == sum(stored.values())
+    assert stored["save"] >= 4  # events 0..2, and the last one at least
+    assert value(found, "flowwarden_checkpoint_save_failures_total", stream="orders") == failed == fired == 2
     duration = histogram(found, "flowwarden_checkpoint_save_duration_seconds", "orders")
     assert duration.count == saves
-    assert store.seconds <= duration.sum <= span
+    assert seconds <= duration.sum <= span
 
 
 def test_restarts_are_the_reopens_after_injected_transient_errors(
@@ -480,7 +479,7 @@ def test_seconds_behind_are_now_minus_the_stored_positions(mongodb_uri, client, 
         wait_until(seen_newest, what="lastSeen at the newest write")
         busy = check(connector, both)
         # lastProcessed is the handled event's cluster time, as the method saw it.
-        assert {n: stored(n)[0] for n in both} == cluster_times  # type: ignore[index]
+        assert {n: positions[0] for n in both if (positions := stored(n))} == cluster_times
         assert busy["orders"][1] < busy["orders"][0] - 2  # seen stays small while processed grows
         # Nothing is written now: time passes, and both gauges grow from where the streams stand.
         wait_until(lambda: time.time() >= newest + 2.5, what="2.5 s after the last write")
@@ -624,7 +623,7 @@ def test_lease_held_and_stream_state_follow_the_lease_document(mongodb_uri, clie
         assert value(found, "flowwarden_lease_held", stream="payments") == 0
         assert states_shown(found, "payments") == {"RUNNING"}
 
-    leader = quiet("orders", deployment="single_leader", lease_ttl_seconds=1.5)
+    leader = quiet("orders", deployment="single_leader", lease_ttl_seconds=3)
     with running(mongodb_uri, [leader, quiet("payments")], metrics_port=0) as connector:
 
         def status() -> StreamState:
