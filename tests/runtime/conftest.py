@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import IO, Any
 
 import pymongo
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from flowwarden import Connector
 
@@ -38,6 +41,37 @@ def running(uri: str, handlers: list[type], **kwargs: Any) -> Iterator[Connector
         yield connector
     finally:
         connector.stop(timeout=30)
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+"""A scrape of /metrics: (sample name, its labels) -> value."""
+
+
+def get(connector: Connector, path: str) -> tuple[int, bytes]:
+    """GET ``path`` from the connector's metrics server: (status, body), errors included."""
+    address = connector.metrics_address
+    assert address is not None, "the connector serves no metrics: start it with metrics_port=0"
+    try:
+        with urllib.request.urlopen(f"http://{address[0]}:{address[1]}{path}", timeout=5) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def samples(connector: Connector) -> Samples:
+    """``/metrics`` parsed as Prometheus parses it."""
+    status, body = get(connector, "/metrics")
+    assert status == 200
+    found = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def value(found: Samples, name: str, **labels: str) -> float | None:
+    """The sample ``name`` with exactly ``labels``; None when it is not there."""
+    return found.get((name, frozenset(labels.items())))
 
 
 def checkpoint_doc(client: pymongo.MongoClient[Any], db: str, stream: str) -> dict[str, Any] | None:

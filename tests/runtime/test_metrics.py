@@ -7,13 +7,9 @@ import json
 import logging
 import socket
 import threading
-import urllib.error
-import urllib.request
-from typing import Any
 
 import pytest
 from prometheus_client import Counter
-from prometheus_client.parser import text_string_to_metric_families
 
 from flowwarden import (
     ChangeEvent,
@@ -30,32 +26,7 @@ from flowwarden import (
 )
 from flowwarden.runtime import observability
 
-from .conftest import wait_until
-
-
-def get(connector: Connector, path: str) -> tuple[int, bytes]:
-    address = connector.metrics_address
-    assert address is not None
-    try:
-        with urllib.request.urlopen(f"http://{address[0]}:{address[1]}{path}", timeout=5) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
-def samples(connector: Connector) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    status, body = get(connector, "/metrics")
-    assert status == 200
-    found = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return found
-
-
-def value(found: dict[Any, float], name: str, **labels: str) -> float | None:
-    return found.get((name, frozenset(labels.items())))
-
+from .conftest import get, samples, value, wait_until
 
 shipped = Counter("shop_orders_shipped", "Orders the handler shipped (a handler's own metric).")
 

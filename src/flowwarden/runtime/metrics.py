@@ -15,7 +15,8 @@ beside flowwarden's.
 - ``/readyz``: 200 when every stream is RUNNING and can save its checkpoint, else 503 with a JSON
   body naming the streams that are not ready: their state, and why one cannot save.
 
-Every flowwarden metric is named ``flowwarden_*`` and labelled by ``stream``.
+Every flowwarden metric is named ``flowwarden_*`` and labelled by ``stream``, except the oplog
+window, which is the deployment's.
 """
 
 from __future__ import annotations
@@ -148,10 +149,14 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
         "flowwarden_batch_events", "Events per batch handed to @on_batch/@on_dataframe.", labels=["stream"]
     )
     saves = CounterMetricFamily(
-        "flowwarden_checkpoint_saves", "Checkpoint writes that succeeded.", labels=["stream"]
+        "flowwarden_checkpoint_saves",
+        "Writes of the stream's position to the checkpoint store that succeeded.",
+        labels=["stream"],
     )
     failures = CounterMetricFamily(
-        "flowwarden_checkpoint_save_failures", "Checkpoint writes that failed.", labels=["stream"]
+        "flowwarden_checkpoint_save_failures",
+        "Writes of the stream's position to the checkpoint store that failed.",
+        labels=["stream"],
     )
     save_seconds = HistogramMetricFamily(
         "flowwarden_checkpoint_save_duration_seconds", "Seconds one checkpoint write took.", labels=["stream"]
@@ -191,7 +196,7 @@ def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
     )
     snapshot_copied = GaugeMetricFamily(
         "flowwarden_snapshot_documents_copied",
-        "Documents the initial snapshot handed to the methods so far.",
+        "Documents of the initial snapshot's chunks that the methods finished.",
         labels=["stream"],
     )
     snapshot_total = GaugeMetricFamily(

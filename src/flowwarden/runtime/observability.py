@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pymongo.errors import PyMongoError
+
 from flowwarden.errors import ConfigurationError
 from flowwarden.positions import oplog_window_async
 from flowwarden.runtime.metrics import STALL_SECONDS, MetricsServer
@@ -137,9 +139,20 @@ class Observability:
 
     async def _oplog_window(self, client: Any) -> None:
         while True:
-            oldest, newest = await oplog_window_async(client)
-            if oldest is not None and newest is not None:
-                self.oplog_window_hours = (newest.time - oldest.time) / 3600
+            try:
+                oldest, newest = await oplog_window_async(client)
+            except PyMongoError as error:
+                # The deployment out of reach for now: the last window read stays, and this task
+                # must not end, since the heartbeat and the progress lines end with it.
+                log.warning(
+                    "cannot read the oplog window (%s: %s); reading it again in %.0f s",
+                    type(error).__name__,
+                    error,
+                    OPLOG_WINDOW_REFRESH_SECONDS,
+                )
+            else:
+                if oldest is not None and newest is not None:
+                    self.oplog_window_hours = (newest.time - oldest.time) / 3600
             await asyncio.sleep(OPLOG_WINDOW_REFRESH_SECONDS)
 
     # -- progress lines --------------------------------------------------------------------------
