@@ -174,6 +174,11 @@ def timestamp(line: str, log_format: str) -> float:
     return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
+def is_progress(line: str, stream: str) -> bool:
+    """A progress line of ``stream`` (observability's "stream S: RUNNING, N events/s, ...")."""
+    return f"stream {stream}: RUNNING, " in line and " events/s, " in line
+
+
 def in_format(line: str, log_format: str) -> bool:
     if log_format == "text":
         return TEXT_LINE.match(line) is not None
@@ -259,8 +264,7 @@ def test_run_takes_each_setting_from_its_source_and_shows_it_outside(
         counted = re.compile(rf'^flowwarden_events_total\{{.*stream="{places.stream}".*\}} 1\.0$', re.M)
         wait_for(lambda: counted.search(metrics(places.port)), f"the event on /metrics at port {places.port}")
         wait_for(
-            lambda: len([line for line in lines() if f"stream {places.stream}: RUNNING" in line])
-            >= PROGRESS_LINES,
+            lambda: len([line for line in lines() if is_progress(line, places.stream)]) >= PROGRESS_LINES,
             f"{PROGRESS_LINES} progress lines",
         )
     finally:
@@ -279,7 +283,7 @@ def test_run_takes_each_setting_from_its_source_and_shows_it_outside(
     progress = [
         timestamp(line, chain.log_format)
         for line in written
-        if f"stream {places.stream}: RUNNING" in message(line, chain.log_format)
+        if is_progress(message(line, chain.log_format), places.stream)
     ]
     # asyncio.sleep never wakes early: lines come at least INTERVAL apart (ms timestamps), and as
     # many as waited for came within the deadline, far under the 30 s default or the losing 60 s.
