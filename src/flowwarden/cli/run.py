@@ -11,6 +11,8 @@ import sys
 from flowwarden.cli.common import CommandError, ExitCode, Parser, mongo_client, say
 from flowwarden.cli.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def load_handler(path: str) -> type:
     """The class ``package.module:ClassName`` names; a name that cannot be imported ends the
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace, settings: Settings) -> ExitCode:
             metrics_host=settings.metrics_host,
             progress_interval=settings.progress_interval,
         )
+        log.info("flowwarden run with %s", settings.in_effect(connector.instance_id))
         connector.run()
     except ForcedStop as stop:
         say(

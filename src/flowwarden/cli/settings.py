@@ -34,6 +34,7 @@ from pydantic_settings import (
 
 from flowwarden.cli.common import CommandError, ExitCode
 from flowwarden.logs import LogFormat, LogLevel
+from flowwarden.redaction import redact_uri
 from flowwarden.runtime.connector import DEFAULT_CHECKPOINT_DATABASE
 
 if sys.version_info >= (3, 11):
@@ -108,6 +109,24 @@ class Settings(BaseSettings):
                 "uri_file in the config file (--config)",
             )
         return self.uri.get_secret_value()
+
+    def in_effect(self, instance_id: str) -> str:
+        """The settings ``run`` runs with, as one line of ``name=value`` for its start-up log line:
+        ``instance_id`` as the connector uses it (generated when not set), the URI with its
+        password hidden, and the TOML file they were read from."""
+        generated = " (generated)" if self.instance_id is None else ""
+        values = {
+            "instance_id": f"{instance_id}{generated}",
+            "checkpoint_database": self.checkpoint_database,
+            "metrics_port": "off" if self.metrics_port is None else self.metrics_port,
+            "metrics_host": self.metrics_host,
+            "progress_interval": f"{self.progress_interval:g}",
+            "log_level": self.log_level,
+            "log_format": self.log_format,
+            "uri": redact_uri(self.uri.get_secret_value()) if self.uri is not None else "none",
+            "config": self._toml_file or "none",
+        }
+        return ", ".join(f"{name}={value}" for name, value in values.items())
 
 
 class _UriFromFile(PydanticBaseSettingsSource):
