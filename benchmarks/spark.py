@@ -11,7 +11,7 @@ Extended JSON ``full_document`` and a pydantic model typing it as a struct):
   starting from the raw BSON of the same events (``RawBSONDocument(bson.encode(event))``,
   built once outside the timed region: what a change stream read with
   ``document_class=RawBSONDocument`` delivers). With the compiled converter built
-  (``flowwarden.spark.native.AVAILABLE``) those bytes go straight to Arrow buffers; without it
+  (``flowwarden.spark.convert.native.AVAILABLE``) those bytes go straight to Arrow buffers; without it
   they are decoded and converted in Python, inside the timed region;
 - ceiling: ``spark.createDataFrame(table, schema)`` of an already-built Arrow table of the same
   data (what ingestion costs with no conversion at all).
@@ -69,7 +69,7 @@ from flowwarden.spark import (
     native,
     register,
 )
-from flowwarden.spark.extjson import JSON_OPTIONS, JsonMode
+from flowwarden.spark.convert.extjson import JSON_OPTIONS, JsonMode
 
 
 class Item(BaseModel):
@@ -392,7 +392,7 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    converter = "compiled" if native.AVAILABLE else "Python (flowwarden.spark._native is not built)"
+    converter = "compiled" if native.AVAILABLE else "Python (flowwarden.spark.convert._native is not built)"
     print(f"flowwarden Spark benchmark: Spark {spark.version}, master {spark.sparkContext.master}")
     print(f"raw-event converter: {converter}")
     conversion(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flowwarden._deprecated import install_old_checkpoint_path
 from flowwarden._lazy import lazy_attributes
 
 if TYPE_CHECKING:
@@ -101,7 +100,6 @@ _LAZY = {
     "StreamStatus": "flowwarden.runtime",
 }
 
-install_old_checkpoint_path()
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ method and record, once, whether it is async and whether it takes a ``ctx`` para
 The option models of :mod:`flowwarden.config` are the one declaration of every option: the
 decorators that take options are built from them (:func:`_class_decorator`,
 :func:`_method_decorator`), signature and docstring included. The runtime reads a class only
-through :func:`flowwarden.spec.stream_spec`. Nothing in this module runs per event, and it never
+through :func:`flowwarden.config.spec.stream_spec`. Nothing in this module runs per event, and it never
 imports the runtime, the checkpoint stores or pyspark.
 """
 
@@ -30,8 +30,7 @@ from flowwarden.config import (
     RetryPolicy,
     validate_options,
 )
-from flowwarden.errors import ConfigurationError
-from flowwarden.spec import (
+from flowwarden.config.spec import (
     CHECKPOINT_ATTR,
     DEAD_LETTER_ATTR,
     MARK_ATTR,
@@ -48,6 +47,7 @@ from flowwarden.spec import (
     build_spec,
     stream_spec,
 )
+from flowwarden.errors import ConfigurationError
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -31,7 +31,7 @@ from flowwarden.checkpoints.contract import (
     sample_token,
 )
 from flowwarden.errors import CheckpointError, FencedError, UnreadableCheckpointError
-from flowwarden.failures import Failure, classify
+from flowwarden.mongo.failures import Failure, classify
 
 
 class TestMongoCheckpointStore(CheckpointStoreContract, SnapshotStoreContract):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -24,29 +25,12 @@ from flowwarden.checkpoints import Checkpoint, MongoCheckpointStore
 from flowwarden.checkpoints.contract import sample_token
 from flowwarden.cli import ExitCode, local, main
 from flowwarden.cli.common import mongo_client
-from flowwarden.demo import run_demo
+from flowwarden.cli.demo import run_demo
 from flowwarden.errors import CheckpointError
+from helpers import flowwarden_command as flowwarden
+from helpers import one_error_line
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def one_error_line(stderr: str) -> str:
-    """The one line a failure prints; no traceback, nothing else."""
-    assert "Traceback" not in stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("flowwarden:")]
-    assert len(lines) == 1, stderr
-    return lines[0]
-
-
-def flowwarden(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m flowwarden.cli ARGS`` in a process of its own."""
-    return subprocess.run(
-        [sys.executable, "-m", "flowwarden.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture
@@ -256,18 +240,40 @@ def test_a_failed_stream_exits_1_with_its_error(capsys, handler_dir, mongodb_uri
 
     assert main(["run", f"{module}:Orders", "--uri", mongodb_uri]) == ExitCode.FAILED
 
-    line = one_error_line(capsys.readouterr().err)
+    line = one_error_line(capsys.readouterr().err, logged=True)
     assert line.startswith("flowwarden: stream 'orders' failed: UnreadableCheckpointError:")
 
 
 # -- embedded-mongo, usage --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_a_port_out_of_range_is_a_usage_error(capsys, port):
     assert main(["embedded-mongo", "--port", port]) == ExitCode.USAGE
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("flowwarden: argument --port:") and "1 to 65535" in line
+    assert line.startswith("flowwarden: argument --port:") and "1 to 65535, or 0 for a free one" in line
+
+
+def test_embedded_mongo_on_port_0_serves_on_a_free_port_and_prints_its_uri(tmp_path):
+    child = subprocess.Popen(
+        [sys.executable, "-m", "flowwarden.cli", "embedded-mongo", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert child.stdout is not None
+        uri = child.stdout.readline().strip()
+        port = int(re.fullmatch(r"mongodb://127\.0\.0\.1:(\d+)/\?replicaSet=rs0", uri).group(1))
+        assert port != 0
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000) as client:
+            assert client.admin.command("ping")["ok"] == 1
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
 
 
 def test_a_port_in_use_is_a_usage_error(capsys, busy_port):
@@ -331,7 +337,8 @@ def test_demo_without_spark_delivers_every_change_once(tmp_path, capsys):
 def test_the_demo_checks_changes_by_id_so_a_lost_one_is_not_hidden_by_a_repeated_one(
     tmp_path, capsys, monkeypatch
 ):
-    from flowwarden import ChangeEvent, change_stream, demo, on_change
+    from flowwarden import ChangeEvent, change_stream, on_change
+    from flowwarden.cli import demo
 
     def losing_one_and_repeating_another(delivered: list) -> type:
         @change_stream(demo.COLLECTION, demo.DATABASE, name="orders-counter")

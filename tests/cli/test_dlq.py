@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from flowwarden.cli import ExitCode, main
-
-from .conftest import flowwarden, one_error_line, running, wait_until
+from helpers import flowwarden_command as flowwarden
+from helpers import one_error_line, running, wait_until
 
 HANDLERS = """
     import os

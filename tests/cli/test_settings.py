@@ -14,8 +14,8 @@ import pytest
 from flowwarden.cli import ExitCode, main
 from flowwarden.cli.common import CommandError
 from flowwarden.cli.settings import Settings, described, load
-
-from .conftest import flowwarden, one_error_line
+from helpers import flowwarden_command as flowwarden
+from helpers import one_error_line
 
 
 @pytest.fixture

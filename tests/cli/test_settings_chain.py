@@ -29,9 +29,9 @@ from typing import Any
 import pymongo
 import pytest
 
+from flowwarden.cli.logs import TEXT_FORMAT
 from flowwarden.cli.settings import load
-from flowwarden.logs import TEXT_FORMAT
-from flowwarden.redaction import redact_uri
+from flowwarden.mongo.redaction import redact_uri
 
 HANDLERS = """\
 from flowwarden import change_stream, checkpoint, on_change, pipeline

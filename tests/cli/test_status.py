@@ -12,8 +12,7 @@ import pytest
 from flowwarden import change_stream, checkpoint, on_change
 from flowwarden.cli import ExitCode, main
 from flowwarden.testing import EmbeddedReplicaSet
-
-from .conftest import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, running, wait_until
 
 
 def orders_handler(db: str, **stream: object) -> type:

@@ -23,7 +23,7 @@ from pymongo.collection import Collection
 from pymongo.errors import OperationFailure
 
 from flowwarden.events import token_cluster_time
-from flowwarden.positions import oplog_edge
+from flowwarden.mongo.positions import oplog_edge
 
 REPLICA_SET_FIELDS = (
     "setName",

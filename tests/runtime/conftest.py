@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,28 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flowwarden import Connector
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
-@contextmanager
-def running(uri: str, handlers: list[type], **kwargs: Any) -> Iterator[Connector]:
-    connector = Connector(uri, handlers, **kwargs)
-    connector.start()
-    try:
-        yield connector
-    finally:
-        connector.stop(timeout=30)
-
+from helpers import wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 """A scrape of /metrics: (sample name, its labels) -> value."""
@@ -72,23 +48,6 @@ def samples(connector: Connector) -> Samples:
 def value(found: Samples, name: str, **labels: str) -> float | None:
     """The sample ``name`` with exactly ``labels``; None when it is not there."""
     return found.get((name, frozenset(labels.items())))
-
-
-def checkpoint_doc(client: pymongo.MongoClient[Any], db: str, stream: str) -> dict[str, Any] | None:
-    doc: dict[str, Any] | None = client[db]["_fw_checkpoints"].find_one({"_id": stream})
-    return doc
-
-
-async def wait_until_async(
-    predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
-) -> Any:
-    """wait_until for tests running on an event loop (the connector shares the loop)."""
-    for _ in range(int(timeout / 0.02)):
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def run_connector(uri: str, db: str, log: Path, **env: str) -> subprocess.Popen[str]:

@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import ChildLog, checkpoint_doc, wait_until
+from helpers import checkpoint_doc, wait_until
+
+from .conftest import ChildLog
 
 WORKER = Path(__file__).with_name("batch_worker.py")
 

@@ -10,8 +10,8 @@ from flowwarden.checkpoints import Checkpoint, MongoCheckpointStore
 from flowwarden.checkpoints.contract import sample_token
 from flowwarden.cli import ExitCode, main
 from flowwarden.testing import EmbeddedReplicaSet
+from helpers import running, wait_until
 
-from .conftest import running, wait_until
 from .handlers import recording_handler
 
 PAST = sample_token(1_700_000_000, 3)

@@ -18,7 +18,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import ChildLog, wait_until
+from helpers import wait_until
+
+from .conftest import ChildLog
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_PORT = "9464"

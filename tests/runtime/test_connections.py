@@ -17,8 +17,9 @@ import pytest
 from flowwarden import ConfigurationError, Connector, StreamState
 from flowwarden.runtime import stream as stream_module
 from flowwarden.runtime.connections import make_client, uri_pool_size
+from helpers import wait_until_async
 
-from .conftest import FailCommand, wait_until_async
+from .conftest import FailCommand
 from .handlers import recording_handler
 
 UNREACHED = "mongodb://127.0.0.1:1/?replicaSet=rs0"  # nothing connects while a Connector is built

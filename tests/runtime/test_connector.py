@@ -11,8 +11,8 @@ from pymongo import monitoring
 
 from flowwarden import ConfigurationError, Connector, StreamState
 from flowwarden.runtime import redact_uri
+from helpers import checkpoint_doc, wait_until, wait_until_async
 
-from .conftest import checkpoint_doc, wait_until, wait_until_async
 from .handlers import recording_handler
 
 

@@ -17,8 +17,7 @@ from flowwarden import (
     on_insert,
     retry_policy,
 )
-
-from .conftest import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, running, wait_until
 
 
 async def _wait(event: asyncio.Event | threading.Event, deadline: float) -> None:

@@ -23,8 +23,8 @@ from flowwarden import (
 from flowwarden.checkpoints import FileCheckpointStore, InMemoryCheckpointStore
 from flowwarden.checkpoints.contract import DAMAGED_RECORDS, damaged_record, sample_token
 from flowwarden.errors import RestartsExhaustedError, ResumePositionError, UnreadableCheckpointError
+from helpers import checkpoint_doc, running, wait_until
 
-from .conftest import checkpoint_doc, running, wait_until
 from .handlers import recording_handler
 
 # ------------------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from flowwarden import (
     retry_policy,
 )
 from flowwarden.testing import EmbeddedReplicaSet
+from helpers import checkpoint_doc, running, wait_until, wait_until_async
 
-from .conftest import checkpoint_doc, running, wait_until, wait_until_async
 from .handlers import recording_handler
 
 # ------------------------------------------------------------------------------------------------

@@ -33,11 +33,12 @@ from flowwarden import (
 from flowwarden.checkpoints import Checkpoint
 from flowwarden.checkpoints.memory import InMemoryCheckpointStore
 from flowwarden.events import compare_tokens
-from flowwarden.fragments import AsyncJoinedChangeStream, Fragments, with_split_stage
-from flowwarden.raw_events import RawEvent
+from flowwarden.mongo.large_events import AsyncJoinedChangeStream, Fragments, with_split_stage
+from flowwarden.mongo.raw_events import RawEvent
 from flowwarden.runtime.read_ahead import EmptyRead, ReadAhead
+from helpers import running, wait_until, wait_until_async
 
-from .conftest import FailCommand, running, wait_until, wait_until_async
+from .conftest import FailCommand
 
 HALF = 8_400_000
 IMAGES: dict[str, Any] = {"full_document": "updateLookup", "full_document_before_change": "whenAvailable"}

@@ -6,8 +6,7 @@ import logging
 from datetime import datetime, timedelta, timezone
 
 from flowwarden import ChangeEvent, StreamState, change_stream, checkpoint, on_change
-
-from .conftest import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, running, wait_until
 
 
 def leader_handler(db: str, seen: list[tuple[str, int]], instance: str) -> type:

@@ -25,8 +25,9 @@ from flowwarden import (
     retry_policy,
 )
 from flowwarden.runtime import observability
+from helpers import wait_until
 
-from .conftest import get, samples, value, wait_until
+from .conftest import get, samples, value
 
 shipped = Counter("shop_orders_shipped", "Orders the handler shipped (a handler's own metric).")
 

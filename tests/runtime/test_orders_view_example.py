@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, running, wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

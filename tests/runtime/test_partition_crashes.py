@@ -41,9 +41,10 @@ from flowwarden import (
 from flowwarden.checkpoints import Checkpoint
 from flowwarden.errors import HandlerError, StreamInvalidatedError
 from flowwarden.events import compare_tokens
-from flowwarden.partitions import partition_name
+from flowwarden.mongo.buckets import partition_name
+from helpers import wait_until
 
-from .conftest import ChildLog, wait_until
+from .conftest import ChildLog
 
 HERE = Path(__file__).parent
 DOCUMENTS = 30
@@ -743,8 +744,8 @@ def test_the_documented_layout_change_from_two_buckets_to_three_misses_nothing(
 def test_a_partitioned_streams_initial_snapshot_copies_only_its_bucket() -> None:
     """The bucket stage lets the invalidate through; a copied document is never one, so the copy
     filter keeps only the bucket's hash condition (else every bucket would copy everything)."""
-    from flowwarden.partitions import bucket_stage
-    from flowwarden.snapshots import copy_filter
+    from flowwarden.mongo.buckets import bucket_stage
+    from flowwarden.mongo.initial_copy import copy_filter
 
     hashed = {"$mod": [{"$add": [{"$mod": [{"$toHashedIndexKey": "$_id"}, 4]}, 4]}, 4]}
     assert copy_filter([bucket_stage(1, 4)]) == {"$or": [{"$expr": {"$eq": [hashed, 1]}}]}

@@ -28,10 +28,11 @@ from flowwarden import (
     on_change,
     stream_spec,
 )
+from flowwarden.config.spec import partition_specs
 from flowwarden.errors import ConfigurationError
-from flowwarden.partitions import bucket_stage, layout_conflict, partition_name, partition_specs
+from flowwarden.mongo.buckets import bucket_stage, layout_conflict, partition_name
+from helpers import running, wait_until, wait_until_async
 
-from .conftest import running, wait_until, wait_until_async
 from .handlers import recording_handler
 
 DOCUMENTS = 30

@@ -13,9 +13,9 @@ from flowwarden import (
     token_cluster_time,
 )
 from flowwarden.events import token_datetime
-from flowwarden.positions import oplog_edge
+from flowwarden.mongo.positions import oplog_edge
+from helpers import checkpoint_doc, running, wait_until
 
-from .conftest import checkpoint_doc, running, wait_until
 from .handlers import recording_handler
 
 

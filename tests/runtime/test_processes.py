@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from flowwarden.events import token_cluster_time
+from helpers import checkpoint_doc, wait_until
 
-from .conftest import ChildLog, checkpoint_doc, run_connector, wait_until
+from .conftest import ChildLog, run_connector
 from .conftest import handled as handled_lines
 
 WORKER = Path(__file__).with_name("worker.py")

@@ -24,8 +24,7 @@ from flowwarden import (
     on_dataframe,
     retry_policy,
 )
-
-from .conftest import checkpoint_doc, running, wait_until, wait_until_async
+from helpers import checkpoint_doc, running, wait_until, wait_until_async
 
 _INT32 = struct.Struct("<i")
 POISON = 5

@@ -15,8 +15,9 @@ from flowwarden import Connector, StreamState
 from flowwarden.checkpoints import MongoCheckpointStore
 from flowwarden.runtime import save_health
 from flowwarden.testing import EmbeddedReplicaSet
+from helpers import wait_until
 
-from .conftest import FailCommand, wait_until
+from .conftest import FailCommand
 from .handlers import recording_handler
 from .test_metrics import get, samples, value
 

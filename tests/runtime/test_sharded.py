@@ -37,10 +37,11 @@ from flowwarden import OnHistoryLost, StartPosition, StreamError, StreamState
 from flowwarden.checkpoints import InMemoryCheckpointStore
 from flowwarden.cli import ExitCode, main
 from flowwarden.events import token_cluster_time
-from flowwarden.positions import oplog_edge, oplog_edge_async, oplog_window_async, shard_client_for
+from flowwarden.mongo.positions import oplog_edge, oplog_edge_async, oplog_window_async, shard_client_for
 from flowwarden.testing import EmbeddedReplicaSet
+from helpers import checkpoint_doc, running, wait_until
 
-from .conftest import checkpoint_doc, run_connector, running, wait_until
+from .conftest import run_connector
 from .handlers import recording_handler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +120,7 @@ def test_resume_from_oplog_start_through_a_mongos_replays_what_the_shard_kept() 
 def test_earliest_without_read_on_the_shard_fails_naming_the_shard_and_the_privileges(
     cluster: EmbeddedReplicaSet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="flowwarden.positions")
+    caplog.set_level(logging.WARNING, logger="flowwarden.mongo.positions")
     # What a user without read on the shard's local database gets (MongoDB's Unauthorized).
     fail_on_shard(
         cluster,
@@ -135,7 +136,7 @@ def test_earliest_without_read_on_the_shard_fails_naming_the_shard_and_the_privi
         error = connector.stream_errors()["orders"]
     assert isinstance(error, StreamError) and "start_position=EARLIEST" in str(error)
     assert seen == []
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "flowwarden.positions"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "flowwarden.mongo.positions"]
     assert f"on shard 'shard0' (shard0/127.0.0.1:{cluster.shard_port})" in warning
     assert "not authorized on local" in warning and "(Unauthorized 13)" in warning
     assert "read on config.shards" in warning and "shard-local user with read on 'local'" in warning
@@ -145,7 +146,7 @@ def test_earliest_without_read_on_the_shard_fails_naming_the_shard_and_the_privi
 def test_without_read_on_config_shards_the_edge_is_unknown_and_the_warning_says_why(
     mongos: pymongo.MongoClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="flowwarden.positions")
+    caplog.set_level(logging.WARNING, logger="flowwarden.mongo.positions")
     mongos.admin.command(
         "configureFailPoint",
         "failCommand",
@@ -153,7 +154,7 @@ def test_without_read_on_config_shards_the_edge_is_unknown_and_the_warning_says_
         data={"failCommands": ["find"], "namespace": "config.shards", "errorCode": 13},
     )
     assert oplog_edge(mongos, 1) is None
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "flowwarden.positions"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "flowwarden.mongo.positions"]
     assert warning.startswith("cannot list the shards in config.shards:") and "(Unauthorized 13)" in warning
 
 

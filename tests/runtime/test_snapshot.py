@@ -40,10 +40,9 @@ from flowwarden import (
 )
 from flowwarden.checkpoints import InMemoryCheckpointStore
 from flowwarden.errors import ConfigurationError
-from flowwarden.partitions import partition_name
+from flowwarden.mongo.buckets import partition_name
 from flowwarden.testing import EmbeddedReplicaSet
-
-from .conftest import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, running, wait_until
 
 WORKER = Path(__file__).with_name("snapshot_worker.py")
 
@@ -412,7 +411,7 @@ def test_match_stages_on_the_document_filter_the_copy_too(
     ],
 )
 def test_document_query_reads_the_document_or_gives_up(query: dict[str, Any], documents: Any) -> None:
-    from flowwarden.snapshots import document_query
+    from flowwarden.mongo.initial_copy import document_query
 
     assert document_query(query) == documents
 

@@ -27,12 +27,12 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.collection import Collection
 
 from flowwarden import ChangeEvent, Connector, change_stream, checkpoint, on_batch, on_change, pipeline
-from flowwarden.fragments import Fragments
-from flowwarden.raw_events import RawEvent
-from flowwarden.testing.embedded.largeevents import split_event
-from flowwarden.testing.embedded.tokens import event_token_data, fragment_token_data
+from flowwarden.mongo.large_events import Fragments
+from flowwarden.mongo.raw_events import RawEvent
+from flowwarden_embedded.largeevents import split_event
+from flowwarden_embedded.tokens import event_token_data, fragment_token_data
+from helpers import wait_until_async
 
-from .conftest import wait_until_async
 from .test_large_events import RecordingStore
 
 MiB = 1024 * 1024

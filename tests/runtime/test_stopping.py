@@ -13,8 +13,9 @@ import pytest
 
 from flowwarden import ChangeEvent, Connector, StreamState, change_stream, checkpoint, on_change
 from flowwarden.testing import EmbeddedReplicaSet
+from helpers import checkpoint_doc, wait_until
 
-from .conftest import ChildLog, checkpoint_doc, handled, run_connector, wait_until
+from .conftest import ChildLog, handled, run_connector
 from .handlers import recording_handler
 
 

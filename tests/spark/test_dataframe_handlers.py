@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
+import helpers
 from flowwarden import (
     Connector,
     OnError,
@@ -25,23 +26,14 @@ from flowwarden import (
     on_dataframe,
     retry_policy,
 )
+from helpers import checkpoint_doc
 
 pytestmark = pytest.mark.spark
 
+# Spark jobs take their time: every wait here allows a minute.
+wait_until = functools.partial(helpers.wait_until, timeout=60.0)
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
-
-
-def checkpoint_doc(client, db, stream="orders"):
-    return client[db]["_fw_checkpoints"].find_one({"_id": stream})
 
 
 class Item(BaseModel):
@@ -218,7 +210,7 @@ def test_a_partitioned_dataframe_stream_writes_each_event_once_from_its_bucket(
 ):
     if client.server_info()["versionArray"][0] < 7:
         pytest.skip("needs MongoDB 7.0+ ($toHashedIndexKey splits the stream)")
-    from flowwarden.partitions import bucket_stage, partition_name
+    from flowwarden.mongo.buckets import bucket_stage, partition_name
 
     start = client.admin.command("ping")["operationTime"]
     frames: dict[str, list[tuple[str, Any]]] = {}

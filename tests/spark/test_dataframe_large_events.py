@@ -3,28 +3,23 @@ is one row of the method's DataFrame, positioned at its last fragment's token.""
 
 from __future__ import annotations
 
-import time
+import functools
 from typing import Any
 
 import pymongo
 import pytest
 from bson import json_util
 
+import helpers
 from flowwarden import Connector, change_stream, checkpoint, on_dataframe
 
 pytestmark = pytest.mark.spark
 
+# Spark jobs take their time: every wait here allows a minute.
+wait_until = functools.partial(helpers.wait_until, timeout=60.0)
+
 HALF = 8_400_000
 IMAGES: dict[str, Any] = {"full_document": "updateLookup", "full_document_before_change": "whenAvailable"}
-
-
-def wait_until(predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def test_a_dataframe_method_gets_a_large_event_as_one_row(

@@ -5,7 +5,7 @@ An event of such a batch that cannot be decoded gets on_exhausted alone."""
 from __future__ import annotations
 
 import asyncio
-import time
+import functools
 from decimal import Decimal
 from typing import Any
 
@@ -15,24 +15,16 @@ from bson import Decimal128
 from bson.codec_options import TypeDecoder, TypeRegistry
 
 import flowwarden.spark
+import helpers
 from flowwarden import Connector, OnError, StreamState, change_stream, checkpoint, on_dataframe, retry_policy
-from flowwarden.raw_events import RawEvent
-from flowwarden.spark.arrow import UndecodableEventError
+from flowwarden.mongo.raw_events import RawEvent
+from flowwarden.spark.convert.arrow import UndecodableEventError
+from helpers import checkpoint_doc
 
 pytestmark = pytest.mark.spark
 
-
-def wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
-
-
-def checkpoint_doc(client, db, stream="orders"):
-    return client[db]["_fw_checkpoints"].find_one({"_id": stream})
+# Spark jobs take their time: every wait here allows a minute.
+wait_until = functools.partial(helpers.wait_until, timeout=60.0)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ for the decoded path and for events cut into more fragments.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from typing import Any
@@ -23,9 +24,10 @@ from bson import json_util
 from pymongo.collection import Collection
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
+import helpers
 from flowwarden import Connector, change_stream, checkpoint, on_dataframe
 from flowwarden.spark import change_event_struct_type
-from flowwarden.spark.source import FlowWardenStreamReader, SourceOptions
+from flowwarden.spark.source.reader import FlowWardenStreamReader, SourceOptions
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -40,13 +42,8 @@ def text(seed: int, size: int) -> str:
     return random.Random(seed).randbytes(size // 2).hex()
 
 
-def wait_until(predicate: Any, timeout: float = 120.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-    return value
+# Spark jobs on events this large take their time: every wait here allows two minutes.
+wait_until = functools.partial(helpers.wait_until, timeout=120.0)
 
 
 @pytest.fixture

@@ -320,7 +320,7 @@ def test_importing_flowwarden_spark_imports_neither_pyspark_nor_pyarrow() -> Non
     result = run_python(
         """
         import sys
-        import flowwarden, flowwarden.spark, flowwarden.spark.schema, flowwarden.spark.extjson
+        import flowwarden, flowwarden.spark, flowwarden.spark.schema, flowwarden.spark.convert.extjson
         from flowwarden.spark import ObjectIdStr, register
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("pyspark", "pyarrow"))
         print(loaded)

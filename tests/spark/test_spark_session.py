@@ -51,13 +51,13 @@ def test_the_streaming_source_names_the_pyspark_it_needs(
 
 def test_python_workers_import_flowwarden(spark: SparkSession) -> None:
     def probe(_: object) -> list[str]:
-        import flowwarden.spark.arrow
+        import flowwarden.spark.convert.arrow
 
-        return [sys.executable, flowwarden.spark.arrow.__name__]
+        return [sys.executable, flowwarden.spark.convert.arrow.__name__]
 
     executable, module = spark.sparkContext.parallelize([0], 1).map(probe).first()
     assert executable == sys.executable
-    assert module == "flowwarden.spark.arrow"
+    assert module == "flowwarden.spark.convert.arrow"
 
 
 @pytest.mark.slow

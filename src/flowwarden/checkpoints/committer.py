@@ -34,7 +34,7 @@ from flowwarden.errors import (
     FencedError,
 )
 from flowwarden.events import ResumeToken, token_data
-from flowwarden.failures import is_retryable_save_error
+from flowwarden.mongo.failures import is_retryable_save_error
 
 logger = logging.getLogger("flowwarden.checkpoints")
 

@@ -16,7 +16,7 @@ Every implementation keeps these rules (the contract suite in
   when the stored record itself cannot be read); ``None`` means "no checkpoint stored".
 
 Report a failed read or write as :class:`~flowwarden.errors.CheckpointError` raised ``from`` the
-underlying error: :func:`flowwarden.failures.classify` judges it by that cause (a network error is
+underlying error: :func:`flowwarden.mongo.failures.classify` judges it by that cause (a network error is
 retried, refused credentials fail the stream at once).
 """
 

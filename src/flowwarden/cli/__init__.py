@@ -19,7 +19,7 @@ starts with ``flowwarden:``, says what was wrong and what to do, and one of thes
   graceful stop.
 
 It never prints a traceback for those, and never prints a URI's password: URIs go through
-:func:`flowwarden.redaction.redact_uri` first. Settings (the URI above all) come from flags,
+:func:`flowwarden.mongo.redaction.redact_uri` first. Settings (the URI above all) come from flags,
 ``FLOWWARDEN_*`` environment variables or a TOML file: see :mod:`flowwarden.cli.settings`.
 
 Modules: :mod:`~flowwarden.cli.common` (exit codes, errors, the client), :mod:`~.settings`,
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from flowwarden import logs
+    from flowwarden.cli import logs
 
     try:
         args = build_parser().parse_args(argv)

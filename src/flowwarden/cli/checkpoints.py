@@ -54,7 +54,7 @@ def _rewind(client: Any, store: Any, args: argparse.Namespace, token: Any, at: A
     """Move one stream's stored position: check the target against the server, refuse a stream
     that has no checkpoint unless --create, print the old and the new position."""
     from flowwarden.errors import UnreadableCheckpointError
-    from flowwarden.positions import ahead_of_server, cluster_time_of
+    from flowwarden.mongo.positions import ahead_of_server, cluster_time_of
 
     stream = args.stream
     try:
@@ -124,7 +124,7 @@ def _token_at(database: Any, at: Any, server_time: Any) -> Any:
     from pymongo.errors import OperationFailure
 
     from flowwarden.events import timestamp_datetime
-    from flowwarden.positions import FUTURE_TOLERANCE_SECONDS
+    from flowwarden.mongo.positions import FUTURE_TOLERANCE_SECONDS
 
     when = timestamp_datetime(at).isoformat()
     if server_time is not None and at.time > server_time.time + FUTURE_TOLERANCE_SECONDS:

@@ -4,7 +4,7 @@ keeps usage errors to one line, and the MongoDB client of the commands that do o
 A command ends a failure it knows of by raising :class:`CommandError`; :func:`report` turns the
 errors a command did not catch (MongoDB out of reach, credentials refused, a URI PyMongo cannot
 parse, a :class:`~flowwarden.errors.FlowWardenError`) into the same one line. No line ever quotes a
-URI's password: URIs go through :func:`flowwarden.redaction.redact_uri` first.
+URI's password: URIs go through :func:`flowwarden.mongo.redaction.redact_uri` first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from flowwarden.errors import FlowWardenError
-from flowwarden.redaction import quotes_secret, redact_uri
+from flowwarden.mongo.redaction import quotes_secret, redact_uri
 
 if TYPE_CHECKING:
     import pymongo
@@ -76,12 +76,15 @@ class Parser(argparse.ArgumentParser):
 
 
 def port(text: str) -> int:
+    """A TCP port to listen on: 1 to 65535, or 0 for any free one."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give a number from 1 to 65535")
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a TCP port; give a number from 1 to 65535, or 0 for a free one"
+        )
     return value
 
 

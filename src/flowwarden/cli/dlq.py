@@ -188,8 +188,7 @@ def _purge(collection: Any, query: dict[str, Any], confirmed: bool) -> ExitCode:
 
 
 def _replay(collection: Any, handler_class: type, args: argparse.Namespace) -> ExitCode:
-    from flowwarden.partitions import partition_specs
-    from flowwarden.spec import stream_spec
+    from flowwarden.config.spec import partition_specs, stream_spec
 
     spec = stream_spec(handler_class)
     # A partitioned class dead-letters under its buckets' names: each is the class's stream.

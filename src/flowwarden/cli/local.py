@@ -21,12 +21,13 @@ def embedded(args: argparse.Namespace) -> ExitCode:
             problem = f"cannot listen on 127.0.0.1:{args.port} ({error.strerror or error})"
         raise CommandError(ExitCode.USAGE, f"{problem} or choose another --port") from None
     print(f"EmbeddedReplicaSet (a test double, not a production database) at {rs.uri}", file=sys.stderr)
+    print(rs.uri, flush=True)  # stdout: for a script to read, also with --port 0
     rs.serve_forever()
     return ExitCode.CLEAN_STOP
 
 
 def demo(args: argparse.Namespace) -> int:
-    from flowwarden.demo import run_demo
+    from flowwarden.cli.demo import run_demo
 
     return run_demo(events=args.events, output=args.output, use_spark=not args.no_spark)
 
@@ -38,7 +39,9 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> list[argparse.Argume
         description="Run EmbeddedReplicaSet, the MongoDB test double flowwarden's tests and demo use, on "
         "127.0.0.1 until Ctrl-C. It is not a database for production data.",
     )
-    emb.add_argument("--port", type=port, default=27017, help="TCP port, 1 to 65535 (default 27017)")
+    emb.add_argument(
+        "--port", type=port, default=27017, help="TCP port, 1 to 65535, or 0 for a free one (default 27017)"
+    )
     emb.add_argument(
         "--oplog-max-events",
         type=positive_int,

@@ -33,8 +33,8 @@ from pydantic_settings import (
 )
 
 from flowwarden.cli.common import CommandError, ExitCode
-from flowwarden.logs import LogFormat, LogLevel
-from flowwarden.redaction import redact_uri
+from flowwarden.cli.logs import LogFormat, LogLevel
+from flowwarden.mongo.redaction import redact_uri
 from flowwarden.runtime.connector import DEFAULT_CHECKPOINT_DATABASE
 
 if sys.version_info >= (3, 11):

@@ -27,7 +27,7 @@ from flowwarden.cli.settings import Settings
 
 
 def status(args: argparse.Namespace, settings: Settings) -> ExitCode:
-    from flowwarden.positions import cluster_time_of, oplog_edge
+    from flowwarden.mongo.positions import cluster_time_of, oplog_edge
     from flowwarden.runtime.lease import LOCKS_COLLECTION
 
     with mongo_client(settings.mongodb_uri()) as client:

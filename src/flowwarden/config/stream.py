@@ -12,7 +12,7 @@ from flowwarden.config.backoff import backoff_delay
 from flowwarden.config.base import OptionProblem, Options, option
 from flowwarden.config.choices import Deployment, OnInvalidate, Snapshot, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
-from flowwarden.partitions import MAX_PARTITIONS
+from flowwarden.mongo.buckets import MAX_PARTITIONS
 
 # Operation types a change stream reports without showExpandedEvents.
 STANDARD_OPERATION_TYPES: tuple[str, ...] = (

@@ -17,7 +17,7 @@ batch only once its method returned. While a batch is in flight, the batch formi
 reads ahead by at most ``max_events`` events and, for DataFrame streams (whose events arrive as
 raw BSON), :data:`READ_AHEAD_BYTES` bytes; then reading waits for the method.
 
-Raw events wait in a batch lean (:func:`flowwarden.raw_events.lean`): a batch of 10,000 events
+Raw events wait in a batch lean (:func:`flowwarden.mongo.raw_events.lean`): a batch of 10,000 events
 is then 10,000 objects for the cyclic garbage collector to visit, not 90,000.
 
 Sync batch methods, and the Arrow conversion of DataFrame batches, run in a worker thread: they
@@ -37,14 +37,14 @@ from bson.raw_bson import RawBSONDocument
 
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import SchemaMode
+from flowwarden.config.spec import StreamSpec
 from flowwarden.events import ChangeEvent, ResumeToken, token_data
-from flowwarden.raw_events import lean
+from flowwarden.mongo.raw_events import lean
 from flowwarden.runtime.context import StreamContext, StreamLog
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
 from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import describe_token
-from flowwarden.spec import StreamSpec
 
 READ_AHEAD_BYTES = 64 * 1024 * 1024
 """While a DataFrame batch is in flight, the raw BSON the batch behind it may hold before reading
@@ -311,7 +311,7 @@ class BatchDelivery:
         if not self._dataframe:
             return await self._invoker([ChangeEvent(change) for change in changes], ctx), []
         from flowwarden.spark import events_to_dataframe
-        from flowwarden.spark.arrow import UndecodableEventError
+        from flowwarden.spark.convert.arrow import UndecodableEventError
 
         assert self._spark_provider is not None
         raws = list(changes)

@@ -20,11 +20,13 @@ from typing import Any
 
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
+from flowwarden.config.spec import partition_specs
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
-from flowwarden.partitions import partition_specs
-from flowwarden.positions import maybe_await, reachable
-from flowwarden.redaction import redact_uri as redact_uri  # re-exported: the runtime logs and exports it
+from flowwarden.mongo.positions import maybe_await, reachable
+from flowwarden.mongo.redaction import (
+    redact_uri as redact_uri,  # re-exported: the runtime logs and exports it
+)
 from flowwarden.runtime.connections import check_pool_size, client_pool_size, make_client, uri_pool_size
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.lease import LOCKS_COLLECTION, instance_token

@@ -8,10 +8,21 @@ read after an ``await`` is still the call's own.
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 StreamLog = logging.Logger | logging.LoggerAdapter[logging.Logger]
 """A stream's logger: module loggers wrapped to put the stream's name on every record."""
+
+
+class StreamLogger(logging.LoggerAdapter[logging.Logger]):
+    """A logger for one stream: every record gets ``stream``, and the ``extra`` of a call (such as
+    ``extra={"token": ...}``) is kept beside it instead of replaced."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs
 
 
 @dataclass(slots=True)
@@ -42,3 +53,5 @@ class StreamContext:
         this never blocks and is safe from sync and async handlers alike.
         """
         self.save_requested = True
+
+__all__ = ["StreamContext", "StreamLog", "StreamLogger"]

@@ -23,6 +23,7 @@ from bson.raw_bson import RawBSONDocument
 
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import OnInvalidate
+from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import StreamInvalidatedError
 from flowwarden.events import ChangeEvent, token_datetime
 from flowwarden.runtime.batching import BatchDelivery
@@ -33,7 +34,6 @@ from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener
 from flowwarden.runtime.read_ahead import EmptyRead, FailedRead, ReadAhead
 from flowwarden.runtime.scheduling import KeyedScheduler
-from flowwarden.spec import StreamSpec
 
 
 class Invalidated(Exception):

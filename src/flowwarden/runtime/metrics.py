@@ -28,16 +28,13 @@ import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from flowwarden.runtime.status import StreamState
-
-if TYPE_CHECKING:
-    from flowwarden.runtime.stream import StreamRunner
+from flowwarden.runtime.status import StreamState, StreamStatus
 
 # Seconds: a sync handler's call takes microseconds, a DataFrame batch's seconds.
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
@@ -125,7 +122,7 @@ class FlowwardenCollector:
         return []  # names come and go with connectors; nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
-        runners: list[StreamRunner] = [r for c in list(self._connectors) for r in c.runners()]
+        runners: list[MeasuredStream] = [r for c in list(self._connectors) for r in c.runners()]
         oplog_hours = [h for c in list(self._connectors) if (h := c.oplog_window_hours) is not None]
         yield from _families(runners)
         if oplog_hours:
@@ -136,7 +133,22 @@ class FlowwardenCollector:
             yield window
 
 
-def _families(runners: list[StreamRunner]) -> Iterator[Metric]:
+class MeasuredStream(Protocol):
+    """What the metrics read of a running stream (the runtime's StreamRunner)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def metrics(self) -> StreamMetrics | None: ...
+
+    @property
+    def holds_lease(self) -> bool: ...
+
+    def status(self) -> StreamStatus: ...
+
+
+def _families(runners: list[MeasuredStream]) -> Iterator[Metric]:
     events = CounterMetricFamily(
         "flowwarden_events",
         "Events handled, by operation type and outcome (ok, retried, skipped, dead_lettered, failed).",

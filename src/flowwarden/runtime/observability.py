@@ -6,7 +6,7 @@ Started by :class:`~flowwarden.runtime.connector.Connector` when it runs:
   ``/healthz``, ``/readyz``), a heartbeat that ``/healthz`` reads (so a handler holding the event
   loop shows as unhealthy), and the oplog's window in hours, read once a minute where the
   deployment lets it be read (through a mongos, on every shard: see
-  :func:`~flowwarden.positions.oplog_edge_async`);
+  :func:`~flowwarden.mongo.positions.oplog_edge_async`);
 - with a progress interval, one INFO line per stream per interval: events per second, seconds
   behind, and the position saved last; a WARNING line, saying why, while the stream cannot save
   its checkpoint.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import PyMongoError
 
 from flowwarden.errors import ConfigurationError
-from flowwarden.positions import oplog_window_async
+from flowwarden.mongo.positions import oplog_window_async
 from flowwarden.runtime.metrics import STALL_SECONDS, MetricsServer
 from flowwarden.runtime.status import StreamState
 

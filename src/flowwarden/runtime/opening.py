@@ -7,12 +7,12 @@ The rules this module keeps:
   :class:`~flowwarden.errors.ResumePositionError`);
 - a stream with no stored position (or one going on after lost history) asks the server where
   its start position is, and that position is stored before the first event is handled (see
-  :mod:`flowwarden.positions`);
-- lost history is handled by :func:`flowwarden.positions.recover_from_history_loss`, and the gap
+  :mod:`flowwarden.mongo.positions`);
+- lost history is handled by :func:`flowwarden.mongo.positions.recover_from_history_loss`, and the gap
   given up on purpose is recorded in the checkpoint's metadata with the new position;
 - a stream that splits large events (``split_large_events``, or a pipeline ending with
   ``$changeStreamSplitLargeEvent``) is opened with that stage last and read through
-  :class:`~flowwarden.fragments.AsyncJoinedChangeStream`, so nothing past the opening sees a
+  :class:`~flowwarden.mongo.large_events.AsyncJoinedChangeStream`, so nothing past the opening sees a
   fragment; one that does not fails on an event over 16 MB with an error naming the option.
 
 Nothing here reads events or handles them; :class:`~flowwarden.runtime.stream.StreamRunner` does.
@@ -31,16 +31,17 @@ from pymongo.errors import OperationFailure, PyMongoError
 from flowwarden.checkpoints import Checkpoint, CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import StartPosition
+from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import FlowWardenError, ResumePositionError, StreamError
 from flowwarden.events import token_data, token_datetime
-from flowwarden.fragments import (
+from flowwarden.mongo.large_events import (
     AsyncJoinedChangeStream,
     is_too_large,
     splits_large_events,
     too_large_error,
     with_split_stage,
 )
-from flowwarden.positions import (
+from flowwarden.mongo.positions import (
     ahead_of_server,
     maybe_await,
     open_change_stream,
@@ -50,9 +51,8 @@ from flowwarden.positions import (
     refused_position,
     server_cluster_time,
 )
-from flowwarden.raw_events import RAW_EVENT_OPTIONS
+from flowwarden.mongo.raw_events import RAW_EVENT_OPTIONS
 from flowwarden.runtime.context import StreamLog
-from flowwarden.spec import StreamSpec
 
 INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
 CLOSE_TIMEOUT_SECONDS = 2.0
@@ -215,7 +215,7 @@ class StreamOpener:
     def read_options(self) -> CodecOptions[Any] | None:
         """How the stream's events are decoded: as the client says (None), except for DataFrame
         streams, which keep each event's BSON as the server sent it
-        (:class:`~flowwarden.raw_events.RawEvent`).
+        (:class:`~flowwarden.mongo.raw_events.RawEvent`).
 
         The Arrow conversion reads those bytes directly (flowwarden.spark's compiled converter)
         and maps BSON types to columns by its own documented rules, so decoding them into dicts
@@ -251,7 +251,7 @@ class StreamOpener:
         """The change stream from ``start``; a token the server refuses raises ResumePositionError.
 
         A stream that splits large events is returned joining their fragments
-        (:class:`~flowwarden.fragments.AsyncJoinedChangeStream`).
+        (:class:`~flowwarden.mongo.large_events.AsyncJoinedChangeStream`).
         """
         kwargs: dict[str, Any] = {**self.watch_options(), **start}
         target = self.watch_target(codec_options)
@@ -303,7 +303,7 @@ class StreamOpener:
     # -- lost history --------------------------------------------------------------------------
 
     async def history_lost(self, error: OperationFailure) -> None:
-        """Apply on_history_lost (flowwarden.positions.recover_from_history_loss): fail, or plan
+        """Apply on_history_lost (flowwarden.mongo.positions.recover_from_history_loss): fail, or plan
         the next opening position and the audit entry stored with it."""
         strategy = self.spec.checkpoint.on_history_lost
         checkpoint = await self._store.load(self.name)

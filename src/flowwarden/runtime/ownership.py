@@ -23,9 +23,9 @@ from pymongo.errors import PyMongoError
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Deployment
+from flowwarden.config.spec import StreamSpec
 from flowwarden.runtime.context import StreamLog
 from flowwarden.runtime.lease import Holder, LeaseManager
-from flowwarden.spec import StreamSpec
 
 
 class Ownership:

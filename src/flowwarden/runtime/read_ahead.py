@@ -14,13 +14,13 @@ the place it was raised. Nothing read ahead is acknowledged anywhere: events rea
 handled when the loop ends are simply read again from the checkpoint.
 
 A stream that splits large events is read as the opener returns it, joining their fragments
-(:mod:`flowwarden.fragments`): only whole events are queued, and an :class:`EmptyRead` taken while
+(:mod:`flowwarden.mongo.large_events`): only whole events are queued, and an :class:`EmptyRead` taken while
 fragments are held carries no token (one then lies between fragments, never a resume point).
 ``read_error`` words an error as the stream fails with it (an event over 16 MB without the split
 stage names the option that reads it: :meth:`~flowwarden.runtime.opening.StreamOpener.read_error`).
 
 ``raw`` readers (streams whose events are ``RawBSONDocument``) keep what they read lean
-(:func:`flowwarden.raw_events.lean`). At most ``limit`` items wait; the reader pauses when that
+(:func:`flowwarden.mongo.raw_events.lean`). At most ``limit`` items wait; the reader pauses when that
 many do (and the driver holds at most one more batch), so memory stays bounded however far behind
 the stream is.
 """
@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flowwarden.raw_events import lean
+from flowwarden.mongo.raw_events import lean
 
 
 class EmptyRead:
@@ -94,7 +94,7 @@ class ReadAhead:
                     if not alive:
                         return
                 else:
-                    # Raw events wait lean: see flowwarden.raw_events.
+                    # Raw events wait lean: see flowwarden.mongo.raw_events.
                     items.append(lean(change) if raw else change)
                     ready.set()
         except asyncio.CancelledError:

@@ -1,6 +1,6 @@
 """When a stream that failed is opened again, and when it fails for good.
 
-Errors are judged by :func:`flowwarden.failures.classify`: a fatal one fails the stream at once;
+Errors are judged by :func:`flowwarden.mongo.failures.classify`: a fatal one fails the stream at once;
 a transient one re-opens it with backoff for as long as it lasts; an unknown one re-opens it at
 most ``max_restarts`` times in a row, then fails it with
 :class:`~flowwarden.errors.RestartsExhaustedError`. The count starts again once a re-opened stream
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from flowwarden.config import ChangeStreamOptions
 from flowwarden.errors import RestartsExhaustedError
-from flowwarden.failures import Failure, classify
+from flowwarden.mongo.failures import Failure, classify
 from flowwarden.runtime.context import StreamLog
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
-from flowwarden.redaction import redact_uris
+from flowwarden.mongo.redaction import redact_uris
 from flowwarden.runtime.metrics import StreamMetrics
 
 SAVE_GRACE_SECONDS = 10.0

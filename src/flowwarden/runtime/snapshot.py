@@ -29,7 +29,7 @@ The rules this module keeps:
 - the stream's ``$match`` stages that read only the document (``fullDocument.*``,
   ``documentKey._id``) filter the copy too, so a partitioned stream's
   bucket, or a filter on a document field, copies what its changes would deliver
-  (:func:`flowwarden.snapshots.copy_filter`);
+  (:func:`flowwarden.mongo.initial_copy.copy_filter`);
 - rows are ChangeEvents with ``operation_type == "snapshot"``, the document as
   ``full_document``, its ``_id`` as ``document_key``, the namespace as ``ns`` and ``T``'s cluster
   time as ``cluster_time``; they carry no resume token (``_id``): they are not positions.
@@ -53,13 +53,10 @@ from flowwarden.checkpoints import Checkpoint, SnapshotProgress
 from flowwarden.checkpoints.model import utc_now
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Snapshot
+from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import ConfigurationError
 from flowwarden.events import token_cluster_time
-from flowwarden.runtime.context import StreamLog
-from flowwarden.runtime.dispatch import EventDispatch
-from flowwarden.runtime.exhausted import GivingUp
-from flowwarden.runtime.opening import StreamOpener, describe_token
-from flowwarden.snapshots import (
+from flowwarden.mongo.initial_copy import (
     all_of,
     copied_collection,
     copied_database,
@@ -68,7 +65,10 @@ from flowwarden.snapshots import (
     plain_id,
     snapshot_row,
 )
-from flowwarden.spec import StreamSpec
+from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.dispatch import EventDispatch
+from flowwarden.runtime.exhausted import GivingUp
+from flowwarden.runtime.opening import StreamOpener, describe_token
 
 
 class SnapshotStopped(Exception):

@@ -10,7 +10,7 @@ The position rules this module keeps:
 - a batch method's batch is planned before the method runs: where it ends is stored first, and
   after a crash the same events form the same batch again;
 - a restart re-opens from the store's checkpoint, never from memory, so what is replayed is exactly
-  the unsaved window; errors that a re-open cannot fix (flowwarden.failures) fail the stream
+  the unsaved window; errors that a re-open cannot fix (flowwarden.mongo.failures) fail the stream
   instead, and the checkpoint is left as it was.
 
 Where a stream opens is :mod:`flowwarden.runtime.opening`'s job, who may run it
@@ -32,6 +32,7 @@ from pymongo.errors import OperationFailure
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Snapshot
+from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import (
     ConfigurationError,
     FencedError,
@@ -39,11 +40,11 @@ from flowwarden.errors import (
     ResumePositionError,
 )
 from flowwarden.events import token_datetime
-from flowwarden.failures import Failure, classify
-from flowwarden.logs import StreamLogger
-from flowwarden.partitions import layout_conflict
-from flowwarden.positions import HISTORY_LOST, reachable, refused_position
+from flowwarden.mongo.buckets import layout_conflict
+from flowwarden.mongo.failures import Failure, classify
+from flowwarden.mongo.positions import HISTORY_LOST, reachable, refused_position
 from flowwarden.runtime.connections import client_pool_size
+from flowwarden.runtime.context import StreamLogger
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch, Invalidated, Reopen
 from flowwarden.runtime.exhausted import GivingUp
@@ -55,7 +56,6 @@ from flowwarden.runtime.restarts import Restarts
 from flowwarden.runtime.save_health import SaveHealth
 from flowwarden.runtime.snapshot import SnapshotCopy, SnapshotStopped
 from flowwarden.runtime.status import StreamState, StreamStatus
-from flowwarden.spec import StreamSpec
 
 _DEFAULT_READ_AHEAD_BATCH = 1000  # without a batch_size: the read-ahead bound counts this per batch
 # With the deployment out of reach, a stop does not wait for server selection (30 s by default)
@@ -246,7 +246,7 @@ class StreamRunner:
     async def run(self) -> None:
         """Run until stopped. Never raises for stream failures: they end in state FAILED.
 
-        Transient errors (flowwarden.failures) re-open the stream with backoff for as long as
+        Transient errors (flowwarden.mongo.failures) re-open the stream with backoff for as long as
         they last; unknown ones at most ``max_restarts`` times in a row (the count starts again
         once a re-opened stream reads); fatal ones fail it at once.
         """

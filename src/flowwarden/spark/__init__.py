@@ -20,12 +20,12 @@ from flowwarden._lazy import lazy_attributes
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from flowwarden.spark.arrow import ArrowBatch as ArrowBatch
-    from flowwarden.spark.arrow import MalformedRow as MalformedRow
-    from flowwarden.spark.arrow import events_to_arrow as events_to_arrow
+    from flowwarden.spark.convert.arrow import ArrowBatch as ArrowBatch
+    from flowwarden.spark.convert.arrow import MalformedRow as MalformedRow
+    from flowwarden.spark.convert.arrow import events_to_arrow as events_to_arrow
+    from flowwarden.spark.convert.extjson import JsonMode as JsonMode
     from flowwarden.spark.dataframe import DataFrameBatch as DataFrameBatch
     from flowwarden.spark.dataframe import events_to_dataframe as events_to_dataframe
-    from flowwarden.spark.extjson import JsonMode as JsonMode
     from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN as CORRUPT_RECORD_COLUMN
     from flowwarden.spark.schema import EVENT_COLUMNS as EVENT_COLUMNS
     from flowwarden.spark.schema import ObjectIdStr as ObjectIdStr
@@ -35,15 +35,15 @@ if TYPE_CHECKING:
     from flowwarden.spark.schema import model_to_struct_type as model_to_struct_type
     from flowwarden.spark.schema import struct_type_to_arrow_schema as struct_type_to_arrow_schema
     from flowwarden.spark.session import get_or_create_session as get_or_create_session
-    from flowwarden.spark.source import FlowWardenDataSource as FlowWardenDataSource
+    from flowwarden.spark.source.reader import FlowWardenDataSource as FlowWardenDataSource
 
 _LAZY = {
-    "ArrowBatch": "flowwarden.spark.arrow",
-    "MalformedRow": "flowwarden.spark.arrow",
-    "events_to_arrow": "flowwarden.spark.arrow",
+    "ArrowBatch": "flowwarden.spark.convert.arrow",
+    "MalformedRow": "flowwarden.spark.convert.arrow",
+    "events_to_arrow": "flowwarden.spark.convert.arrow",
     "DataFrameBatch": "flowwarden.spark.dataframe",
     "events_to_dataframe": "flowwarden.spark.dataframe",
-    "JsonMode": "flowwarden.spark.extjson",
+    "JsonMode": "flowwarden.spark.convert.extjson",
     "CORRUPT_RECORD_COLUMN": "flowwarden.spark.schema",
     "EVENT_COLUMNS": "flowwarden.spark.schema",
     "ObjectIdStr": "flowwarden.spark.schema",
@@ -53,7 +53,7 @@ _LAZY = {
     "model_to_struct_type": "flowwarden.spark.schema",
     "struct_type_to_arrow_schema": "flowwarden.spark.schema",
     "get_or_create_session": "flowwarden.spark.session",
-    "FlowWardenDataSource": "flowwarden.spark.source",
+    "FlowWardenDataSource": "flowwarden.spark.source.reader",
 }
 
 __all__ = [*sorted(_LAZY), "register"]
@@ -63,13 +63,13 @@ def register(spark: SparkSession) -> None:
     """Register the Python data source ``flowwarden`` with ``spark``.
 
     Afterwards ``spark.readStream.format("flowwarden").option("uri", ...)`` reads change events;
-    see :class:`~flowwarden.spark.source.FlowWardenDataSource` for the options.
+    see :class:`~flowwarden.spark.source.reader.FlowWardenDataSource` for the options.
     """
     from flowwarden.spark._extra import STREAMING_SOURCE_PYSPARK, require, require_pyspark
 
     pyspark = require("pyspark", "the flowwarden streaming source")
     require_pyspark(pyspark.__version__, STREAMING_SOURCE_PYSPARK, "the flowwarden streaming source")
-    from flowwarden.spark.source import FlowWardenDataSource
+    from flowwarden.spark.source.reader import FlowWardenDataSource
 
     spark.dataSource.register(FlowWardenDataSource)
 

@@ -1,6 +1,6 @@
 """Change events to a Spark DataFrame, through Arrow.
 
-The table built by :func:`flowwarden.spark.arrow.events_to_arrow` goes to
+The table built by :func:`flowwarden.spark.convert.arrow.events_to_arrow` goes to
 ``spark.createDataFrame(table, schema)`` whole; rows never travel as Python objects.
 """
 
@@ -13,8 +13,8 @@ from flowwarden.config import SchemaMode
 from flowwarden.errors import ConfigurationError
 from flowwarden.events import ChangeEvent
 from flowwarden.spark._extra import require
-from flowwarden.spark.arrow import MalformedRow, events_to_arrow
-from flowwarden.spark.extjson import JsonMode
+from flowwarden.spark.convert.arrow import MalformedRow, events_to_arrow
+from flowwarden.spark.convert.extjson import JsonMode
 from flowwarden.spark.schema import change_event_struct_type
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def events_to_dataframe(
 ) -> DataFrameBatch:
     """Convert a batch of change events into a DataFrame with the change-event columns.
 
-    Same arguments and mode rules as :func:`~flowwarden.spark.arrow.events_to_arrow`; ``schema``
+    Same arguments and mode rules as :func:`~flowwarden.spark.convert.arrow.events_to_arrow`; ``schema``
     may also be a DDL string. The DataFrame's schema is
     :func:`~flowwarden.spark.schema.change_event_struct_type` of ``schema`` and ``mode``, also
     for an empty batch, so every batch of a stream has the same columns.

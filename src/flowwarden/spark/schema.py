@@ -2,13 +2,13 @@
 
 Owns the public schema API: the change-event columns (:data:`EVENT_COLUMNS`,
 :data:`CORRUPT_RECORD_COLUMN`), the Arrow and Spark types of a
-:class:`~flowwarden.spark.valuespec.ValueSpec` (:func:`arrow_type`, :func:`spark_type`), the
+:class:`~flowwarden.spark.convert.valuespec.ValueSpec` (:func:`arrow_type`, :func:`spark_type`), the
 schemas of whole tables and DataFrames (:func:`change_event_arrow_schema`,
 :func:`change_event_struct_type`, :func:`change_event_ddl`, :func:`model_to_struct_type` ...),
 and :data:`ObjectIdStr` for pydantic models. The columns and their types are declared once,
 here; every other list of them (the compiled converter's, the streaming source's) is derived
 from this one or checked against it by a test. A full-document schema is first compiled into a
-``ValueSpec`` tree (:func:`~flowwarden.spark.spec_compiler.document_spec`, re-exported here
+``ValueSpec`` tree (:func:`~flowwarden.spark.convert.spec_compiler.document_spec`, re-exported here
 with the spec types); both the Arrow and the Spark types are derived from that one tree, so
 the two can never disagree.
 
@@ -34,8 +34,8 @@ from pydantic import BaseModel, BeforeValidator, PlainSerializer
 
 from flowwarden.config import SchemaMode
 from flowwarden.spark._extra import require
-from flowwarden.spark.spec_compiler import document_spec
-from flowwarden.spark.valuespec import FieldSpec, Kind, ValueSpec
+from flowwarden.spark.convert.spec_compiler import document_spec
+from flowwarden.spark.convert.valuespec import FieldSpec, Kind, ValueSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,0 +1,306 @@
+"""The options of the ``flowwarden`` streaming source, read from Spark's strings.
+
+An option the decorators also have (``database``, ``full_document``, ``split_large_events``,
+``start_position``, ``mode``...) has the same name, values and default here, and is checked by
+the same model: each string is turned into the field's type and validated by the option model
+that declares it (:data:`SHARED`). The source's own options (``uri``, ``pipeline``,
+``max_events_per_trigger``, ``schema``, ``json_mode``, ``partitions``) are declared in
+:class:`SourceOnlyOptions`.
+``start_position=timestamp``, the spelling of earlier releases, still works with a
+DeprecationWarning (it is ``AT_TIME`` now). A query keeps its offsets itself, so ``RESUME`` (the
+default) and ``LATEST`` both start a new query at the stream's current position. Every problem
+is a ConfigurationError naming the option and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from bson import Timestamp, json_util
+from pydantic import TypeAdapter, ValidationError, field_validator
+
+from flowwarden.config import (
+    ChangeStreamOptions,
+    CheckpointOptions,
+    DataFrameOptions,
+    OnHistoryLost,
+    Options,
+    PipelineOptions,
+    SchemaMode,
+    Snapshot,
+    StartPosition,
+    validate_options,
+)
+from flowwarden.config.base import OptionProblem, OptionsT, option
+from flowwarden.errors import ConfigurationError
+from flowwarden.mongo.buckets import MAX_PARTITIONS
+from flowwarden.mongo.large_events import with_split_stage
+from flowwarden.spark.convert.extjson import JsonMode
+
+OWNER = "flowwarden streaming source"
+LABEL = ""  # the owner names the source and the option
+DEFAULT_MAX_EVENTS_PER_TRIGGER = 10_000
+
+SHARED: dict[str, type[Options]] = {
+    "database": ChangeStreamOptions,
+    "collection": ChangeStreamOptions,
+    "full_document": ChangeStreamOptions,
+    "full_document_before_change": ChangeStreamOptions,
+    "max_await_time_ms": ChangeStreamOptions,
+    "split_large_events": ChangeStreamOptions,
+    "snapshot": ChangeStreamOptions,
+    "start_position": CheckpointOptions,
+    "start_at": CheckpointOptions,
+    "on_history_lost": CheckpointOptions,
+    "mode": DataFrameOptions,
+}
+"""Options shared with a decorator, and the model that declares them."""
+
+
+class SourceOnlyOptions(Options):
+    """Options only the streaming source has."""
+
+    decorator: ClassVar[str] = ""
+
+    uri: str = option("", "The MongoDB connection string (required).", allowed="a MongoDB connection string")
+    pipeline: str = option(
+        "[]",
+        "Stages after $changeStream, as a JSON array; they must keep _id.",
+        allowed='a JSON array of stages, e.g. [{"$match": {"operationType": "insert"}}]',
+    )
+    max_events_per_trigger: int | None = option(
+        DEFAULT_MAX_EVENTS_PER_TRIGGER,
+        "Events per micro-batch at most; none: no limit.",
+        allowed="an int >= 1, or none",
+        ge=1,
+    )
+    schema_: str | None = option(
+        None,
+        "A DDL field list typing full_document (no NOT NULL); without it, Extended JSON strings.",
+        allowed="a DDL field list such as 'sku STRING, qty INT'",
+        alias="schema",
+    )
+    json_mode: JsonMode = option(JsonMode.CANONICAL, "How documents are written as Extended JSON.")
+    partitions: int = option(
+        1,
+        "Input partitions: more than 1 splits the change stream into that many streams, each "
+        "filtered by the server to one hash bucket of documentKey._id, read in parallel by "
+        "executors (MongoDB 7.0+).",
+        ge=1,
+        le=MAX_PARTITIONS,
+    )
+
+    @field_validator("json_mode", mode="before")
+    @classmethod
+    def _json_mode(cls, value: Any) -> Any:
+        if isinstance(value, str) and not isinstance(value, JsonMode):
+            for mode in JsonMode:
+                if value.strip().lower() == mode.value:
+                    return mode
+            raise OptionProblem(
+                f"json_mode {value!r} is not known",
+                option="json_mode",
+                value=value,
+                allowed=", ".join(mode.value for mode in JsonMode),
+            )
+        return value
+
+
+KNOWN = frozenset({*SHARED, *SourceOnlyOptions.option_names(), "path"})  # Spark passes load(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, validated once when the source is created."""
+
+    uri: str
+    database: str | None = None
+    collection: str | None = None
+    pipeline: tuple[dict[str, Any], ...] = ()
+    full_document: str = "default"
+    full_document_before_change: str = "off"
+    start_position: StartPosition = StartPosition.RESUME
+    start_at: Timestamp | None = None
+    max_events_per_trigger: int | None = DEFAULT_MAX_EVENTS_PER_TRIGGER
+    on_history_lost: OnHistoryLost = OnHistoryLost.FAIL
+    schema_ddl: str | None = None
+    mode: SchemaMode = SchemaMode.PERMISSIVE
+    json_mode: JsonMode = JsonMode.CANONICAL
+    max_await_time_ms: int = 1000
+    partitions: int = 1
+    split_large_events: bool = False
+    snapshot: Snapshot = Snapshot.NEVER
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        lowered = {key.lower(): value for key, value in options.items()}
+        unknown = sorted(set(lowered) - KNOWN)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) {', '.join(unknown)}", owner=OWNER, allowed=", ".join(sorted(KNOWN))
+            )
+        own = _source_only(lowered)
+        if not own.uri:
+            raise ConfigurationError(
+                "the option uri is required", owner=OWNER, option="uri", allowed=own.allowed["uri"]
+            )
+        shared = {name: _typed(name, SHARED[name], lowered[name]) for name in SHARED if name in lowered}
+        stream = _validated(ChangeStreamOptions, shared)
+        start = _validated(CheckpointOptions, shared)
+        mode = _validated(DataFrameOptions, shared).mode
+        _check_snapshot(stream.snapshot, start.start_position, own.partitions)
+        return cls(
+            uri=own.uri,
+            database=stream.database,
+            collection=stream.collection,
+            pipeline=_pipeline(own.pipeline),
+            full_document=stream.full_document,
+            full_document_before_change=stream.full_document_before_change,
+            start_position=start.start_position,
+            start_at=start.start_at_operation_time,
+            max_events_per_trigger=own.max_events_per_trigger,
+            on_history_lost=start.on_history_lost,
+            schema_ddl=own.schema_,
+            mode=mode,
+            json_mode=own.json_mode,
+            max_await_time_ms=stream.max_await_time_ms,
+            partitions=own.partitions,
+            split_large_events=stream.split_large_events,
+            snapshot=stream.snapshot,
+        )
+
+    @property
+    def stream_pipeline(self) -> tuple[dict[str, Any], ...]:
+        """The stages the source's change streams run after ``$changeStream``: ``pipeline``, then
+        ``$changeStreamSplitLargeEvent`` with ``split_large_events``."""
+        if not self.split_large_events:
+            return self.pipeline
+        return tuple(with_split_stage(self.pipeline))
+
+    @property
+    def namespace(self) -> str:
+        if self.collection is not None:
+            return f"{self.database}.{self.collection}"
+        return self.database if self.database is not None else "*"
+
+    def schema_ddl_of_events(self) -> str:
+        """The DDL of the source's rows (Spark parses it; the source never needs a JVM)."""
+        from flowwarden.spark.schema import change_event_ddl
+
+        return change_event_ddl(
+            self.schema_ddl, corrupt_record=bool(self.schema_ddl) and self.mode is SchemaMode.PERMISSIVE
+        )
+
+
+def _check_snapshot(snapshot: Snapshot, start: StartPosition, partitions: int) -> None:
+    """The snapshots a query can take: copied once, when the query is new, then its changes."""
+    if snapshot is Snapshot.WHEN_NEEDED:
+        raise ConfigurationError(
+            "snapshot=when_needed copies again after lost history, which a query's offsets cannot "
+            "express; a new query (a new checkpointLocation) with snapshot=initial does that",
+            owner=OWNER,
+            option="snapshot",
+            value=snapshot.value,
+            allowed="never, initial, initial_only",
+        )
+    if snapshot is not Snapshot.NEVER and start not in (StartPosition.RESUME, StartPosition.LATEST):
+        raise ConfigurationError(
+            f"snapshot={snapshot.value.lower()} streams the changes after the position it takes before "
+            f"the copy, so start_position={start.value} cannot apply",
+            owner=OWNER,
+            option="start_position",
+            value=start.value,
+            allowed="RESUME or LATEST with a snapshot",
+        )
+    if snapshot is not Snapshot.NEVER and partitions > 1:
+        raise ConfigurationError(
+            "a query with a snapshot reads its copy and its changes as one partition",
+            owner=OWNER,
+            option="partitions",
+            value=partitions,
+            allowed="1 with snapshot",
+        )
+
+
+def _validated(model: type[OptionsT], shared: Mapping[str, Any]) -> OptionsT:
+    """The shared options ``model`` declares, checked by ``model`` itself."""
+    mine = {name: value for name, value in shared.items() if SHARED[name] is model}
+    return validate_options(model, OWNER, mine, label=LABEL)
+
+
+def _source_only(options: Mapping[str, str]) -> SourceOnlyOptions:
+    values: dict[str, Any] = {}
+    for name in SourceOnlyOptions.option_names():
+        if name not in options:
+            continue
+        text = options[name]
+        if name == "max_events_per_trigger":
+            values[name] = (
+                None
+                if text.strip().lower() in ("none", "unlimited", "all")
+                else _typed(name, SourceOnlyOptions, text)
+            )
+        elif name == "schema":
+            values[name] = text or None
+        else:
+            values[name] = _typed(name, SourceOnlyOptions, text)
+    return validate_options(SourceOnlyOptions, OWNER, values, label=LABEL)
+
+
+def _typed(name: str, model: type[Options], text: str) -> Any:
+    """``text`` as a value of the option's type (a number, a flag, a date-time...), or as it is
+    when the option's own validator reads strings (names, choices)."""
+    field = model.option_field(name)
+    if name == "start_at":
+        return _start_at(text)
+    annotation: Any = field.annotation
+    if annotation in (int, float, bool, int | None, float | None):
+        try:
+            return TypeAdapter(annotation).validate_python(text.strip())
+        except ValidationError:
+            raise ConfigurationError(
+                f"{name} {text!r} is not {model.allowed[name]}",
+                owner=OWNER,
+                option=name,
+                value=text,
+                allowed=model.allowed[name],
+            ) from None
+    if name in ("database", "collection"):
+        return text or None  # an empty option is no option
+    return text
+
+
+def _start_at(text: str) -> Any:
+    if not text:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ConfigurationError(
+            f"start_at {text!r} is not an ISO-8601 date-time",
+            owner=OWNER,
+            option="start_at",
+            value=text,
+            allowed="an ISO-8601 date-time, e.g. 2024-05-01T12:00:00Z",
+        ) from None
+    # A string names no time zone unless it says so: the source reads it as UTC.
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def _pipeline(text: str) -> tuple[dict[str, Any], ...]:
+    try:
+        stages = json_util.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"the pipeline is not JSON: {exc}",
+            owner=OWNER,
+            option="pipeline",
+            allowed=SourceOnlyOptions.allowed["pipeline"],
+        ) from exc
+    return validate_options(PipelineOptions, OWNER, {"stages": stages}, label=LABEL).stages
+
+
+__all__ = ["DEFAULT_MAX_EVENTS_PER_TRIGGER", "SHARED", "SourceOnlyOptions", "SourceOptions"]

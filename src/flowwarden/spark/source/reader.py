@@ -1,0 +1,649 @@
+"""The Structured Streaming source ``flowwarden``: a change stream as a streaming DataFrame.
+
+After ``flowwarden.spark.register(spark)``::
+
+    spark.readStream.format("flowwarden")
+        .option("uri", "mongodb://.../?replicaSet=rs0")
+        .option("database", "shop").option("collection", "orders")
+        .load()
+
+returns the change-event columns of :data:`~flowwarden.spark.schema.EVENT_COLUMNS`.
+
+Offsets are resume tokens, never timestamps. A micro-batch covers the events after its start
+token up to and including its end token; ``read`` re-opens the change stream with
+``startAfter=<start>`` and stops at ``<end>``, so a micro-batch replayed after a failure, or
+re-run after a restart from the query's checkpointLocation, yields exactly the same events, and
+the next one begins right after the last committed event. With ``split_large_events`` an event
+over 16 MB arrives in fragments and is one row; its offset is its last fragment's token, and no
+range ends between fragments (:mod:`flowwarden.mongo.large_events`). The offset JSON kept in the
+checkpoint is ``{"_data": "<token hex>"}``; two other shapes exist:
+
+- ``{"startAtOperationTime": {"t": .., "i": ..}}``: only a query's initial offset for
+  ``start_position`` ``earliest`` or ``timestamp`` (the first micro-batch starts at that cluster
+  time, inclusive);
+- ``{"_data": .., "readFrom": {"t": .., "i": ..}}`` or ``{"_data": .., "skipped": true}``: the
+  end of a micro-batch that followed a history loss (``on_history_lost``), read from the oplog
+  start or skipped entirely.
+
+Each range is read from MongoDB once. Planning a micro-batch reads its events in full (as raw
+BSON, never decoded in Python) to find where it ends, after at most ``max_events_per_trigger``
+events or :data:`PREFETCH_BYTES` bytes, and the micro-batch's input partition carries those
+bytes to the executor, which only converts them to Arrow. A range Spark replays without
+planning it again (a failed micro-batch re-run from the offset log after a restart) is read
+again from MongoDB by ``read``, which yields the same events: the offsets alone define a range.
+
+The reader holds no cursor between calls: every call opens its own change stream and closes
+it, and ``read`` runs in any executor.
+
+Errors are judged by :func:`flowwarden.mongo.failures.classify`, as the connector judges them:
+transient ones (an election, a network blip) are retried for up to
+:data:`TRANSIENT_RETRY_SECONDS` (a replay resumes after the last event it returned, so nothing
+is returned twice); a position the server refuses or cannot find raises
+:class:`~flowwarden.errors.ResumePositionError` at once; anything else fails the query. ``read`` takes
+the events as raw BSON (``RawBSONDocument``), so the compiled converter of
+:mod:`flowwarden.spark.convert.native` turns them into Arrow buffers without decoding them in Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import pymongo
+from bson.raw_bson import RawBSONDocument
+from pymongo.errors import OperationFailure
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from flowwarden.config import SchemaMode, Snapshot, StartPosition
+from flowwarden.errors import ConfigurationError, StreamError
+from flowwarden.events import compare_tokens, token_datetime
+from flowwarden.mongo.buckets import bucket_stage
+from flowwarden.mongo.initial_copy import copy_filter
+from flowwarden.mongo.large_events import JoinedChangeStream, splits_large_events
+from flowwarden.mongo.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
+from flowwarden.mongo.raw_events import RawEvent
+from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
+from flowwarden.spark.source import snapshot as source_snapshot
+from flowwarden.spark.source.options import OWNER, SourceOptions
+from flowwarden.spark.source.ranges import (
+    Offset,
+    Plan,
+    PlanAhead,
+    TokenRange,
+    TransientRetry,
+    bucket_offsets,
+    counting_needs_documents,
+    covers,
+    offset_timestamp,
+    offset_token,
+    timestamp_offset,
+)
+
+__all__ = ["FlowWardenDataSource", "FlowWardenStreamReader", "SourceOptions", "TokenRange"]
+
+_OWNER = OWNER
+ARROW_BATCH_ROWS = 10_000
+PREFETCH_BYTES = 64 * 1024 * 1024
+"""The most raw BSON one micro-batch carries from planning to its executor; a micro-batch whose
+events reach it ends there, whatever ``max_events_per_trigger`` allows."""
+# How long a read waits for the events of its range to show up again before giving up: they
+# were seen when the range was planned, so only a lost oplog or an unreachable server delays them.
+READ_STALL_SECONDS = 120.0
+# Events per batch of a planning stream (at most), and of a stream replaying a range.
+MAX_BATCH_EVENTS = 10_000
+REPLAY_BATCH_EVENTS = 2_000
+
+_T = TypeVar("_T")
+# Guards the creation of a reader's clients, which planning threads may ask for at once.
+_CLIENTS = threading.Lock()
+
+
+class FlowWardenDataSource(DataSource):
+    """The ``flowwarden`` data source: reads a MongoDB change stream as a stream of events.
+
+    Options (all strings): ``uri`` (required), ``database``, ``collection`` (none: the whole
+    cluster; only database: that database), ``pipeline`` (a JSON array of stages run after
+    ``$changeStream``; they must keep ``_id``), ``full_document`` (default, updateLookup,
+    whenAvailable, required), ``full_document_before_change`` (off, whenAvailable, required),
+    ``start_position`` (latest: events after the query first starts; earliest: the oldest entry
+    in the oplog; timestamp: from ``start_at``, an ISO-8601 date-time), ``max_events_per_trigger``
+    (default 10000; ``none`` for no limit), ``on_history_lost`` (fail, resume_from_oplog_start,
+    resume_from_now), ``schema`` (a DDL field list typing ``full_document``, e.g.
+    ``"sku STRING, qty INT"``; without it the document is Extended JSON), ``mode`` (permissive,
+    dropmalformed, failfast: what a document that does not fit ``schema`` does), ``json_mode``
+    (canonical, relaxed), ``split_large_events`` (true: events over 16 MB are split by the
+    server and read as one row each; false, the default: such an event fails the query),
+    ``snapshot`` (never; initial: the existing documents first, then the changes; initial_only:
+    the documents only; see :mod:`~flowwarden.spark.source.snapshot`).
+
+    The start position only matters for a new query: a query restarted from its
+    checkpointLocation continues after its last committed offset.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.source_options = SourceOptions.parse(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "flowwarden"
+
+    def schema(self) -> str:
+        return self.source_options.schema_ddl_of_events()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return FlowWardenStreamReader(self.source_options, schema)
+
+
+class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches as token ranges and replays a range on any executor.
+
+    Hard rule: a range is (start, end], both resume positions; ``read`` of a range yields the
+    same events every time it runs, in change-stream order.
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        names = [field.name for field in schema.fields]
+        expected = list(EVENT_COLUMNS)
+        if options.schema_ddl and options.mode is SchemaMode.PERMISSIVE:
+            expected.append(CORRUPT_RECORD_COLUMN)
+        if names != expected:
+            raise ConfigurationError(
+                f"the schema's columns {names} are not the change-event columns",
+                owner=_OWNER,
+                option="schema",
+                allowed=", ".join(expected)
+                + " (type full_document with the schema option rather than readStream.schema())",
+            )
+        document = schema["full_document"].dataType
+        self.document_schema = document if isinstance(document, StructType) else None
+        required = non_nullable_paths(document, "full_document")
+        if required:
+            raise ConfigurationError(
+                f"the schema declares {', '.join(required)} NOT NULL; a streaming source's fields "
+                "are nullable (deletes carry no document, and mode=permissive writes null where a "
+                "value does not fit)",
+                owner=_OWNER,
+                option="schema",
+                allowed="fields without NOT NULL",
+            )
+        self._buckets = options.partitions
+        self._target: dict[str, Any] | None = None
+        # Where planning found every event of the availableNow run read, per bucket (None: the
+        # whole stream).
+        self._drained: dict[int | None, Offset] = {}
+        # The last range planned, with its events.
+        self._planned: Plan | None = None
+        self._ahead = PlanAhead()
+        self._client: pymongo.MongoClient[dict[str, Any]] | None = None
+        self._raw_client: pymongo.MongoClient[RawEvent] | None = None
+
+    # The reader is pickled to executors for read(): the client stays behind.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        state["_raw_client"] = None
+        state["_planned"] = None
+        state["_ahead"] = PlanAhead()
+        return state
+
+    # ------------------------------------------------------------------------------------------
+    # driver side
+
+    def initialOffset(self) -> Offset:
+        offset = self._retrying(self._initial_offset, None)
+        if self.options.snapshot is not Snapshot.NEVER:
+            # The copy's namespaces are fixed when the query begins, and the first one's bound
+            # is read after the position was taken (see source_snapshot).
+            options = self.options
+            names = self._retrying(
+                lambda: source_snapshot.namespaces(self._client_for(), options.database, options.collection),
+                None,
+            )
+            first = names[0] if names else None
+            end_id = self._retrying(
+                lambda: source_snapshot.bound(self._raw_client_for(), first, copy_filter(options.pipeline)),
+                None,
+            )
+            return source_snapshot.first_offset(offset, names, end_id)
+        return offset if self._buckets == 1 else {"partitions": [offset] * self._buckets}
+
+    def _initial_offset(self) -> Offset:
+        position = self.options.start_position
+        if position is StartPosition.AT_TIME:
+            assert self.options.start_at is not None
+            return {"startAtOperationTime": timestamp_offset(self.options.start_at)}
+        if position is StartPosition.EARLIEST:
+            oldest = oplog_edge(self._client_for(), 1)
+            if oldest is None:
+                raise StreamError(
+                    f"{_OWNER} {self.options.namespace}: start_position=EARLIEST needs to read the "
+                    "oplog (local.oplog.rs; through a mongos, on every shard), which this user cannot; "
+                    "grant read on 'local' (through a mongos: read on config.shards, and a shard-local "
+                    "user with read on 'local' on every shard) or choose RESUME or AT_TIME",
+                    stream=self.options.namespace,
+                )
+            return {"startAtOperationTime": timestamp_offset(oldest)}
+        # RESUME and LATEST: a new query starts at the stream's current position (a restarted
+        # one continues from its offsets and never asks).
+        with self._watch({}, position_only=True) as stream:
+            token = stream.resume_token
+        if token is None:
+            raise StreamError(
+                f"{_OWNER} {self.options.namespace}: the server returned no postBatchResumeToken; "
+                "MongoDB 4.0.7+ replica sets and sharded clusters send one",
+                stream=self.options.namespace,
+            )
+        return {"_data": token["_data"]}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_events_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_events_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the end of an availableNow run: the position of the stream right now."""
+        with self._watch({}, position_only=True) as stream:
+            token = stream.resume_token
+        self._target = {"_data": token["_data"]} if token is not None else None
+        self._drained = {}
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        """Read forward from ``start`` to find the end of the next micro-batch.
+
+        The end is the token of the ``max_rows``-th event (or of the event that brings the
+        micro-batch to :data:`PREFETCH_BYTES`), or, when fewer events are there, the stream's
+        postBatchResumeToken (everything up to it has been seen). With no new event the offset
+        stays ``start`` and Spark runs no micro-batch. The events read are kept for
+        :meth:`partitions` to hand to the executor.
+        """
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if self._buckets > 1:
+            return self._latest_partitioned(start, max_rows)
+        plan = self._ahead.take(start, max_rows, self._target)
+        if plan is None:
+            plan = self._retrying(lambda: self._plan(start, max_rows), start)
+        self._planned = plan if plan.events is not None else None
+        if plan.drained:
+            self._drained[None] = plan.end
+        elif plan.end != start:
+            self._ahead.start(plan.end, max_rows, self._target, self._plan)
+        return plan.end
+
+    def _latest_partitioned(self, start: Offset, max_rows: int | None) -> Offset:
+        """Each bucket's next range, planned at once on threads of its own; every bucket gets an
+        equal share of ``max_rows``. Planning only counts: the executors read the events."""
+        starts = bucket_offsets(start, self._buckets)
+        share = None if max_rows is None else -(-max_rows // self._buckets)
+
+        def plan(index: int) -> Plan:
+            return self._retrying(lambda: self._plan(starts[index], share, index), starts[index])
+
+        with ThreadPoolExecutor(self._buckets, thread_name_prefix="flowwarden-plan") as pool:
+            plans = list(pool.map(plan, range(self._buckets)))
+        for index, planned in enumerate(plans):
+            if planned.drained:
+                self._drained[index] = planned.end
+        ends = [planned.end for planned in plans]
+        return start if ends == starts else {"partitions": ends}
+
+    def _plan(self, start: Offset, max_rows: int | None, bucket: int | None = None) -> Plan:
+        """The next micro-batch from ``start`` (of one hash bucket, when given); touches no state
+        of the reader, so it also runs in planning threads."""
+        if source_snapshot.is_snapshot(start):
+            copied = self._plan_copy(start, max_rows)
+            if copied is not None:
+                return copied
+        try:
+            return self._scan(start, self._resume_options(start), max_rows, bucket)
+        except OperationFailure as error:
+            if error.code != HISTORY_LOST:
+                raise
+            return self._after_history_lost(start, max_rows, error, bucket)
+
+    def _plan_copy(self, start: Offset, max_rows: int | None) -> Plan | None:
+        """The next micro-batch of the initial snapshot, the empty one that closes it, or None
+        once it is closed and the changes follow (see :mod:`~flowwarden.spark.source.snapshot`)."""
+        if source_snapshot.is_done(start):
+            if self.options.snapshot is Snapshot.INITIAL_ONLY:
+                return Plan(start, start, None, drained=self._target is not None)
+            return None
+        chunk = source_snapshot.plan_chunk(
+            self._raw_client_for(),
+            start,
+            min(max_rows or MAX_BATCH_EVENTS, MAX_BATCH_EVENTS),
+            PREFETCH_BYTES,
+            copy_filter(self.options.pipeline),
+        )
+        if chunk is None:
+            return Plan(start, source_snapshot.done_offset(start), None, drained=False)
+        end, rows = chunk
+        return Plan(start, end, rows, drained=False)
+
+    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None, bucket: int | None) -> Plan:
+        """Where the micro-batch from ``start`` ends. The whole stream's planning keeps the
+        events' BSON for the executor; a bucket's only counts them (the executor reads them)."""
+        target = self._target
+        begin = offset_token(start)
+        if target is not None and begin is not None:
+            if compare_tokens(begin, target) >= 0 or begin == self._drained.get(bucket):
+                # An availableNow run that reached its end: no need to ask the server.
+                return Plan(start, start, None, drained=False)
+        count = size = 0
+        last: dict[str, Any] | None = None
+        caught_up = False
+        events: list[bytes] = []
+        keep = bucket is None
+        # A batch no larger than the plan can take: the server fills a batch up to 16 MiB, which
+        # for a filtered or counting stream means scanning far past where the plan stops.
+        batch_size = None if max_rows is None else min(max_rows, MAX_BATCH_EVENTS)
+        watch = self._watch(
+            resume, raw=True, bucket=self._bucket(bucket), counting=not keep, batch_size=batch_size
+        )
+        with watch as stream:
+            while (max_rows is None or count < max_rows) and size < PREFETCH_BYTES:
+                if target is not None:
+                    # Once the stream's postBatchResumeToken (after a batch's last event, or of
+                    # an empty first batch) covers every event the availableNow run is to read,
+                    # a getMore would only wait max_await_time_ms for nothing.
+                    reached = stream.resume_token
+                    if reached is not None and reached != (last or begin) and covers(reached, target):
+                        caught_up = True
+                        break
+                event = stream.try_next()
+                if event is None:
+                    caught_up = True
+                    break
+                token = event["_id"]
+                if target is not None and compare_tokens(token, target) > 0:
+                    break
+                if keep:
+                    raw = event.raw
+                    events.append(raw if isinstance(raw, bytes) else bytes(raw))
+                    size += len(raw)
+                last = token
+                count += 1
+            position = stream.resume_token
+        if last is None:
+            return Plan(start, start, None, drained=caught_up and target is not None)
+        end: dict[str, Any] = {"_data": last["_data"]}
+        if caught_up and position is not None and compare_tokens(position, last) > 0:
+            end = {"_data": position["_data"]}
+            if target is not None and compare_tokens(end, target) > 0:
+                end = dict(target)
+        kept = b"".join(events) if keep else None
+        return Plan(start, end, kept, drained=caught_up and target is not None)
+
+    def _after_history_lost(
+        self, start: Offset, max_rows: int | None, error: OperationFailure, bucket: int | None
+    ) -> Plan:
+        token = offset_token(start)
+        client = self._client_for()
+        recovery = recover_from_history_loss(
+            self.options.on_history_lost,
+            stream=f"{_OWNER} {self.options.namespace}",
+            lost_from=token_datetime(token) if token else None,
+            oldest=oplog_edge(client, 1),
+            newest=oplog_edge(client, -1),
+            error=error,
+        )
+        if recovery.start:
+            plan = self._scan(start, recovery.start, max_rows, bucket)
+            if plan.end == start:
+                return plan
+            read_from = timestamp_offset(recovery.start["start_at_operation_time"])
+            return dataclasses.replace(plan, end={**plan.end, "readFrom": read_from})
+        with self._watch({}, position_only=True) as stream:
+            now = stream.resume_token
+        if now is None:
+            raise StreamError(
+                f"{_OWNER} {self.options.namespace}: history lost and no current position to skip to",
+                stream=self.options.namespace,
+            ) from error
+        return Plan(start, {"_data": now["_data"], "skipped": True}, None, drained=False)
+
+    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
+        """The range as one partition, carrying the events planning read for it, if it did; or
+        one partition per hash bucket, each read by an executor of its own."""
+        if self._buckets > 1:
+            starts, ends = bucket_offsets(start, self._buckets), bucket_offsets(end, self._buckets)
+            ranges = zip(starts, ends, strict=True)
+            return [TokenRange(s, e, bucket=(i, self._buckets)) for i, (s, e) in enumerate(ranges)]
+        planned = self._planned
+        if planned is not None and planned.start == start and planned.end == end:
+            return [TokenRange(start, end, planned.events)]
+        return [TokenRange(start, end)]
+
+    def commit(self, end: Offset) -> None:
+        """Drop the events planned up to ``end``: the server keeps no state for a reader."""
+        if self._planned is not None and self._planned.end == end:
+            self._planned = None
+
+    def stop(self) -> None:
+        self._ahead.cancel()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._raw_client is not None:
+            self._raw_client.close()
+            self._raw_client = None
+
+    # ------------------------------------------------------------------------------------------
+    # executor side
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Yield the events of one token range as Arrow record batches, in stream order."""
+        assert isinstance(partition, TokenRange)
+        start, end = partition.start, partition.end
+        if end.get("skipped") or end == start:
+            return
+        end_token = offset_token(end)
+        assert end_token is not None, f"a micro-batch must end at a resume token, got {end!r}"
+        expected = _spark_arrow_schema(self.schema)
+        if partition.events is not None:
+            yield from self._batches(_planned_events(partition.events), expected)
+            return
+        events: Iterable[RawBSONDocument]
+        if source_snapshot.is_snapshot(end):
+            # A micro-batch of the initial snapshot that planning did not hand over, read again;
+            # the one that closes the copy holds no document.
+            query = copy_filter(self.options.pipeline)
+            done = source_snapshot.is_done(end)
+            events = () if done else source_snapshot.replay_chunk(self._raw_client_for(), start, end, query)
+        else:
+            if "readFrom" in end:
+                resume: dict[str, Any] = {"start_at_operation_time": offset_timestamp(end["readFrom"])}
+            else:
+                resume = self._resume_options(start)
+            events = self._replay(resume, end_token, partition.bucket)
+        try:
+            yield from self._batches(events, expected)
+        finally:
+            self.stop()
+
+    def _replay(
+        self, resume: dict[str, Any], end: dict[str, Any], bucket: tuple[int, int] | None = None
+    ) -> Iterator[RawBSONDocument]:
+        """The events after ``resume`` up to and including ``end``; after a transient error the
+        stream is opened again after the last event returned, so none comes twice."""
+        retry = TransientRetry(self.options.namespace)
+        while True:
+            try:
+                for event in self._replay_once(resume, end, bucket):
+                    yield event
+                    resume = {"start_after": {"_data": event["_id"]["_data"]}}
+                    retry.reset()
+                return
+            except Exception as error:
+                retry.after(error, resume)
+
+    def _replay_once(
+        self, resume: dict[str, Any], end: dict[str, Any], bucket: tuple[int, int] | None
+    ) -> Iterator[RawBSONDocument]:
+        deadline = time.monotonic() + READ_STALL_SECONDS
+        with self._watch(resume, raw=True, bucket=bucket, batch_size=REPLAY_BATCH_EVENTS) as stream:
+            while True:
+                event = stream.try_next()
+                if event is None:
+                    position = stream.resume_token
+                    if position is not None and compare_tokens(position, end) >= 0:
+                        return
+                    if time.monotonic() > deadline:
+                        raise StreamError(
+                            f"{_OWNER} {self.options.namespace}: the events up to {end['_data']} "
+                            f"did not come back within {READ_STALL_SECONDS:.0f} s while replaying a "
+                            "micro-batch; the server or its oplog changed under the query",
+                            stream=self.options.namespace,
+                        )
+                    continue
+                order = compare_tokens(event["_id"], end)
+                if order > 0:
+                    return
+                yield event
+                if order == 0:
+                    return
+                # After a batch's last event the resume token is the batch's postBatchResumeToken:
+                # once it reaches the end, no event is left in the range, and a getMore would only
+                # wait max_await_time_ms to say so.
+                reached = stream.resume_token
+                if reached is not None and compare_tokens(reached, end) >= 0:
+                    return
+                deadline = time.monotonic() + READ_STALL_SECONDS
+
+    def _retrying(self, call: Callable[[], _T], start: Offset | None) -> _T:
+        """``call()``, tried again while it fails with transient errors (see the module docstring)."""
+        retry = TransientRetry(self.options.namespace)
+        while True:
+            try:
+                return call()
+            except Exception as error:
+                retry.after(error, start)
+
+    def _batches(self, events: Iterable[RawBSONDocument], expected: Any) -> Iterator[Any]:
+        """``events`` as Arrow record batches, converted :data:`ARROW_BATCH_ROWS` at a time."""
+        # Imported here: only executors convert, and the planning process Spark starts for each
+        # query should not spend a quarter of a second importing pyarrow it never uses.
+        from flowwarden.spark.convert.arrow import events_to_arrow
+
+        iterator = iter(events)
+        while chunk := list(itertools.islice(iterator, ARROW_BATCH_ROWS)):
+            batch = events_to_arrow(
+                chunk, schema=self.document_schema, mode=self.options.mode, json_mode=self.options.json_mode
+            )
+            yield from batch.table.cast(expected).to_batches()
+
+    # ------------------------------------------------------------------------------------------
+    # MongoDB
+
+    def _client_for(self) -> pymongo.MongoClient[dict[str, Any]]:
+        with _CLIENTS:  # planning threads may ask at once: one client, none left open
+            if self._client is None:
+                self._client = pymongo.MongoClient(self.options.uri, appname="flowwarden-spark")
+            return self._client
+
+    def _raw_client_for(self) -> pymongo.MongoClient[RawEvent]:
+        """A client whose change streams deliver events as raw BSON, for ``read``."""
+        with _CLIENTS:
+            if self._raw_client is None:
+                self._raw_client = pymongo.MongoClient(
+                    self.options.uri, appname="flowwarden-spark", document_class=RawEvent
+                )
+            return self._raw_client
+
+    def _resume_options(self, start: Offset) -> dict[str, Any]:
+        token = offset_token(start)
+        if token is not None:
+            # startAfter rather than resumeAfter: it also continues after an invalidate event.
+            return {"start_after": token}
+        if "startAtOperationTime" in start:
+            return {"start_at_operation_time": offset_timestamp(start["startAtOperationTime"])}
+        raise StreamError(
+            f"{_OWNER}: offset {start!r} is not a flowwarden offset", stream=self.options.namespace
+        )
+
+    def _bucket(self, index: int | None) -> tuple[int, int] | None:
+        return None if index is None else (index, self._buckets)
+
+    def _watch(
+        self,
+        resume: dict[str, Any],
+        *,
+        raw: bool = False,
+        position_only: bool = False,
+        bucket: tuple[int, int] | None = None,
+        counting: bool = False,
+        batch_size: int | None = None,
+    ) -> Any:
+        """A change stream with the source's options from ``resume``.
+
+        ``raw`` streams deliver :class:`~flowwarden.mongo.raw_events.RawEvent` events.
+        ``position_only`` streams return no event (``batchSize: 0``): their resume token is the
+        position they opened at. ``bucket`` (index, count) keeps one hash bucket of the events
+        (:func:`~flowwarden.mongo.buckets.bucket_stage`, ahead of the user's stages).
+        ``counting`` streams only find where a micro-batch ends: they see the same events but
+        bring back only ``_id``, and look up no document the pipeline does not read.
+        A stream that splits large events returns them whole
+        (:class:`~flowwarden.mongo.large_events.JoinedChangeStream`): every event it returns, and so every
+        offset, ends at a whole event.
+        """
+        client: Any = self._raw_client_for() if raw else self._client_for()
+        options = self.options
+        target: Any = client
+        if options.database is not None:
+            target = client[options.database]
+            if options.collection is not None:
+                target = target[options.collection]
+        kwargs: dict[str, Any] = {"max_await_time_ms": options.max_await_time_ms, **resume}
+        if position_only:
+            kwargs["batch_size"] = 0
+        elif batch_size is not None:
+            kwargs["batch_size"] = batch_size
+        stages = options.stream_pipeline
+        splits = splits_large_events(stages)
+        documents = not counting or counting_needs_documents(stages)
+        if options.full_document != "default" and documents:
+            kwargs["full_document"] = options.full_document
+        if options.full_document_before_change != "off" and documents:
+            kwargs["full_document_before_change"] = options.full_document_before_change
+        pipeline = [dict(stage) for stage in stages]
+        if bucket is not None:
+            pipeline.insert(0, bucket_stage(*bucket))
+        if counting and not splits:
+            # Never with the split stage (which must stay last anyway): an event projected to
+            # _id is not split, and its token is not the last fragment's the executor reads.
+            pipeline.append({"$project": {"_id": 1}})
+        stream = target.watch(pipeline, comment=f"flowwarden-spark:{options.namespace}", **kwargs)
+        if splits and not position_only:
+            return JoinedChangeStream(stream, f"{_OWNER} {options.namespace}", options.namespace)
+        return stream
+
+
+def _planned_events(data: bytes) -> Iterator[RawBSONDocument]:
+    """The events planning read for a micro-batch: BSON documents back to back."""
+    view = memoryview(data)
+    offset = 0
+    while offset < len(data):
+        length = int.from_bytes(view[offset : offset + 4], "little")
+        yield RawEvent(view[offset : offset + length].tobytes())
+        offset += length
+
+
+def _spark_arrow_schema(schema: StructType) -> Any:
+    """The exact Arrow schema Spark checks the record batches of ``read`` against."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")

@@ -1,0 +1,94 @@
+"""Helpers every test folder shares: waiting with a deadline, reading a stored checkpoint, a
+connector running for the length of a block, and a command's one-line error.
+
+Import them as ``from helpers import ...`` (tests/ is on the path of every test module).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from flowwarden import Connector
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """``predicate()``'s first truthy value; fails naming ``what`` once ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+    return value
+
+
+async def wait_until_async(
+    predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
+) -> Any:
+    """:func:`wait_until` for tests running on an event loop (a connector sharing the loop)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+    return value
+
+
+def checkpoint_doc(client: Any, db: str, stream: str = "orders") -> dict[str, Any] | None:
+    """The stored checkpoint record of ``stream`` in ``db``'s ``_fw_checkpoints``."""
+    document: dict[str, Any] | None = client[db]["_fw_checkpoints"].find_one({"_id": stream})
+    return document
+
+
+@contextmanager
+def running(uri: str, handlers: list[type], **kwargs: Any) -> Iterator[Connector]:
+    """A connector started in this process, stopped (gracefully) when the block ends."""
+    connector = Connector(uri, handlers, **kwargs)
+    connector.start()
+    try:
+        yield connector
+    finally:
+        connector.stop(timeout=30)
+
+
+def flowwarden_command(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m flowwarden.cli ARGS`` in a process of its own, with ``env`` added to a copy of
+    this process's environment that holds no FLOWWARDEN_* settings."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FLOWWARDEN_")}
+    return subprocess.run(
+        [sys.executable, "-m", "flowwarden.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**environment, **(env or {})},
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+# A log line of the text format: "2026-01-02 03:04:05,678 INFO flowwarden.runtime...: ..."
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ \S+: ")
+
+
+def one_error_line(stderr: str, *, logged: bool = False) -> str:
+    """The one line a failed command printed, starting with ``flowwarden: ``, and no traceback.
+
+    Nothing else may be on stderr, except log lines when ``logged`` (``flowwarden run`` logs
+    what its streams did before it ends with the line).
+    """
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in lines if line.startswith("flowwarden: ")]
+    others = [line for line in lines if not line.startswith("flowwarden: ")]
+    assert len(errors) == 1, stderr
+    assert not others or (logged and all(_LOG_LINE.match(line) for line in others)), stderr
+    return errors[0]

@@ -1,1 +1,0 @@
-"""Spark tests share the session-scoped ``spark`` fixture of tests/conftest.py."""
