@@ -420,7 +420,7 @@ def _would_modify(
     for doc in matched:
         new = apply_update(
             tools,
-            copy.deepcopy(doc),
+            doc,
             query.filter,
             update,
             inserting=False,
