@@ -56,7 +56,9 @@ def _storage(coll: pymongo.collection.Collection, **spec: Any) -> dict[str, Any]
 # $collStats, collStats, dbStats
 
 
-def test_coll_stats_storage_stats_count_the_documents_and_their_bson(coll: Any, rs: EmbeddedReplicaSet) -> None:
+def test_coll_stats_storage_stats_count_the_documents_and_their_bson(
+    coll: Any, rs: EmbeddedReplicaSet
+) -> None:
     coll.create_index("a")
     (doc,) = coll.aggregate([{"$collStats": {"storageStats": {}, "count": {}}}])
     assert list(doc)[:4] == ["ns", "host", "localTime", "storageStats"]
@@ -140,7 +142,9 @@ def test_coll_stats_refusals(client: pymongo.MongoClient, db_name: str, coll: An
     assert unknown.value.code == 40415
 
 
-def test_coll_stats_command_agrees_with_the_stage(client: pymongo.MongoClient, db_name: str, coll: Any) -> None:
+def test_coll_stats_command_agrees_with_the_stage(
+    client: pymongo.MongoClient, db_name: str, coll: Any
+) -> None:
     reply = client[db_name].command("collStats", "c")
     stage = _storage(coll)
     assert reply["ns"] == coll.full_name
@@ -263,7 +267,9 @@ def test_explain_aggregate_count_and_distinct(coll: Any) -> None:
 
 def test_explain_update_and_delete_write_nothing(coll: Any) -> None:
     db = coll.database
-    update = _explain(db, {"update": "c", "updates": [{"q": {"a": 1}, "u": {"$set": {"a": 1}}, "multi": True}]})
+    update = _explain(
+        db, {"update": "c", "updates": [{"q": {"a": 1}, "u": {"$set": {"a": 1}}, "multi": True}]}
+    )
     stage = update["executionStats"]["executionStages"]
     assert stage["stage"] == "UPDATE"
     assert stage["nMatched"] == len([d for d in DOCS if d["a"] == 1])
@@ -271,7 +277,9 @@ def test_explain_update_and_delete_write_nothing(coll: Any) -> None:
     changing = _explain(db, {"update": "c", "updates": [{"q": {"a": 1}, "u": {"$set": {"z": 1}}}]})
     assert changing["executionStats"]["executionStages"]["nWouldModify"] == 1
     deleting = _explain(db, {"delete": "c", "deletes": [{"q": {"a": 2}, "limit": 0}]})
-    assert deleting["executionStats"]["executionStages"]["nWouldDelete"] == len([d for d in DOCS if d["a"] == 2])
+    assert deleting["executionStats"]["executionStages"]["nWouldDelete"] == len(
+        [d for d in DOCS if d["a"] == 2]
+    )
     assert coll.count_documents({}) == len(DOCS)
     assert coll.count_documents({"z": 1}) == 0
     with pytest.raises(OperationFailure) as batch:
@@ -296,7 +304,9 @@ def test_explain_refusals(coll: Any) -> None:
 # replSetGetConfig
 
 
-def test_repl_set_get_config_describes_the_one_member(client: pymongo.MongoClient, rs: EmbeddedReplicaSet) -> None:
+def test_repl_set_get_config_describes_the_one_member(
+    client: pymongo.MongoClient, rs: EmbeddedReplicaSet
+) -> None:
     reply = client.admin.command("replSetGetConfig")
     config = reply["config"]
     hello = client.admin.command("hello")
@@ -307,9 +317,10 @@ def test_repl_set_get_config_describes_the_one_member(client: pymongo.MongoClien
     assert member["_id"] == 0
     assert member["host"] == f"127.0.0.1:{rs.port}" == hello["me"]
     assert (member["arbiterOnly"], member["priority"], member["votes"]) == (False, 1, 1)
-    assert config["settings"]["replicaSetId"] == client.admin.command("replSetGetConfig")["config"]["settings"][
-        "replicaSetId"
-    ]
+    assert (
+        config["settings"]["replicaSetId"]
+        == client.admin.command("replSetGetConfig")["config"]["settings"]["replicaSetId"]
+    )
     assert client.admin.command("replSetGetConfig", commitmentStatus=True)["commitmentStatus"] is True
     with pytest.raises(OperationFailure) as not_admin:
         client.test.command("replSetGetConfig")
@@ -343,7 +354,9 @@ def test_current_op_lists_itself(client: pymongo.MongoClient) -> None:
     assert me["active"] is True and me["op"] == "command" and me["ns"] == "admin.$cmd"
     assert isinstance(me["opid"], int) and isinstance(me["secs_running"], Int64)
     assert me["client"].startswith("127.0.0.1:") and me["desc"] == f"conn{me['connectionId']}"
-    staged = list(client.admin.aggregate([{"$currentOp": {}}, {"$match": {"command.pipeline": {"$exists": True}}}]))
+    staged = list(
+        client.admin.aggregate([{"$currentOp": {}}, {"$match": {"command.pipeline": {"$exists": True}}}])
+    )
     assert len(staged) == 1 and staged[0]["ns"] == "admin.$cmd.aggregate"
 
 
@@ -380,7 +393,9 @@ def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExcept
 def test_current_op_shows_a_blocked_command_and_kill_op_interrupts_it(
     rs: EmbeddedReplicaSet, client: pymongo.MongoClient, db_name: str, blocking: str
 ) -> None:
-    with pymongo.MongoClient(rs.uri, appName=blocking, retryReads=False, serverSelectionTimeoutMS=10_000) as blocked:
+    with pymongo.MongoClient(
+        rs.uri, appName=blocking, retryReads=False, serverSelectionTimeoutMS=10_000
+    ) as blocked:
         thread, errors = _in_thread(lambda: blocked[db_name].c.find_one({"a": 1}))
 
         def the_find() -> list[dict[str, Any]]:
@@ -408,7 +423,10 @@ def test_current_op_shows_a_change_stream_waiting_for_events(
         def the_get_more() -> list[dict[str, Any]]:
             return list(
                 client.admin.aggregate(
-                    [{"$currentOp": {"idleCursors": True}}, {"$match": {"op": "getmore", "ns": coll.full_name}}]
+                    [
+                        {"$currentOp": {"idleCursors": True}},
+                        {"$match": {"op": "getmore", "ns": coll.full_name}},
+                    ]
                 )
             )
 
@@ -450,7 +468,9 @@ def test_through_a_mongos_stats_and_plans_are_the_shards(cluster_of_two: Embedde
         (single,) = mongos.d.single.aggregate([{"$collStats": {"count": {}}}])
         assert single["count"] == 5
         whole = mongos.d.command("collStats", "spread")
-        assert whole["sharded"] is True and whole["count"] == 40 and set(whole["shards"]) == {"shard0", "shard1"}
+        assert (
+            whole["sharded"] is True and whole["count"] == 40 and set(whole["shards"]) == {"shard0", "shard1"}
+        )
 
         merged = mongos.d.spread.find({"a": {"$gte": 10}}).explain()
         assert merged["queryPlanner"]["winningPlan"]["stage"] == "SHARD_MERGE"

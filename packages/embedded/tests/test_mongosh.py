@@ -22,7 +22,8 @@ MONGOSH = os.environ.get("MONGOSH") or shutil.which("mongosh")
 
 pytestmark = pytest.mark.skipif(
     MONGOSH is None,
-    reason="mongosh is not installed: `npm install mongosh`, then put node_modules/.bin on PATH or set MONGOSH",
+    reason="mongosh is not installed: `npm install mongosh`, then put its node_modules/.bin on PATH "
+    "or set MONGOSH to the program",
 )
 
 
