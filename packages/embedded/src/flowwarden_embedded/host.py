@@ -7,7 +7,9 @@ streams read documents and options from. Its :meth:`ReplicaSetHost.run` takes on
 request, received by one of the processes, through the steps MongoDB takes: the command's lookup,
 that process's fail point, the refusals of a mongos, session and transaction bookkeeping,
 retryable-write replay, the command itself, and the ``$clusterTime``/``operationTime`` every reply
-carries: the member's own cluster time, or a mongos's, the newest of its shards'.
+carries: the member's own cluster time, or a mongos's, the newest of its shards'. Throughout, the
+command is an operation in progress (:mod:`~flowwarden_embedded.operations`), which
+``currentOp`` lists and ``killOp`` interrupts, and its time counts in its collection's statistics.
 
 Where a write is logged: on the member that received it; through a mongos, on the shard that
 :class:`~flowwarden_embedded.topology.Placement` names for it, after the mongos told that
