@@ -480,3 +480,19 @@ def test_through_a_mongos_stats_and_plans_are_the_shards(cluster_of_two: Embedde
         one = mongos.d.single.find().explain()
         assert one["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"
         assert one["executionStats"]["nReturned"] == 5
+
+
+def test_current_op_lists_idle_cursors_and_connections_when_asked(
+    client: pymongo.MongoClient, coll: Any
+) -> None:
+    cursor = coll.find(batch_size=2)
+    next(cursor)
+    plain = list(client.admin.aggregate([{"$currentOp": {}}]))
+    assert all(op["type"] == "op" and op["active"] for op in plain)
+    listed = list(client.admin.aggregate([{"$currentOp": {"idleCursors": True, "idleConnections": True}}]))
+    (idle,) = [op for op in listed if op["type"] == "idleCursor" and op["ns"] == coll.full_name]
+    assert idle["cursor"]["cursorId"] == cursor.cursor_id
+    assert idle["cursor"]["nDocsReturned"] == 2 and idle["cursor"]["nBatchesReturned"] == 1
+    assert idle["cursor"]["originatingCommand"]["find"] == "c"
+    assert any(op["type"] == "op" and op["active"] is False for op in listed), "no idle connection listed"
+    cursor.close()
