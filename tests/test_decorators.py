@@ -477,8 +477,13 @@ def test_static_and_class_methods_are_refused() -> None:
 def test_method_decorators_refuse_non_functions() -> None:
     with pytest.raises(ConfigurationError, match="marks methods"):
         on_insert(5)  # type: ignore[call-overload]
-    with pytest.raises(ConfigurationError, match="keyword options only") as info:
-        on_batch(10)  # type: ignore[call-overload]
+    with pytest.raises(ConfigurationError, match="takes its options by name") as info:
+
+        class Batches:
+            @on_batch(10)  # type: ignore[call-overload]
+            def handle(self, events: object) -> None: ...
+
+    assert_names(info.value, "Batches.handle", "on_batch")
     assert "max_events=" in str(info.value.allowed)
 
 
