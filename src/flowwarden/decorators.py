@@ -34,6 +34,7 @@ from flowwarden.config import (
     OnError,
     OnHistoryLost,
     OnInvalidate,
+    OperationType,
     Options,
     PipelineOptions,
     RetryPolicy,
@@ -60,7 +61,6 @@ from flowwarden.config.spec import (
     build_spec,
     stream_spec,
 )
-from flowwarden.config.stream import OperationType
 from flowwarden.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -281,9 +281,9 @@ def _decoratable(value: Any) -> bool:
 
 def _call_problem(
     model: type[Options], positional: list[str], args: tuple[Any, ...], options: Mapping[str, Any]
-) -> Callable[[str], ConfigurationError] | None:
-    """What is wrong with how a decorator was called, as the error to raise for the class or
-    method it is applied to; None when the call fits the written signature."""
+) -> Callable[..., ConfigurationError] | None:
+    """What is wrong with how a decorator was called, as the error to raise (given ``owner=``,
+    the class or method it is applied to); None when the call fits the written signature."""
     decorator = model.decorator
     names = model.option_names()
     if len(args) > len(positional):
@@ -298,32 +298,19 @@ def _call_problem(
                 f"not {len(args)} value(s) by position"
             )
         by_name = ", ".join(f"{name}=" for name in names)
-
-        def too_many(owner: str) -> ConfigurationError:
-            return ConfigurationError(message, owner=owner, option=decorator, value=args, allowed=by_name)
-
-        return too_many
+        return functools.partial(ConfigurationError, message, option=decorator, value=args, allowed=by_name)
     for name, value in zip(positional, args, strict=False):
         if name in options:
-            both = (value, options[name])
-
-            def twice(owner: str, name: str = name, both: Any = both) -> ConfigurationError:
-                return ConfigurationError(
-                    f"@{decorator} got {name} both by position and by name",
-                    owner=owner,
-                    option=name,
-                    value=both,
-                    allowed="one of the two",
-                )
-
-            return twice
+            return functools.partial(
+                ConfigurationError,
+                f"@{decorator} got {name} both by position and by name",
+                option=name,
+                value=(value, options[name]),
+                allowed="one of the two",
+            )
     for name, value in options.items():
         if name not in names:
-
-            def unknown(owner: str, name: str = name, value: Any = value) -> ConfigurationError:
-                return unknown_option_error(model, owner, name, value)
-
-            return unknown
+            return functools.partial(unknown_option_error, model, option=name, value=value)
     return None
 
 
@@ -351,7 +338,7 @@ def _options_decorator(model: type[Options]) -> Callable[[Callable[..., Any]], C
                 return declared(*args, **options)
 
             def refuse(target: Any) -> Any:
-                raise problem(_target_name(target))
+                raise problem(owner=_target_name(target))
 
             return refuse
 

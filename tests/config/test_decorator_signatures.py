@@ -24,11 +24,11 @@ from flowwarden.config import (
     CheckpointOptions,
     DataFrameOptions,
     DeadLetterOptions,
+    OperationType,
     Options,
     PipelineOptions,
     RetryPolicy,
 )
-from flowwarden.config.stream import OperationType
 
 
 class StructType:

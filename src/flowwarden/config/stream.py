@@ -37,7 +37,10 @@ ExpandedOperationType = Literal[
     "refineCollectionShardKey",
 ]
 OperationType = Literal[StandardOperationType, ExpandedOperationType]
-"""An operation type ``@change_stream(operation_types=...)`` can filter on."""
+"""An operation type ``@change_stream(operation_types=...)`` can filter on: ``insert``,
+``update``, ``replace``, ``delete``, ``drop``, ``rename``, ``dropDatabase``, ``invalidate``, and
+with ``show_expanded_events=True`` the DDL types ``create``, ``createIndexes``, ``dropIndexes``,
+``modify``, ``shardCollection``, ``reshardCollection``, ``refineCollectionShardKey``."""
 
 STANDARD_OPERATION_TYPES: tuple[str, ...] = typing.get_args(StandardOperationType)
 EXPANDED_OPERATION_TYPES: tuple[str, ...] = typing.get_args(ExpandedOperationType)
