@@ -46,9 +46,9 @@ ids = st.one_of(
     st.builds(ObjectId),
     st.floats(allow_nan=False),
     st.builds(Int64, st.integers(-(2**63), 2**63 - 1)),
-    st.decimals(allow_nan=False, allow_infinity=False, places=3).map(Decimal128),
+    st.decimals(min_value=-(10**20), max_value=10**20, places=3).map(Decimal128),
     st.datetimes(timezones=st.just(dt.timezone.utc)).map(to_milliseconds),
-    st.dictionaries(st.text(max_size=5).filter(lambda k: not k.startswith("$")), st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5).filter(lambda key: not key.startswith("$")), st.integers(-5, 5)),
     st.just(MinKey()),
     st.just(MaxKey()),
 )
