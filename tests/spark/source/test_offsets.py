@@ -226,7 +226,8 @@ def test_the_message_names_the_source_and_shows_the_offset() -> None:
     text = json.dumps({"v": 7, **TOKEN})
     error = refused(text, stream="shop.orders")
     assert str(error).startswith("flowwarden streaming source shop.orders: ")
-    assert text in str(error) and error.stream == "shop.orders" and error.offset == text
+    assert f"the offset: {text}. " in str(error) and error.stream == "shop.orders" and error.offset == text
+    assert f"the offset: {text}. " in str(refused(json.loads(text)))  # as Spark hands it to the reader
 
 
 def missing_fields() -> list[tuple[dict[str, Any], str]]:
@@ -278,6 +279,8 @@ SNAPSHOT = EXAMPLES[-1][1]
         ({**SNAPSHOT, "copied": 1.5}, "'copied' of a snapshot offset is 1.5, not an integer"),
         ({**SNAPSHOT, "end_id": "7"}, "is not an _id as Extended JSON"),
         ({**SNAPSHOT, "last_id": '{"_id": 7}'}, "is not an _id as Extended JSON"),
+        ({**SNAPSHOT, "last_id": '{"v": {"$oid": "zz"}}'}, "'zz' is not a valid ObjectId"),
+        ({**SNAPSHOT, "end_id": '{"v": {"$numberDecimal": "x"}}'}, "is not an _id as Extended JSON"),
         ({**SNAPSHOT, "namespaces": ["orders"]}, "namespaces are 'database.collection' names"),
         ({**SNAPSHOT, "namespaces": "shop.orders"}, "'namespaces' of a snapshot offset is 'shop.orders'"),
         ({**SNAPSHOT, "done": "yes"}, "'done' of a snapshot offset is 'yes', not true or false"),
@@ -294,3 +297,28 @@ SNAPSHOT = EXAMPLES[-1][1]
 )
 def test_an_offset_that_does_not_parse_is_refused_saying_why(value: Any, reason: str) -> None:
     assert reason in str(refused(value))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> dict[str, Any]:
+    """An offset of each kind, current or unversioned, with one field holding any JSON value."""
+    document = dict(draw(st.sampled_from([document for _, document in EXAMPLES] + [d for d, _ in VERSION_0])))
+    document[draw(st.sampled_from(sorted(document)))] = draw(json_values)
+    return document
+
+
+@given(st.one_of(json_values, damaged()))
+def test_any_json_reads_as_an_offset_or_is_refused_with_the_message(value: Any) -> None:
+    try:
+        offset = parse_offset(value)
+    except UnreadableOffsetError as error:
+        assert "Start the query with a new checkpointLocation" in str(error)
+    else:
+        assert parse_offset(offset.to_json()) == offset

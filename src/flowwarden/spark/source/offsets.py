@@ -239,7 +239,7 @@ def load_id(text: str) -> Any:
     """An ``_id`` a snapshot offset keeps (see :func:`dump_id`)."""
     try:
         document = json_util.loads(text, json_options=_ID_JSON)
-    except (TypeError, ValueError) as error:
+    except Exception as error:  # json_util fails with many types (InvalidId, decimal errors...)
         raise ValueError(f"{text!r} is not an _id as Extended JSON: {error}") from None
     if not isinstance(document, Mapping) or set(document) != {"v"}:
         raise ValueError(f"{text!r} is not an _id as Extended JSON {{'v': <_id>}}")
@@ -284,7 +284,10 @@ def parse_offset(value: str | bytes | Mapping[str, Any], *, stream: str | None =
 def _message(value: Any, problem: _Unreadable, stream: str | None) -> str:
     from flowwarden import __version__
 
-    shown = value if isinstance(value, str) else repr(value)
+    try:  # as the offsets log holds it
+        shown = value if isinstance(value, str) else json.dumps(value)
+    except (TypeError, ValueError):
+        shown = repr(value)
     if len(shown) > 300:
         shown = shown[:300] + "..."
     owner = f"{OWNER} {stream}" if stream else OWNER
