@@ -266,3 +266,20 @@ class SchemaMismatchError(FlowWardenError, ValueError):
 
 
 __all__.append("SchemaMismatchError")
+
+
+class UnreadableOffsetError(StreamError):
+    """An offset Spark handed the streaming source back from a query's checkpointLocation cannot
+    be read: another release's format version, an unknown kind, a missing or malformed field.
+
+    The query fails at once; the offsets log is left as it is. ``offset`` is the offset as found,
+    ``version`` its format version (None: none, or not a JSON object).
+    """
+
+    def __init__(self, message: str, *, stream: str | None, offset: Any, version: Any) -> None:
+        self.offset = offset
+        self.version = version
+        super().__init__(message, stream=stream)
+
+
+__all__.append("UnreadableOffsetError")

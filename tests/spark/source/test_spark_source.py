@@ -22,11 +22,29 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from flowwarden.config import OnHistoryLost, SchemaMode, StartPosition
-from flowwarden.errors import ConfigurationError, HistoryLostError, ResumePositionError, StreamError
+from flowwarden.errors import (
+    ConfigurationError,
+    HistoryLostError,
+    ResumePositionError,
+    StreamError,
+    UnreadableOffsetError,
+)
 from flowwarden.events import compare_tokens
 from flowwarden.mongo.raw_events import RawEvent
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, change_event_struct_type
 from flowwarden.spark.source import reader as source_module
+from flowwarden.spark.source.offsets import (
+    Offset,
+    PartitionedOffset,
+    ReadFromOffset,
+    SkippedOffset,
+    SnapshotOffset,
+    TimeOffset,
+    TokenOffset,
+    load_id,
+    parse_offset,
+)
+from flowwarden.spark.source.ranges import stream_offset
 from flowwarden.spark.source.reader import FlowWardenStreamReader, SourceOptions, TokenRange
 from flowwarden.testing import EmbeddedReplicaSet
 from flowwarden_embedded.hashing import hashed_index_key
@@ -153,6 +171,21 @@ def numbers(rows: list[dict[str, Any]]) -> list[int]:
     return [json_util.loads(r["full_document"])["n"] for r in rows]
 
 
+def typed(offset: dict[str, Any]) -> Offset:
+    """An offset the reader returned to Spark, as the reader reads it back."""
+    return parse_offset(offset)
+
+
+def token_of(offset: dict[str, Any]) -> dict[str, str]:
+    found = typed(offset)
+    assert isinstance(found, TokenOffset), found
+    return {"_data": found.token}
+
+
+def token_range(start: dict[str, Any], end: dict[str, Any]) -> TokenRange:
+    return TokenRange(stream_offset(typed(start)), stream_offset(typed(end)))
+
+
 def test_offsets_are_tokens_and_a_range_replays_exactly(
     spark: SparkSession, client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
 ) -> None:
@@ -161,19 +194,19 @@ def test_offsets_are_tokens_and_a_range_replays_exactly(
     try:
         collection.insert_one({"n": -1})  # before the query starts: latest skips it
         initial = reader.initialOffset()
-        assert set(initial) == {"_data"}
+        assert isinstance(typed(initial), TokenOffset)
         assert reader.latestOffset(initial, ReadMaxRows(5)) == initial  # nothing new: no micro-batch
 
         collection.insert_many([{"n": n} for n in range(12)])
         first = reader.latestOffset(initial, ReadMaxRows(5))
         second = reader.latestOffset(first, ReadMaxRows(100))
-        assert set(first) == {"_data"} and set(second) == {"_data"}
-        assert compare_tokens(initial, first) < 0 < compare_tokens(second, first)
+        tokens = [token_of(offset) for offset in (initial, first, second)]
+        assert compare_tokens(tokens[0], tokens[1]) < 0 < compare_tokens(tokens[2], tokens[1])
         assert reader.latestOffset(second, ReadAllAvailable()) == second
 
         rows = read_rows(reader, initial, first)
         assert numbers(rows) == [0, 1, 2, 3, 4]
-        assert rows[-1]["_id"] == first["_data"]  # the end token is the last event's own token
+        assert rows[-1]["_id"] == token_of(first)["_data"]  # the end token is the last event's own token
         assert numbers(read_rows(reader, first, second)) == list(range(5, 12))
 
         # Replays of a range are identical, also after newer events and other changes arrived.
@@ -218,7 +251,7 @@ def test_a_planned_micro_batch_reaches_its_executor_with_its_events(
         )
         planned = rows_of(executor.read(shipped))
         assert numbers(planned) == [0, 1, 2, 3, 4]
-        assert rows_of(reader.read(TokenRange(start, end))) == planned
+        assert rows_of(reader.read(token_range(start, end))) == planned
         # Once committed, the events are dropped; the range still replays from MongoDB.
         reader.commit(end)
         (again,) = reader.partitions(start, end)
@@ -322,9 +355,9 @@ def test_a_replay_ends_at_the_range_end_without_an_empty_get_more(
         reader._raw_client = pymongo.MongoClient(
             mongodb_uri, document_class=RawEvent, event_listeners=[commands]
         )
-        rows = rows_of(reader.read(TokenRange(start, end)))
+        rows = rows_of(reader.read(token_range(start, end)))
         assert numbers(rows) == [0, 1, 2, 3, 4]
-        assert rows[-1]["_id"] != end["_data"]  # the range ends past its last event
+        assert rows[-1]["_id"] != token_of(end)["_data"]  # the range ends past its last event
         assert commands.empty_get_mores == 0
     finally:
         reader.stop()
@@ -361,7 +394,7 @@ def test_the_next_micro_batch_is_planned_while_spark_runs_this_one(
         assert numbers(read_rows(reader, second, third)) == [8]
         # The plan made ahead from `third` found nothing; what is written since is read now.
         ahead = reader._ahead._future
-        assert ahead is not None and ahead.result().end == third
+        assert ahead is not None and ahead.result().end == typed(third)
         collection.insert_one({"n": 9})
         fourth = reader.latestOffset(third, ReadMaxRows(100))
         assert numbers(read_rows(reader, third, fourth)) == [9]
@@ -388,7 +421,8 @@ def test_partitions_split_the_stream_by_document_and_replay_exactly(
     reader = reader_for(mongodb_uri, db_name, partitions="3")
     try:
         start = reader.initialOffset()
-        assert set(start) == {"partitions"} and len(start["partitions"]) == 3
+        offset = typed(start)
+        assert isinstance(offset, PartitionedOffset) and len(offset.buckets) == 3
         collection.insert_many([{"_id": n} for n in range(40)])
         collection.update_many({"_id": {"$lt": 20}}, {"$inc": {"v": 1}})
         collection.delete_many({"_id": {"$gte": 35}})
@@ -435,9 +469,37 @@ def test_a_query_keeps_the_partitions_it_started_with(
         offset = single.initialOffset()
         with pytest.raises(ConfigurationError, match=r"holds offsets for 1 partition\(s\).*partitions=2"):
             reader.latestOffset(offset, ReadMaxRows(10))
+        vector = PartitionedOffset((TokenOffset(token_of(offset)["_data"]),) * 3).to_dict()
+        with pytest.raises(ConfigurationError, match=r"holds offsets for 3 partition\(s\).*partitions=2"):
+            reader.latestOffset(vector, ReadMaxRows(10))
+        with pytest.raises(ConfigurationError, match=r"holds offsets for 3 partition\(s\).*partitions=1"):
+            single.latestOffset(vector, ReadMaxRows(10))
     finally:
         reader.stop()
         single.stop()
+
+
+def test_each_call_spark_makes_with_offsets_refuses_one_of_another_format_version() -> None:
+    """Spark hands the reader offsets from the query's checkpointLocation in latestOffset,
+    partitions and commit: each reads them before anything else, and refuses one it cannot."""
+    reader = reader_for("mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=200", "shop")
+    good = TokenOffset("82AB01").to_dict()
+    newer = {**good, "v": 2}
+    calls: list[Callable[[], object]] = [
+        lambda: reader.latestOffset(newer, ReadMaxRows(10)),
+        lambda: reader.partitions(newer, good),
+        lambda: reader.partitions(good, newer),
+        lambda: reader.commit(newer),
+    ]
+    try:
+        for call in calls:
+            with pytest.raises(UnreadableOffsetError) as caught:
+                call()
+            message = str(caught.value)
+            assert message.startswith("flowwarden streaming source shop.orders: the query's checkpoint")
+            assert "its format version is 2" in message and "new checkpointLocation" in message
+    finally:
+        reader.stop()
 
 
 def test_a_filter_on_the_looked_up_document_plans_the_events_it_reads(
@@ -479,7 +541,7 @@ def test_start_positions(
     timed = reader_for(mongodb_uri, db_name, start_position="AT_TIME", start_at=after.isoformat())
     try:
         start = timed.initialOffset()
-        assert start == {"startAtOperationTime": {"t": int(after.timestamp()), "i": 0}}
+        assert typed(start) == TimeOffset(Timestamp(int(after.timestamp()), 0))
         end = timed.latestOffset(start, ReadAllAvailable())
         assert numbers(read_rows(timed, start, end)) == [3, 4, 5]
     finally:
@@ -493,7 +555,7 @@ def test_earliest_reads_the_whole_oplog() -> None:
         reader = reader_for(rs.uri, "shop", start_position="EARLIEST")
         try:
             start = reader.initialOffset()
-            assert set(start) == {"startAtOperationTime"}
+            assert isinstance(typed(start), TimeOffset)
             end = reader.latestOffset(start, ReadMaxRows(3))
             assert numbers(read_rows(reader, start, end)) == [0, 1, 2]
         finally:
@@ -517,7 +579,7 @@ def test_history_lost() -> None:
 
         skip = reader("resume_from_now")
         skipped = skip.latestOffset(start, ReadMaxRows(1000))
-        assert skipped.get("skipped") is True
+        assert isinstance(typed(skipped), SkippedOffset)
         assert read_rows(skip, start, skipped) == []
         orders.insert_one({"n": 60})
         after = skip.latestOffset(skipped, ReadMaxRows(1000))
@@ -525,7 +587,7 @@ def test_history_lost() -> None:
 
         oldest = reader("resume_from_oplog_start")
         end = oldest.latestOffset(start, ReadMaxRows(5))
-        assert "readFrom" in end
+        assert isinstance(typed(end), ReadFromOffset)
         replay = numbers(read_rows(oldest, start, end))
         assert len(replay) == 5 and replay == sorted(replay) and replay[0] >= 40
         assert numbers(read_rows(oldest, start, end)) == replay  # the same range replays the same
@@ -590,7 +652,7 @@ def test_a_position_the_server_cannot_find_is_refused_with_a_hint(
 ) -> None:
     with client[db_name]["other"].watch() as other:
         client[db_name]["other"].insert_one({"_id": 1})
-        foreign = {"_data": other.next()["_id"]["_data"]}
+        foreign = TokenOffset(other.next()["_id"]["_data"]).to_dict()
     client[db_name]["orders"].insert_one({"n": 1})
     reader = reader_for(mongodb_uri, db_name)
     try:
@@ -690,6 +752,113 @@ def test_restarted_three_times_every_event_once_in_order(
     inserted = [json_util.loads(r["full_document"])["n"] for r in ordered if r["operation_type"] == "insert"]
     assert inserted == list(range(written)), "events missing or out of order"
     assert sum(1 for r in rows if r["operation_type"] == "update") == 5
+
+
+def source_offset_file(checkpoint: str) -> Path:
+    """The newest file of the query's offsets log, after removing its checksum so it can be
+    edited: Spark's local file system verifies ``.<name>.crc`` only when there is one."""
+    offsets = Path(checkpoint) / "offsets"
+    newest = max((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    (offsets / f".{newest.name}.crc").unlink(missing_ok=True)
+    return newest
+
+
+def edit_source_offset(path: Path, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    # Spark's log version, the batch's metadata, then one offset per source: this query has one.
+    header, metadata, offset = path.read_text(encoding="utf-8").splitlines()
+    assert header == "v1", header
+    path.write_text("\n".join([header, metadata, json.dumps(edit(json.loads(offset)))]), encoding="utf-8")
+
+
+def test_a_query_restarted_from_offsets_of_an_earlier_release_goes_on_after_them(
+    spark: SparkSession,
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    tmp_path: Path,
+) -> None:
+    """The unversioned offsets earlier releases wrote are read as the same positions: the query
+    goes on after the last committed event, and writes its next offsets in the current format."""
+    orders = client[db_name]["orders"]
+    start_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def run() -> None:
+        stream = source(spark, mongodb_uri, db_name, start_position="AT_TIME", start_at=start_at)
+        query = (
+            stream.writeStream.format("parquet")
+            .option("path", output)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120), "the query did not end"
+
+    orders.insert_many([{"n": n} for n in range(10)])
+    run()
+    written: dict[str, Any] = {}
+
+    def to_version_0(offset: dict[str, Any]) -> dict[str, Any]:
+        written.update(offset)
+        return {"_data": offset["token"]}  # as releases before format versions wrote it
+
+    edit_source_offset(source_offset_file(checkpoint), to_version_0)
+    assert written["v"] == 1 and written["kind"] == "token"
+    orders.insert_many([{"n": n} for n in range(10, 15)])
+    run()
+
+    rows = spark.read.parquet(output).select("_id", "full_document").collect()
+    ordered = [json_util.loads(r["full_document"])["n"] for r in sorted(rows, key=lambda r: r["_id"])]
+    assert ordered == list(range(15)), "events missing, repeated or out of order"
+    newest = json.loads(source_offset_file(checkpoint).read_text(encoding="utf-8").splitlines()[2])
+    assert newest["v"] == 1 and isinstance(typed(newest), TokenOffset)
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda offset: {**offset, "v": 99}, "its format version is 99, and this release reads version 1"),
+        (
+            lambda offset: {"v": 1, "kind": "token", "_data": offset["token"]},
+            "the field(s) 'token' of a token offset are missing",
+        ),
+    ],
+    ids=["unknown-version", "malformed"],
+)
+def test_a_query_whose_offsets_log_holds_an_offset_it_cannot_read_fails_saying_what_to_do(
+    spark: SparkSession,
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    tmp_path: Path,
+    edit: Callable[[dict[str, Any]], dict[str, Any]],
+    reason: str,
+) -> None:
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run() -> Any:
+        return (
+            source(spark, mongodb_uri, db_name)
+            .writeStream.format("noop")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    client[db_name]["orders"].insert_one({"n": 0})
+    assert run().awaitTermination(120), "the first run did not end"
+    path = source_offset_file(checkpoint)
+    edit_source_offset(path, edit)
+    edited = path.read_text(encoding="utf-8")
+    client[db_name]["orders"].insert_one({"n": 1})
+    with pytest.raises(StreamingQueryException) as caught:
+        run().awaitTermination(120)
+    message = str(caught.value)
+    assert "UnreadableOffsetError: flowwarden streaming source" in message
+    assert reason in message
+    assert "Start the query with a new checkpointLocation" in message
+    assert "the flowwarden version that wrote this checkpointLocation" in message
+    assert path.read_text(encoding="utf-8") == edited, "the offsets log was changed"
 
 
 def test_a_failed_micro_batch_replays_the_same_events(
@@ -830,7 +999,9 @@ def imaged_orders(
 
 
 def offset_tokens(offset: dict[str, Any]) -> list[str]:
-    return [part["_data"] for part in offset.get("partitions", [offset])]
+    found = typed(offset)
+    parts = found.buckets if isinstance(found, PartitionedOffset) else (found,)
+    return [part.token for part in parts if isinstance(part, TokenOffset)]
 
 
 @pytest.mark.parametrize("partitions", ["1", "2"])
@@ -930,6 +1101,12 @@ def test_a_query_with_split_large_events_writes_one_row_for_a_large_event(
 # The initial snapshot
 
 
+def snapshot_offset(offset: dict[str, Any]) -> SnapshotOffset:
+    found = typed(offset)
+    assert isinstance(found, SnapshotOffset), found
+    return found
+
+
 def test_snapshot_offsets_cover_the_copy_then_the_changes_and_replay_the_same_rows(
     client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
 ) -> None:
@@ -938,16 +1115,17 @@ def test_snapshot_offsets_cover_the_copy_then_the_changes_and_replay_the_same_ro
     reader = reader_for(mongodb_uri, db_name, snapshot="initial")
     try:
         initial = reader.initialOffset()
-        assert initial["snapshot"]["namespaces"] == [f"{db_name}.orders"]
+        copy = typed(initial)
+        assert isinstance(copy, SnapshotOffset) and copy.namespaces == (f"{db_name}.orders",)
         first = reader.latestOffset(initial, ReadMaxRows(5))
         second = reader.latestOffset(first, ReadMaxRows(5))
         third = reader.latestOffset(second, ReadMaxRows(5))
         closed = reader.latestOffset(third, ReadMaxRows(5))
-        assert [o["snapshot"]["copied"] for o in (first, second, third)] == [5, 10, 12]
-        assert closed["snapshot"]["done"] and closed["snapshot"]["copied"] == 12
+        assert [snapshot_offset(o).copied for o in (first, second, third)] == [5, 10, 12]
+        assert snapshot_offset(closed).done and snapshot_offset(closed).copied == 12
         orders.insert_one({"_id": 12, "n": 12})  # after the copy began: a change, not a row
         changes = reader.latestOffset(closed, ReadMaxRows(5))
-        assert set(changes) == {"_data"}
+        assert isinstance(typed(changes), TokenOffset)
 
         copied = [read_rows(reader, a, b) for a, b in ((initial, first), (first, second), (second, third))]
         assert [numbers(rows) for rows in copied] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
@@ -978,7 +1156,7 @@ def test_the_copy_stops_at_the_bound_its_offsets_carry_also_for_a_restarted_read
     reader = reader_for(mongodb_uri, db_name, snapshot="initial")
     try:
         initial = reader.initialOffset()
-        assert json_util.loads(initial["snapshot"]["endId"])["v"] == 7
+        assert load_id(snapshot_offset(initial).end_id) == 7
         orders.insert_many([{"_id": i, "n": i} for i in range(8, 20)])  # after the copy began
         first = reader.latestOffset(initial, ReadMaxRows(5))
     finally:
@@ -989,7 +1167,7 @@ def test_the_copy_stops_at_the_bound_its_offsets_carry_also_for_a_restarted_read
     try:
         second = again.latestOffset(first, ReadMaxRows(5))
         closed = again.latestOffset(second, ReadMaxRows(5))
-        assert closed["snapshot"]["done"] and closed["snapshot"]["copied"] == 8
+        assert snapshot_offset(closed).done and snapshot_offset(closed).copied == 8
         changes = again.latestOffset(closed, ReadMaxRows(100))
         copied = [numbers(read_rows(again, a, b)) for a, b in ((initial, first), (first, second))]
         assert copied == [[0, 1, 2, 3, 4], [5, 6, 7]]

@@ -1,22 +1,20 @@
-"""The streaming source's micro-batches: offsets, token ranges, plans and retries.
+"""The streaming source's micro-batches: token ranges, plans and retries.
 
-An offset is a dict kept as JSON in the query's checkpointLocation (see
-:mod:`flowwarden.spark.source.reader`); a :class:`TokenRange` is one input partition of a micro-batch;
-a :class:`Plan` is where planning decided a micro-batch ends, with the events it read;
-:class:`PlanAhead` plans the next micro-batch while Spark runs the current one;
-:class:`TransientRetry` is the rule for errors worth another try.
+A :class:`TokenRange` is one input partition of a micro-batch, between two offsets
+(:mod:`flowwarden.spark.source.offsets`); a :class:`Plan` is where planning decided a
+micro-batch ends, with the events it read; :class:`PlanAhead` plans the next micro-batch while
+Spark runs the current one; :class:`TransientRetry` is the rule for errors worth another try.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from bson import Timestamp, json_util
+from bson import json_util
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import InputPartition
 
@@ -25,11 +23,21 @@ from flowwarden.events import compare_tokens, token_cluster_time
 from flowwarden.mongo import large_events as fragments
 from flowwarden.mongo.failures import Failure, classify
 from flowwarden.mongo.positions import refused_position
+from flowwarden.spark.source.offsets import (
+    BucketOffset,
+    Offset,
+    PartitionedOffset,
+    ReadFromOffset,
+    SkippedOffset,
+    SnapshotOffset,
+    StreamOffset,
+    TimeOffset,
+    TokenOffset,
+)
 from flowwarden.spark.source.options import OWNER
 
 __all__ = [
     "TRANSIENT_RETRY_SECONDS",
-    "Offset",
     "Plan",
     "PlanAhead",
     "TokenRange",
@@ -37,39 +45,13 @@ __all__ = [
     "bucket_offsets",
     "counting_needs_documents",
     "covers",
-    "offset_timestamp",
-    "offset_token",
-    "timestamp_offset",
+    "stream_offset",
 ]
-
-Offset = dict[str, Any]
 
 TRANSIENT_RETRY_SECONDS = 60.0
 """How long a call keeps retrying transient errors before the query fails with the last one."""
 
 _OWNER = OWNER
-
-
-def timestamp_offset(ts: Timestamp) -> dict[str, int]:
-    """A cluster time as an offset's ``{t, i}``."""
-    return {"t": ts.time, "i": ts.inc}
-
-
-def offset_timestamp(value: Mapping[str, Any]) -> Timestamp:
-    """An offset's ``{t, i}`` as a cluster time."""
-    return Timestamp(int(value["t"]), int(value["i"]))
-
-
-def offset_token(offset: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The resume token an offset holds, or None (a start time); for an offset of the initial
-    snapshot, the position its changes follow from."""
-    data = offset.get("_data")
-    if isinstance(data, str):
-        return {"_data": data}
-    snapshot = offset.get("snapshot")
-    if isinstance(snapshot, Mapping) and isinstance(snapshot.get("token"), str):
-        return {"_data": snapshot["token"]}
-    return None
 
 
 class TokenRange(InputPartition):
@@ -82,8 +64,8 @@ class TokenRange(InputPartition):
 
     def __init__(
         self,
-        start: Offset,
-        end: Offset,
+        start: StreamOffset,
+        end: StreamOffset,
         events: bytes | None = None,
         bucket: tuple[int, int] | None = None,
     ) -> None:
@@ -99,20 +81,30 @@ class TokenRange(InputPartition):
         return f"TokenRange({self.start!r}, {self.end!r}{bucket})"
 
 
-def bucket_offsets(offset: Offset, count: int) -> list[Offset]:
+def bucket_offsets(offset: Offset, count: int) -> tuple[BucketOffset, ...]:
     """The offsets of the ``count`` buckets a partitioned offset holds."""
-    offsets = offset.get("partitions")
-    if not isinstance(offsets, list) or len(offsets) != count:
-        held = len(offsets) if isinstance(offsets, list) else 1
-        raise ConfigurationError(
-            f"the query's checkpointLocation holds offsets for {held} partition(s), and the source "
-            f"is read with partitions={count}; keep the number of partitions a query started with, "
-            "or start the query again with a new checkpointLocation",
-            owner=_OWNER,
-            option="partitions",
-            value=count,
-        )
-    return [dict(item) for item in offsets]
+    if not isinstance(offset, PartitionedOffset) or len(offset.buckets) != count:
+        raise _partitions_changed(offset, count)
+    return offset.buckets
+
+
+def stream_offset(offset: Offset) -> StreamOffset:
+    """``offset`` as the offset of a source read as one change stream (``partitions`` 1)."""
+    if isinstance(offset, (TokenOffset, TimeOffset, ReadFromOffset, SkippedOffset, SnapshotOffset)):
+        return offset
+    raise _partitions_changed(offset, 1)
+
+
+def _partitions_changed(offset: Offset, count: int) -> ConfigurationError:
+    held = len(offset.buckets) if isinstance(offset, PartitionedOffset) else 1
+    return ConfigurationError(
+        f"the query's checkpointLocation holds offsets for {held} partition(s), and the source "
+        f"is read with partitions={count}; keep the number of partitions a query started with, "
+        "or start the query again with a new checkpointLocation",
+        owner=_OWNER,
+        option="partitions",
+        value=count,
+    )
 
 
 def counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
@@ -132,8 +124,8 @@ class Plan:
     their BSON back to back when planning read them, and whether they are all an availableNow
     run is to read."""
 
-    start: Offset
-    end: Offset
+    start: StreamOffset
+    end: StreamOffset
     events: bytes | None
     drained: bool
 
@@ -152,18 +144,22 @@ class PlanAhead:
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._key: tuple[str, int | None, Any] | None = None
+        self._key: tuple[StreamOffset, int | None, TokenOffset | None] | None = None
         self._future: Future[Plan] | None = None
 
     def start(
-        self, start: Offset, max_rows: int | None, target: Any, plan: Callable[[Offset, int | None], Plan]
+        self,
+        start: StreamOffset,
+        max_rows: int | None,
+        target: TokenOffset | None,
+        plan: Callable[[StreamOffset, int | None], Plan],
     ) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowwarden-plan-ahead")
-        self._key = (json.dumps(start, sort_keys=True), max_rows, target)
+        self._key = (start, max_rows, target)
         self._future = self._pool.submit(plan, start, max_rows)
 
-    def take(self, start: Offset, max_rows: int | None, target: Any) -> Plan | None:
+    def take(self, start: StreamOffset, max_rows: int | None, target: TokenOffset | None) -> Plan | None:
         future, key = self._future, self._key
         self._future = self._key = None
         if future is None:
@@ -172,7 +168,7 @@ class PlanAhead:
             plan = future.result()
         except Exception:
             return None
-        if key != (json.dumps(start, sort_keys=True), max_rows, target):
+        if key != (start, max_rows, target):
             return None  # not this range
         if plan.end == plan.start and not plan.drained:
             return None  # nothing then: whatever came since is read now

@@ -15,15 +15,11 @@ token up to and including its end token; ``read`` re-opens the change stream wit
 re-run after a restart from the query's checkpointLocation, yields exactly the same events, and
 the next one begins right after the last committed event. With ``split_large_events`` an event
 over 16 MB arrives in fragments and is one row; its offset is its last fragment's token, and no
-range ends between fragments (:mod:`flowwarden.mongo.large_events`). The offset JSON kept in the
-checkpoint is ``{"_data": "<token hex>"}``; two other shapes exist:
-
-- ``{"startAtOperationTime": {"t": .., "i": ..}}``: only a query's initial offset for
-  ``start_position`` ``earliest`` or ``timestamp`` (the first micro-batch starts at that cluster
-  time, inclusive);
-- ``{"_data": .., "readFrom": {"t": .., "i": ..}}`` or ``{"_data": .., "skipped": true}``: the
-  end of a micro-batch that followed a history loss (``on_history_lost``), read from the oplog
-  start or skipped entirely.
+range ends between fragments (:mod:`flowwarden.mongo.large_events`). Offsets are the typed values
+of :mod:`flowwarden.spark.source.offsets` (a token; a start time; the end of a micro-batch after
+a history loss; one per hash bucket; a position in the initial copy): the four methods Spark
+calls with offsets (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``) take and
+return their versioned JSON objects, and everything below them works on the typed values.
 
 Each range is read from MongoDB once. Planning a micro-batch reads its events in full (as raw
 BSON, never decoded in Python) to find where it ends, after at most ``max_events_per_trigger``
@@ -76,9 +72,21 @@ from flowwarden.mongo.positions import HISTORY_LOST, oplog_edge, recover_from_hi
 from flowwarden.mongo.raw_events import RawEvent
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
 from flowwarden.spark.source import snapshot as source_snapshot
+from flowwarden.spark.source.offsets import (
+    Offset,
+    PartitionedOffset,
+    ReadFromOffset,
+    SkippedOffset,
+    SnapshotOffset,
+    StreamOffset,
+    TimeOffset,
+    TokenOffset,
+    bucket_offset,
+    parse_offset,
+    resume_token,
+)
 from flowwarden.spark.source.options import OWNER, SourceOptions
 from flowwarden.spark.source.ranges import (
-    Offset,
     Plan,
     PlanAhead,
     TokenRange,
@@ -86,9 +94,7 @@ from flowwarden.spark.source.ranges import (
     bucket_offsets,
     counting_needs_documents,
     covers,
-    offset_timestamp,
-    offset_token,
-    timestamp_offset,
+    stream_offset,
 )
 
 __all__ = ["FlowWardenDataSource", "FlowWardenStreamReader", "SourceOptions", "TokenRange"]
@@ -182,10 +188,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 allowed="fields without NOT NULL",
             )
         self._buckets = options.partitions
-        self._target: dict[str, Any] | None = None
+        self._target: TokenOffset | None = None
         # Where planning found every event of the availableNow run read, per bucket (None: the
         # whole stream).
-        self._drained: dict[int | None, Offset] = {}
+        self._drained: dict[int | None, StreamOffset] = {}
         # The last range planned, with its events.
         self._planned: Plan | None = None
         self._ahead = PlanAhead()
@@ -204,7 +210,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # ------------------------------------------------------------------------------------------
     # driver side
 
-    def initialOffset(self) -> Offset:
+    def initialOffset(self) -> dict[str, Any]:
+        return self._first_offset().to_dict()
+
+    def _first_offset(self) -> Offset:
         offset = self._retrying(self._initial_offset, None)
         if self.options.snapshot is not Snapshot.NEVER:
             # The copy's namespaces are fixed when the query begins, and the first one's bound
@@ -219,14 +228,16 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 lambda: source_snapshot.bound(self._raw_client_for(), first, copy_filter(options.pipeline)),
                 None,
             )
-            return source_snapshot.first_offset(offset, names, end_id)
-        return offset if self._buckets == 1 else {"partitions": [offset] * self._buckets}
+            token = resume_token(offset)
+            assert token is not None, "a query with a snapshot starts at the stream's position"
+            return source_snapshot.first_offset(token, names, end_id)
+        return offset if self._buckets == 1 else PartitionedOffset((offset,) * self._buckets)
 
-    def _initial_offset(self) -> Offset:
+    def _initial_offset(self) -> TokenOffset | TimeOffset:
         position = self.options.start_position
         if position is StartPosition.AT_TIME:
             assert self.options.start_at is not None
-            return {"startAtOperationTime": timestamp_offset(self.options.start_at)}
+            return TimeOffset(self.options.start_at)
         if position is StartPosition.EARLIEST:
             oldest = oplog_edge(self._client_for(), 1)
             if oldest is None:
@@ -237,7 +248,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     "user with read on 'local' on every shard) or choose RESUME or AT_TIME",
                     stream=self.options.namespace,
                 )
-            return {"startAtOperationTime": timestamp_offset(oldest)}
+            return TimeOffset(oldest)
         # RESUME and LATEST: a new query starts at the stream's current position (a restarted
         # one continues from its offsets and never asks).
         with self._watch({}, position_only=True) as stream:
@@ -248,7 +259,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 "MongoDB 4.0.7+ replica sets and sharded clusters send one",
                 stream=self.options.namespace,
             )
-        return {"_data": token["_data"]}
+        return TokenOffset(token["_data"])
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_events_per_trigger is None:
@@ -259,10 +270,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Fix the end of an availableNow run: the position of the stream right now."""
         with self._watch({}, position_only=True) as stream:
             token = stream.resume_token
-        self._target = {"_data": token["_data"]} if token is not None else None
+        self._target = TokenOffset(token["_data"]) if token is not None else None
         self._drained = {}
 
-    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Read forward from ``start`` to find the end of the next micro-batch.
 
         The end is the token of the ``max_rows``-th event (or of the event that brings the
@@ -272,8 +283,12 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         :meth:`partitions` to hand to the executor.
         """
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return self._latest(self._parse(start), max_rows).to_dict()
+
+    def _latest(self, offset: Offset, max_rows: int | None) -> Offset:
         if self._buckets > 1:
-            return self._latest_partitioned(start, max_rows)
+            return self._latest_partitioned(offset, max_rows)
+        start = stream_offset(offset)
         plan = self._ahead.take(start, max_rows, self._target)
         if plan is None:
             plan = self._retrying(lambda: self._plan(start, max_rows), start)
@@ -298,13 +313,13 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for index, planned in enumerate(plans):
             if planned.drained:
                 self._drained[index] = planned.end
-        ends = [planned.end for planned in plans]
-        return start if ends == starts else {"partitions": ends}
+        ends = tuple(bucket_offset(planned.end) for planned in plans)
+        return start if ends == starts else PartitionedOffset(ends)
 
-    def _plan(self, start: Offset, max_rows: int | None, bucket: int | None = None) -> Plan:
+    def _plan(self, start: StreamOffset, max_rows: int | None, bucket: int | None = None) -> Plan:
         """The next micro-batch from ``start`` (of one hash bucket, when given); touches no state
         of the reader, so it also runs in planning threads."""
-        if source_snapshot.is_snapshot(start):
+        if isinstance(start, SnapshotOffset):
             copied = self._plan_copy(start, max_rows)
             if copied is not None:
                 return copied
@@ -315,10 +330,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 raise
             return self._after_history_lost(start, max_rows, error, bucket)
 
-    def _plan_copy(self, start: Offset, max_rows: int | None) -> Plan | None:
+    def _plan_copy(self, start: SnapshotOffset, max_rows: int | None) -> Plan | None:
         """The next micro-batch of the initial snapshot, the empty one that closes it, or None
         once it is closed and the changes follow (see :mod:`~flowwarden.spark.source.snapshot`)."""
-        if source_snapshot.is_done(start):
+        if start.done:
             if self.options.snapshot is Snapshot.INITIAL_ONLY:
                 return Plan(start, start, None, drained=self._target is not None)
             return None
@@ -334,13 +349,16 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         end, rows = chunk
         return Plan(start, end, rows, drained=False)
 
-    def _scan(self, start: Offset, resume: dict[str, Any], max_rows: int | None, bucket: int | None) -> Plan:
+    def _scan(
+        self, start: StreamOffset, resume: dict[str, Any], max_rows: int | None, bucket: int | None
+    ) -> Plan:
         """Where the micro-batch from ``start`` ends. The whole stream's planning keeps the
         events' BSON for the executor; a bucket's only counts them (the executor reads them)."""
-        target = self._target
-        begin = offset_token(start)
+        until = self._target
+        target = None if until is None else resume_token(until)
+        begin = resume_token(start)
         if target is not None and begin is not None:
-            if compare_tokens(begin, target) >= 0 or begin == self._drained.get(bucket):
+            if compare_tokens(begin, target) >= 0 or start == self._drained.get(bucket):
                 # An availableNow run that reached its end: no need to ask the server.
                 return Plan(start, start, None, drained=False)
         count = size = 0
@@ -380,18 +398,18 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             position = stream.resume_token
         if last is None:
             return Plan(start, start, None, drained=caught_up and target is not None)
-        end: dict[str, Any] = {"_data": last["_data"]}
+        end = TokenOffset(last["_data"])
         if caught_up and position is not None and compare_tokens(position, last) > 0:
-            end = {"_data": position["_data"]}
-            if target is not None and compare_tokens(end, target) > 0:
-                end = dict(target)
+            end = TokenOffset(position["_data"])
+            if until is not None and target is not None and compare_tokens(position, target) > 0:
+                end = until
         kept = b"".join(events) if keep else None
         return Plan(start, end, kept, drained=caught_up and target is not None)
 
     def _after_history_lost(
-        self, start: Offset, max_rows: int | None, error: OperationFailure, bucket: int | None
+        self, start: StreamOffset, max_rows: int | None, error: OperationFailure, bucket: int | None
     ) -> Plan:
-        token = offset_token(start)
+        token = resume_token(start)
         client = self._client_for()
         recovery = recover_from_history_loss(
             self.options.on_history_lost,
@@ -405,8 +423,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             plan = self._scan(start, recovery.start, max_rows, bucket)
             if plan.end == start:
                 return plan
-            read_from = timestamp_offset(recovery.start["start_at_operation_time"])
-            return dataclasses.replace(plan, end={**plan.end, "readFrom": read_from})
+            end = resume_token(plan.end)
+            assert end is not None, "a micro-batch that read events ends at a resume token"
+            read_from = ReadFromOffset(end["_data"], recovery.start["start_at_operation_time"])
+            return dataclasses.replace(plan, end=read_from)
         with self._watch({}, position_only=True) as stream:
             now = stream.resume_token
         if now is None:
@@ -414,23 +434,28 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 f"{_OWNER} {self.options.namespace}: history lost and no current position to skip to",
                 stream=self.options.namespace,
             ) from error
-        return Plan(start, {"_data": now["_data"], "skipped": True}, None, drained=False)
+        return Plan(start, SkippedOffset(now["_data"]), None, drained=False)
 
-    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         """The range as one partition, carrying the events planning read for it, if it did; or
         one partition per hash bucket, each read by an executor of its own."""
+        return self._partitions(self._parse(start), self._parse(end))
+
+    def _partitions(self, first: Offset, last: Offset) -> list[InputPartition]:
         if self._buckets > 1:
-            starts, ends = bucket_offsets(start, self._buckets), bucket_offsets(end, self._buckets)
+            starts, ends = bucket_offsets(first, self._buckets), bucket_offsets(last, self._buckets)
             ranges = zip(starts, ends, strict=True)
             return [TokenRange(s, e, bucket=(i, self._buckets)) for i, (s, e) in enumerate(ranges)]
+        start, end = stream_offset(first), stream_offset(last)
         planned = self._planned
         if planned is not None and planned.start == start and planned.end == end:
             return [TokenRange(start, end, planned.events)]
         return [TokenRange(start, end)]
 
-    def commit(self, end: Offset) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Drop the events planned up to ``end``: the server keeps no state for a reader."""
-        if self._planned is not None and self._planned.end == end:
+        committed = self._parse(end)
+        if self._planned is not None and self._planned.end == committed:
             self._planned = None
 
     def stop(self) -> None:
@@ -449,24 +474,27 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Yield the events of one token range as Arrow record batches, in stream order."""
         assert isinstance(partition, TokenRange)
         start, end = partition.start, partition.end
-        if end.get("skipped") or end == start:
+        if isinstance(end, SkippedOffset) or end == start:
             return
-        end_token = offset_token(end)
+        end_token = resume_token(end)
         assert end_token is not None, f"a micro-batch must end at a resume token, got {end!r}"
         expected = _spark_arrow_schema(self.schema)
         if partition.events is not None:
             yield from self._batches(_planned_events(partition.events), expected)
             return
         events: Iterable[RawBSONDocument]
-        if source_snapshot.is_snapshot(end):
+        if isinstance(end, SnapshotOffset):
             # A micro-batch of the initial snapshot that planning did not hand over, read again;
             # the one that closes the copy holds no document.
+            assert isinstance(start, SnapshotOffset), f"a range of the copy starts in it, not at {start!r}"
             query = copy_filter(self.options.pipeline)
-            done = source_snapshot.is_done(end)
-            events = () if done else source_snapshot.replay_chunk(self._raw_client_for(), start, end, query)
+            if end.done:
+                events = ()
+            else:
+                events = source_snapshot.replay_chunk(self._raw_client_for(), start, end, query)
         else:
-            if "readFrom" in end:
-                resume: dict[str, Any] = {"start_at_operation_time": offset_timestamp(end["readFrom"])}
+            if isinstance(end, ReadFromOffset):
+                resume: dict[str, Any] = {"start_at_operation_time": end.read_from}
             else:
                 resume = self._resume_options(start)
             events = self._replay(resume, end_token, partition.bucket)
@@ -524,14 +552,14 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     return
                 deadline = time.monotonic() + READ_STALL_SECONDS
 
-    def _retrying(self, call: Callable[[], _T], start: Offset | None) -> _T:
+    def _retrying(self, call: Callable[[], _T], start: StreamOffset | None) -> _T:
         """``call()``, tried again while it fails with transient errors (see the module docstring)."""
         retry = TransientRetry(self.options.namespace)
         while True:
             try:
                 return call()
             except Exception as error:
-                retry.after(error, start)
+                retry.after(error, None if start is None else start.to_dict())
 
     def _batches(self, events: Iterable[RawBSONDocument], expected: Any) -> Iterator[Any]:
         """``events`` as Arrow record batches, converted :data:`ARROW_BATCH_ROWS` at a time."""
@@ -564,16 +592,15 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 )
             return self._raw_client
 
-    def _resume_options(self, start: Offset) -> dict[str, Any]:
-        token = offset_token(start)
-        if token is not None:
-            # startAfter rather than resumeAfter: it also continues after an invalidate event.
-            return {"start_after": token}
-        if "startAtOperationTime" in start:
-            return {"start_at_operation_time": offset_timestamp(start["startAtOperationTime"])}
-        raise StreamError(
-            f"{_OWNER}: offset {start!r} is not a flowwarden offset", stream=self.options.namespace
-        )
+    def _resume_options(self, start: StreamOffset) -> dict[str, Any]:
+        if isinstance(start, TimeOffset):
+            return {"start_at_operation_time": start.at}
+        # startAfter rather than resumeAfter: it also continues after an invalidate event.
+        return {"start_after": resume_token(start)}
+
+    def _parse(self, offset: dict[str, Any]) -> Offset:
+        """An offset Spark hands the reader (see :mod:`~flowwarden.spark.source.offsets`)."""
+        return parse_offset(offset, stream=self.options.namespace)
 
     def _bucket(self, index: int | None) -> tuple[int, int] | None:
         return None if index is None else (index, self._buckets)
