@@ -149,7 +149,10 @@ async def eventually(store: RecordingStore, predicate: Callable[[], bool], limit
                 return
             await store.changed.wait()
 
-    await asyncio.wait_for(wait(), limit)
+    try:
+        await asyncio.wait_for(wait(), limit)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"the awaited condition did not hold within {limit}s") from None
 
 
 def committer(store: Any, **options: Any) -> CheckpointCommitter:

@@ -63,7 +63,9 @@ def test_database_stream_cursor_namespace(client: pymongo.MongoClient, db_name: 
     assert opened["cursor"]["ns"] == f"{db_name}.$cmd.aggregate"
     db.c.insert_one({"_id": 1})
     more = db.command("getMore", opened["cursor"]["id"], collection="$cmd.aggregate", maxTimeMS=500)
+    deadline = time.monotonic() + 30
     while not more["cursor"]["nextBatch"]:
+        assert time.monotonic() < deadline, "the database stream's getMores returned no event in 30 s"
         more = db.command("getMore", opened["cursor"]["id"], collection="$cmd.aggregate", maxTimeMS=500)
     assert more["cursor"]["nextBatch"][0]["ns"] == {"db": db_name, "coll": "c"}
     db.command("killCursors", "$cmd.aggregate", cursors=[opened["cursor"]["id"]])

@@ -50,8 +50,11 @@ def value(found: Samples, name: str, **labels: str) -> float | None:
     return found.get((name, frozenset(labels.items())))
 
 
-def run_connector(uri: str, db: str, log: Path, **env: str) -> subprocess.Popen[str]:
-    """``flowwarden run cli_handlers:Orders`` in a process of its own (see cli_handlers.py)."""
+def run_connector(
+    uri: str, db: str, log: Path, target: str = "cli_handlers:Orders", **env: str
+) -> subprocess.Popen[str]:
+    """``flowwarden run TARGET`` in a process of its own, ``cli_handlers:Orders`` unless told
+    (see cli_handlers.py; the modules beside it are importable too)."""
     environment = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
@@ -60,7 +63,7 @@ def run_connector(uri: str, db: str, log: Path, **env: str) -> subprocess.Popen[
         **env,
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "flowwarden.cli", "run", "cli_handlers:Orders", "--uri", uri],
+        [sys.executable, "-m", "flowwarden.cli", "run", target, "--uri", uri],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

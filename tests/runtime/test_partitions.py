@@ -49,12 +49,21 @@ def _collection_events(
     client: pymongo.MongoClient[Any], collection: Any, start: Timestamp, count: int
 ) -> list[dict[str, Any]]:
     """The first ``count`` events of ``collection`` from ``start``, read by one plain stream."""
-    events: list[dict[str, Any]] = []
     with collection.watch(start_at_operation_time=start, max_await_time_ms=100) as stream:
-        while len(events) < count:
-            event = stream.try_next()
-            if event is not None:
-                events.append(event)
+        return _read(stream, count, "the collection")
+
+
+def _read(stream: Any, count: int, what: str) -> list[dict[str, Any]]:
+    """The next ``count`` events of an open change stream; fails naming ``what`` if they do not
+    all come within 60 s."""
+    events: list[dict[str, Any]] = []
+
+    def all_read() -> bool:
+        while len(events) < count and (event := stream.try_next()) is not None:
+            events.append(event)
+        return len(events) >= count
+
+    wait_until(all_read, timeout=60, what=f"{count} events of {what}")
     return events
 
 
@@ -145,13 +154,9 @@ def test_partitioned_stream_delivers_every_event_once_across_three_restarts_with
         with collection.watch(
             [bucket_stage(index, 3)], start_at_operation_time=start, max_await_time_ms=100
         ) as stream:
-            bucket: list[str] = []
             mine = sum(1 for s, _ in delivered if s == name)
             assert mine > 0
-            while len(bucket) < mine:
-                event = stream.try_next()
-                if event is not None:
-                    bucket.append(event["_id"]["_data"])
+            bucket = [event["_id"]["_data"] for event in _read(stream, mine, f"bucket {index}")]
         assert bucket == [event["_id"]["_data"] for s, event in delivered if s == name]
         document = client[db_name]["_fw_checkpoints"].find_one({"_id": name})
         assert document is not None and document["lastProcessedToken"]["_data"] == bucket[-1]

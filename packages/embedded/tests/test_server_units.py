@@ -98,6 +98,16 @@ def test_op_compressed_needs_a_negotiated_compressor() -> None:
             wire.parse_message(5, wire.OP_COMPRESSED, _compressed(_PING, len(_PING), compressor), ("zlib",))
 
 
+def test_decoded_size_is_what_decoding_reads() -> None:
+    plain = _op_msg(b"\x00" + bson.encode({"ping": 1, "$db": "admin"}))
+    assert wire.decoded_size(wire.OP_MSG, len(plain), plain[:32]) == len(plain)
+    # A small compressed message may make the server inflate up to a byte past what it declares.
+    small = _compressed(zlib.compress(_PING), 40_000_000)
+    assert wire.decoded_size(wire.OP_COMPRESSED, len(small), small[:32]) == 40_000_001
+    lying = _compressed(zlib.compress(_PING), -5)  # refused when decoded: it costs its length
+    assert wire.decoded_size(wire.OP_COMPRESSED, len(lying), lying[:32]) == len(lying)
+
+
 @pytest.mark.parametrize(
     ("payload", "declared"),
     [

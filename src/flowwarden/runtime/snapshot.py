@@ -6,7 +6,8 @@ The rules this module keeps:
   snapshot's progress) before the first document is read; once the copy is done the change
   stream opens right after ``T``. Every write after ``T`` therefore arrives as a change, and
   nothing is missed; a document written while the copy runs may arrive twice (copied, and as its
-  change), never zero times;
+  change), never zero times. This holds with ``start_position=LATEST`` too: the run that finishes
+  the copy streams from ``T`` (a later process start takes "now", as LATEST says);
 - the copy is bounded: when a collection's copy begins (after ``T`` was taken), its highest
   ``_id`` under the copy filter is read and stored in the progress before any of its rows is
   handed over, and the copy reads no ``_id`` past it. Documents inserted later with a higher
@@ -161,6 +162,9 @@ class SnapshotCopy:
         await self._store.save_snapshot(self.name, progress, epoch)
         self.progress = progress
         self.anew = False
+        # The changes this run streams follow T: start_position=LATEST ignores a stored position
+        # at process start only, and T was this process's start (its "now" when the copy began).
+        self._opener.first_run = False
         self.log.info(
             "stream %s: initial snapshot done: %d document(s); streaming changes after %s",
             self.name,

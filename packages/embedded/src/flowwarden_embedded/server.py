@@ -1,10 +1,11 @@
 """The public :class:`EmbeddedReplicaSet`: a TCP server on 127.0.0.1 run by a background thread.
 
 The thread owns one asyncio event loop; every connection, command, cursor and oplog call runs
-on it, so none of them need locks. The methods of :class:`EmbeddedReplicaSet` are called from
-other threads (a test, the CLI) and hand their work to the loop thread-safely. A sharded
-deployment listens on a port per process, the mongos's and each shard member's, from the same
-loop.
+on it, so none of them need locks. Only the decoding of a large message (bytes in, a request out,
+no shared state) runs in a worker thread, so that it does not hold up the other connections. The
+methods of :class:`EmbeddedReplicaSet` are called from other threads (a test, the CLI) and hand
+their work to the loop thread-safely. A sharded deployment listens on a port per process, the
+mongos's and each shard member's, from the same loop.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import signal
 import threading
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import Future
 from typing import Any, Literal, TypeVar
 
@@ -36,11 +37,23 @@ _HOUSEKEEPING_SECONDS = 1.0
 _START_TIMEOUT_SECONDS = 30.0
 # Commands a driver may still send as legacy OP_QUERY: only the connection handshake.
 _OP_QUERY_COMMANDS = frozenset({"hello", "isMaster", "ismaster"})
+# A message that takes more bytes than this to decode (inflated, checksummed, its BSON read) is
+# decoded in a worker thread, and read in pieces of at most _READ_PIECE_BYTES that only the
+# worker joins: the loop serves the other connections meanwhile, as mongod's thread per
+# connection does, and a client sending tens of MB holds up only itself.
+_DECODE_ON_LOOP_BYTES = 1 << 20
+_READ_PIECE_BYTES = 1 << 20
 # Loop iterations between the kernel accepting a connection and the server tracking it.
 _ACCEPT_TURNS = 5
 
 Topology = Literal["replica_set", "sharded"]
 _TOPOLOGIES: tuple[Topology, ...] = ("replica_set", "sharded")
+
+
+def _decode(request_id: int, op_code: int, pieces: list[bytes], compressors: Collection[str]) -> wire.Request:
+    """The request of the message read as ``pieces`` (see :func:`wire.parse_message`)."""
+    message = pieces[0] + pieces[1] if len(pieces) == 2 else b"".join(pieces)
+    return wire.parse_message(request_id, op_code, message, compressors)
 
 
 class _TrackedProtocol(asyncio.StreamReaderProtocol):
@@ -453,9 +466,15 @@ class EmbeddedReplicaSet:
         while True:
             header = await reader.readexactly(wire.HEADER_SIZE)
             length, request_id, _, op_code = wire.parse_header(header)
-            message = header + await reader.readexactly(length - wire.HEADER_SIZE)
+            pieces = [header]
+            for start in range(wire.HEADER_SIZE, length, _READ_PIECE_BYTES):
+                pieces.append(await reader.readexactly(min(_READ_PIECE_BYTES, length - start)))
             try:
-                request = wire.parse_message(request_id, op_code, message, conn.compressors)
+                head = pieces[0] + pieces[1][: wire.HEADER_SIZE] if len(pieces) > 1 else header
+                if wire.decoded_size(op_code, length, head) > _DECODE_ON_LOOP_BYTES:
+                    request = await asyncio.to_thread(_decode, request_id, op_code, pieces, conn.compressors)
+                else:
+                    request = _decode(request_id, op_code, pieces, conn.compressors)
             except wire.ObjectTooLarge as too_large:
                 # MongoDB answers this one and keeps the connection: the message itself was sound.
                 if not too_large.more_to_come:

@@ -115,7 +115,7 @@ _DECODE: CodecOptions[dict[str, Any]] = CodecOptions(
 def crc32c(data: bytes) -> int:
     """CRC-32C (Castagnoli), the checksum OP_MSG uses when ``checksumPresent`` is set.
 
-    Compiled code: the largest message costs milliseconds of the event loop, not seconds.
+    Compiled code: the largest message costs milliseconds, not seconds.
     """
     return int(google_crc32c.value(data))
 
@@ -144,6 +144,16 @@ def parse_message(
     if op_code == OP_COMPRESSED:
         return _parse_op_compressed(request_id, body, compressors)
     raise MalformedMessage(f"unsupported opCode {op_code}")
+
+
+def decoded_size(op_code: int, length: int, start: bytes) -> int:
+    """How many bytes :func:`parse_message` reads to decode a message of ``length`` bytes that
+    begins with ``start`` (its header and the first bytes of its body): an OP_COMPRESSED message's
+    declared uncompressed size (a lie is caught one byte past it), else its length."""
+    if op_code == OP_COMPRESSED and len(start) >= HEADER_SIZE + _COMPRESSION_HEADER.size:
+        size: int = _COMPRESSION_HEADER.unpack_from(start, HEADER_SIZE)[1]
+        return max(length, min(size + 1, MAX_MESSAGE_SIZE))
+    return length
 
 
 def negotiate_compressors(offered: list[str]) -> tuple[str, ...]:
