@@ -770,60 +770,17 @@ def edit_source_offset(path: Path, edit: Callable[[dict[str, Any]], dict[str, An
     path.write_text("\n".join([header, metadata, json.dumps(edit(json.loads(offset)))]), encoding="utf-8")
 
 
-def test_a_query_restarted_from_offsets_of_an_earlier_release_goes_on_after_them(
-    spark: SparkSession,
-    client: pymongo.MongoClient[dict[str, Any]],
-    mongodb_uri: str,
-    db_name: str,
-    tmp_path: Path,
-) -> None:
-    """The unversioned offsets earlier releases wrote are read as the same positions: the query
-    goes on after the last committed event, and writes its next offsets in the current format."""
-    orders = client[db_name]["orders"]
-    start_at = dt.datetime.now(dt.timezone.utc).isoformat()
-    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
-
-    def run() -> None:
-        stream = source(spark, mongodb_uri, db_name, start_position="AT_TIME", start_at=start_at)
-        query = (
-            stream.writeStream.format("parquet")
-            .option("path", output)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(120), "the query did not end"
-
-    orders.insert_many([{"n": n} for n in range(10)])
-    run()
-    written: dict[str, Any] = {}
-
-    def to_version_0(offset: dict[str, Any]) -> dict[str, Any]:
-        written.update(offset)
-        return {"_data": offset["token"]}  # as releases before format versions wrote it
-
-    edit_source_offset(source_offset_file(checkpoint), to_version_0)
-    assert written["v"] == 1 and written["kind"] == "token"
-    orders.insert_many([{"n": n} for n in range(10, 15)])
-    run()
-
-    rows = spark.read.parquet(output).select("_id", "full_document").collect()
-    ordered = [json_util.loads(r["full_document"])["n"] for r in sorted(rows, key=lambda r: r["_id"])]
-    assert ordered == list(range(15)), "events missing, repeated or out of order"
-    newest = json.loads(source_offset_file(checkpoint).read_text(encoding="utf-8").splitlines()[2])
-    assert newest["v"] == 1 and isinstance(typed(newest), TokenOffset)
-
-
 @pytest.mark.parametrize(
     ("edit", "reason"),
     [
         (lambda offset: {**offset, "v": 99}, "its format version is 99, and this release reads version 1"),
+        (lambda offset: {"_data": offset["token"]}, "it has no format version, and this release reads"),
         (
             lambda offset: {"v": 1, "kind": "token", "_data": offset["token"]},
             "the field(s) 'token' of a token offset are missing",
         ),
     ],
-    ids=["unknown-version", "malformed"],
+    ids=["unknown-version", "no-version", "malformed"],
 )
 def test_a_query_whose_offsets_log_holds_an_offset_it_cannot_read_fails_saying_what_to_do(
     spark: SparkSession,

@@ -16,9 +16,8 @@ the kind, e.g. ``{"v": 1, "kind": "token", "token": "8266..."}``:
 
 Hard rule: :func:`parse_offset` is the only reader of that JSON, and the source converts at
 Spark's boundary only (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``). It reads
-an offset of :data:`FORMAT_VERSION` exactly, field by field, and the unversioned offsets of
-releases before format versions (version 0, told apart by their keys), and refuses anything
-else with :class:`~flowwarden.errors.UnreadableOffsetError`: an unknown version, kind or field,
+an offset of :data:`FORMAT_VERSION` exactly, field by field, and refuses anything else with
+:class:`~flowwarden.errors.UnreadableOffsetError`: no version or an unknown one, a kind or field,
 a missing field, a value of the wrong type. It never guesses, so an offset is never misread.
 Offsets are always written in :data:`FORMAT_VERSION`; a change that an older release would
 misread gets a new version.
@@ -270,7 +269,7 @@ def parse_offset(value: str | bytes | Mapping[str, Any], *, stream: str | None =
     """The offset in ``value`` (its JSON, or the dict Spark hands the reader).
 
     Raises :class:`~flowwarden.errors.UnreadableOffsetError` naming what is wrong and what to do
-    for anything but an offset of :data:`FORMAT_VERSION` or an unversioned one of version 0.
+    for anything but an offset of :data:`FORMAT_VERSION`.
     ``stream`` names the source's namespace in the message.
     """
     try:
@@ -309,12 +308,13 @@ def _parse(value: str | bytes | Mapping[str, Any]) -> Offset:
     if not isinstance(document, Mapping):
         raise _Unreadable("it is not a JSON object", version=None)
     if "v" not in document:
-        return _read(_version_0(document), nested=False)
+        raise _Unreadable(
+            f"it has no format version, and this release reads version {FORMAT_VERSION}", version=None
+        )
     version = document["v"]
     if type(version) is not int or version != FORMAT_VERSION:
         raise _Unreadable(
-            f"its format version is {version!r}, and this release reads version {FORMAT_VERSION} (and "
-            "the unversioned offsets of releases before it)",
+            f"its format version is {version!r}, and this release reads version {FORMAT_VERSION}",
             version=version,
         )
     return _read({key: item for key, item in document.items() if key != "v"}, nested=False)
@@ -437,27 +437,3 @@ def _read(body: Mapping[str, Any], *, nested: bool) -> Offset:
         raise _Unreadable(f"a {kind} offset with {error}") from None
 
 
-def _version_0(document: Mapping[str, Any]) -> dict[str, Any]:
-    """An unversioned offset, as earlier releases wrote it (told apart by its keys), as the body
-    of the same offset in version 1."""
-    keys = set(document)
-    if keys == {"_data"}:
-        return {"kind": "token", "token": document["_data"]}
-    if keys == {"_data", "readFrom"}:
-        return {"kind": "read_from", "token": document["_data"], "read_from": document["readFrom"]}
-    if keys == {"_data", "skipped"} and document["skipped"] is True:
-        return {"kind": "skipped", "token": document["_data"]}
-    if keys == {"startAtOperationTime"}:
-        return {"kind": "time", "at": document["startAtOperationTime"]}
-    if keys == {"partitions"} and isinstance(document["partitions"], list):
-        buckets = [_version_0(item) if isinstance(item, Mapping) else item for item in document["partitions"]]
-        return {"kind": "partitions", "buckets": buckets}
-    snapshot = document.get("snapshot")
-    if keys == {"snapshot"} and isinstance(snapshot, Mapping) and "kind" not in snapshot:
-        renamed = {"endId": "end_id", "lastId": "last_id"}
-        state = {str(renamed.get(key, key)): value for key, value in snapshot.items()}
-        return {"kind": "snapshot", "done": False, **state}
-    raise _Unreadable(
-        "it has no format version and is none of the unversioned offsets earlier releases wrote",
-        version=None,
-    )

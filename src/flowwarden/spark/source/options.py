@@ -6,8 +6,7 @@ the same model: each string is turned into the field's type and validated by the
 that declares it (:data:`SHARED`). The source's own options (``uri``, ``pipeline``,
 ``max_events_per_trigger``, ``schema``, ``json_mode``, ``partitions``) are declared in
 :class:`SourceOnlyOptions`.
-``start_position=timestamp``, the spelling of earlier releases, still works with a
-DeprecationWarning (it is ``AT_TIME`` now). A query keeps its offsets itself, so ``RESUME`` (the
+A query keeps its offsets itself, so ``RESUME`` (the
 default) and ``LATEST`` both start a new query at the stream's current position. Every problem
 is a ConfigurationError naming the option and what it accepts.
 """
