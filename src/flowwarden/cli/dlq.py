@@ -23,7 +23,7 @@ from bson.errors import InvalidId
 from rich.console import Console
 from rich.table import Table
 
-from flowwarden.cli.common import CommandError, ExitCode, Parser, mongo_client, say
+from flowwarden.cli.common import CommandError, ExitCode, Parser, existing_database, say
 from flowwarden.cli.settings import Settings
 
 
@@ -39,8 +39,8 @@ def dlq(args: argparse.Namespace, settings: Settings) -> ExitCode:
         handler = load_handler(args.handler)
     if args.action == "show" and not args.ids:
         raise CommandError(ExitCode.USAGE, "dlq show needs the entry's id: flowwarden dlq show ID ...")
-    with mongo_client(settings.mongodb_uri()) as client:
-        collection = client[args.database][args.collection]
+    with settings.client() as client:
+        collection = existing_database(client, args.database)[args.collection]
         if args.action == "list":
             return _list(collection, _filter(args), args.limit, args.json)
         if args.action == "show":
