@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import types
 from collections.abc import Callable
@@ -306,6 +307,100 @@ def test_pipeline_needs_its_stages() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# How a decorator is called: a misspelt option or a misplaced value names the class and the fix
+
+
+@pytest.mark.parametrize(
+    ("decorator", "misspelt", "meant"),
+    [
+        (change_stream, "colection", "collection"),
+        (checkpoint, "save_every", "save_every_n"),
+        (retry_policy, "max_attempt", "max_attempts"),
+        (dead_letter_queue, "retention", "retention_days"),
+    ],
+)
+def test_a_misspelt_class_option_names_the_class_and_the_closest_option(
+    decorator: Callable[..., Any], misspelt: str, meant: str
+) -> None:
+    options = {misspelt: "orders"}
+    applied = decorator(**options)  # nothing to name until it meets its class
+    with pytest.raises(ConfigurationError, match=f"did you mean '{meant}'") as info:
+
+        @applied
+        class Orders:
+            @on_change
+            def handle(self, event: object) -> None: ...
+
+    assert_names(info.value, "Orders", misspelt)
+    assert f"@{decorator.__name__} has no option {misspelt!r}" in str(info.value)
+    assert meant in str(info.value.allowed)
+
+
+@pytest.mark.parametrize(("decorator", "meant"), [(on_batch, "max_events"), (on_dataframe, "max_events")])
+def test_a_misspelt_method_option_names_the_method_and_the_closest_option(
+    decorator: Callable[..., Any], meant: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"did you mean '{meant}'") as info:
+
+        class Orders:
+            @decorator(max_event=10)
+            def handle(self, events: object) -> None: ...
+
+    assert_names(info.value, "Orders.handle", "max_event")
+
+
+def test_an_option_far_from_any_name_lists_them_all() -> None:
+    with pytest.raises(ConfigurationError) as info:
+
+        @checkpoint(zzz=1)  # type: ignore[call-overload]
+        class Orders: ...
+
+    assert "did you mean" not in str(info.value)
+    assert "save_every_n" in str(info.value.allowed)
+
+
+def test_options_given_by_position_are_refused_naming_the_class() -> None:
+    by_position = r"takes its options by name.*not 3 value\(s\) by position"
+    with pytest.raises(ConfigurationError, match=by_position) as info:
+
+        @checkpoint(100, 5.0, "LATEST")  # type: ignore[call-overload]
+        class Orders: ...
+
+    assert_names(info.value, "Orders", "checkpoint")
+    assert "save_every_n=" in str(info.value.allowed)
+
+    with pytest.raises(ConfigurationError, match=r"at most 2 options by position \(collection, database\)"):
+
+        @change_stream("orders", "shop", "orders-v2")  # type: ignore[call-overload]
+        class Named: ...
+
+    with pytest.raises(ConfigurationError, match="got collection both by position and by name") as info:
+
+        @change_stream("orders", "shop", collection="orders")  # type: ignore[call-overload]
+        class Twice: ...
+
+    assert_names(info.value, "Twice", "collection")
+
+
+def test_collection_and_database_are_taken_by_position() -> None:
+    @change_stream("orders", "shop", name="orders-v2")
+    class Orders:
+        @on_change
+        def handle(self, event: object) -> None: ...
+
+    stream = stream_spec(Orders).stream
+    assert (stream.collection, stream.database, stream.name) == ("orders", "shop", "orders-v2")
+
+
+def test_help_shows_the_written_signature_and_every_option() -> None:
+    signature = inspect.signature(checkpoint)
+    assert list(signature.parameters) == CheckpointOptions.option_names()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in signature.parameters.values())
+    for name in ChangeStreamOptions.option_names():
+        assert f":param {name}:" in (change_stream.__doc__ or "")
+
+
+# ----------------------------------------------------------------------------------------------
 # Method decorators: bare or called, sync or async, with or without ctx
 
 
@@ -477,8 +572,13 @@ def test_static_and_class_methods_are_refused() -> None:
 def test_method_decorators_refuse_non_functions() -> None:
     with pytest.raises(ConfigurationError, match="marks methods"):
         on_insert(5)  # type: ignore[call-overload]
-    with pytest.raises(ConfigurationError, match="keyword options only") as info:
-        on_batch(10)  # type: ignore[call-overload]
+    with pytest.raises(ConfigurationError, match="takes its options by name") as info:
+
+        class Batches:
+            @on_batch(10)  # type: ignore[call-overload]
+            def handle(self, events: object) -> None: ...
+
+    assert_names(info.value, "Batches.handle", "on_batch")
     assert "max_events=" in str(info.value.allowed)
 
 

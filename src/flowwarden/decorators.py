@@ -5,19 +5,24 @@ Class decorators (``@change_stream``, ``@checkpoint``, ``@pipeline``, ``@retry_p
 the class; they stack in any order. Method decorators (``@on_insert`` ... ``@on_dataframe``) mark a
 method and record, once, whether it is async and whether it takes a ``ctx`` parameter.
 
-The option models of :mod:`flowwarden.config` are the one declaration of every option: the
-decorators that take options are built from them (:func:`_class_decorator`,
-:func:`_method_decorator`), signature and docstring included. The runtime reads a class only
-through :func:`flowwarden.config.spec.stream_spec`. Nothing in this module runs per event, and it never
+Every decorator that takes options is written out with them as typed parameters, so type
+checkers, IDEs and the API reference see each option; the option models of
+:mod:`flowwarden.config` stay the one place their values are checked, and a test holds each
+signature to its model (names, defaults, types). The runtime reads a class only through
+:func:`flowwarden.config.spec.stream_spec`. Nothing in this module runs per event, and it never
 imports the runtime, the checkpoint stores or pyspark.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Mapping
-from enum import Enum
-from typing import Any, Protocol, TypeVar, cast, overload
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+from bson import Timestamp
+from pydantic import BaseModel
 
 from flowwarden.config import (
     BatchOptions,
@@ -25,11 +30,20 @@ from flowwarden.config import (
     CheckpointOptions,
     DataFrameOptions,
     DeadLetterOptions,
+    Deployment,
+    OnError,
+    OnHistoryLost,
+    OnInvalidate,
+    OperationType,
     Options,
     PipelineOptions,
     RetryPolicy,
+    SchemaMode,
+    Snapshot,
+    StartPosition,
     validate_options,
 )
+from flowwarden.config.base import unknown_option_error
 from flowwarden.config.spec import (
     CHECKPOINT_ATTR,
     DEAD_LETTER_ATTR,
@@ -48,6 +62,11 @@ from flowwarden.config.spec import (
     stream_spec,
 )
 from flowwarden.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from flowwarden.checkpoints.store import AsyncCheckpointStore, CheckpointStore
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -241,99 +260,151 @@ def on_change(func: F | None = None, /) -> F | Callable[[F], F]:
     return _event_handler(func, "on_change", None)
 
 
-class ClassDecorator(Protocol):
-    """A class decorator built from an option model: bare, or called with options first.
+# ----------------------------------------------------------------------------------------------
+# Decorators that take options
+#
+# Each is written out with its options as typed parameters (the ones DESIGN.md names by
+# position, the rest keyword-only) and a docstring describing them: that is what type checkers,
+# IDEs, help() and the API reference read. The option model behind each stays the one place
+# values are checked; tests/config/test_decorator_signatures.py holds every signature to its model.
 
-    Options are checked when the decorator is applied (against the model, with a
-    ConfigurationError naming what is wrong), not by the type checker; the decorated class keeps
-    its type either way.
+
+def _target_name(target: Any) -> str:
+    return str(getattr(target, "__qualname__", None) or repr(target))
+
+
+def _decoratable(value: Any) -> bool:
+    # A class, a function, or a static/class method the method decorators refuse by name: what a
+    # decorator applied bare receives. An option value is none of these.
+    return callable(value) or isinstance(value, (staticmethod, classmethod))
+
+
+def _call_problem(
+    model: type[Options], positional: list[str], args: tuple[Any, ...], options: Mapping[str, Any]
+) -> Callable[..., ConfigurationError] | None:
+    """What is wrong with how a decorator was called, as the error to raise (given ``owner=``,
+    the class or method it is applied to); None when the call fits the written signature."""
+    decorator = model.decorator
+    names = model.option_names()
+    if len(args) > len(positional):
+        if positional:
+            message = (
+                f"@{decorator} takes at most {len(positional)} options by position "
+                f"({', '.join(positional)}); give the others by name"
+            )
+        else:
+            message = (
+                f"@{decorator} takes its options by name, e.g. @{decorator}({names[0]}=...), "
+                f"not {len(args)} value(s) by position"
+            )
+        by_name = ", ".join(f"{name}=" for name in names)
+        return functools.partial(ConfigurationError, message, option=decorator, value=args, allowed=by_name)
+    for name, value in zip(positional, args, strict=False):
+        if name in options:
+            return functools.partial(
+                ConfigurationError,
+                f"@{decorator} got {name} both by position and by name",
+                option=name,
+                value=(value, options[name]),
+                allowed="one of the two",
+            )
+    for name, value in options.items():
+        if name not in names:
+            return functools.partial(unknown_option_error, model, option=name, value=value)
+    return None
+
+
+def _options_decorator(model: type[Options]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make the decorator written below it callable the ways users call it.
+
+    Applied bare (``@checkpoint``, ``@on_batch``), it takes every default. A misspelt option, a
+    value given by position where only names are taken, or one given both ways does not raise
+    Python's TypeError at the call, which could name neither the class nor the option meant:
+    the decorator returned raises a ConfigurationError naming them once it is applied (a type
+    checker reports the call before it runs). ``inspect.signature`` and ``help()`` show the
+    written signature.
     """
 
-    @overload
-    def __call__(self, cls: type[T], /) -> type[T]: ...
-    @overload
-    def __call__(self, *args: Any, **options: Any) -> Callable[[type[T]], type[T]]: ...
+    def wrap(declared: Callable[..., Any]) -> Callable[..., Any]:
+        parameters = inspect.signature(declared).parameters.values()
+        positional = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+        @functools.wraps(declared)
+        def called(*args: Any, **options: Any) -> Any:
+            if len(args) == 1 and not options and _decoratable(args[0]):
+                return declared()(args[0])
+            problem = _call_problem(model, positional, args, options)
+            if problem is None:
+                return declared(*args, **options)
+
+            def refuse(target: Any) -> Any:
+                raise problem(owner=_target_name(target))
+
+            return refuse
+
+        return called
+
+    return wrap
 
 
-class MethodDecorator(Protocol):
-    """A handler-method decorator built from an option model: bare, or called with options."""
+def _method_options(
+    model: type[BatchOptions], kind: HandlerKind, values: Mapping[str, Any]
+) -> Callable[[F], F]:
+    def apply(target: F) -> F:
+        options = validate_options(model, f"{_owner_of(target)}.{_method_name(target)}", values)
+        return _mark(target, model.decorator, kind, None, options)
 
-    @overload
-    def __call__(self, func: F, /) -> F: ...
-    @overload
-    def __call__(self, /, **options: Any) -> Callable[[F], F]: ...
-
-
-def _signature(model: type[Options], *, positional: int, first: str | None = None) -> inspect.Signature:
-    """The signature a decorator shows (``help()``, ``inspect``): the model's options with their
-    defaults, the first ``positional`` also by position."""
-    parameters = []
-    if first is not None:
-        parameters.append(inspect.Parameter(first, inspect.Parameter.POSITIONAL_ONLY, default=None))
-    for index, name in enumerate(model.option_names()):
-        field = model.option_field(name)
-        kind = (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD if index < positional else inspect.Parameter.KEYWORD_ONLY
-        )
-        parameters.append(inspect.Parameter(name, kind, default=field.default))
-    return inspect.Signature(parameters)
+    return apply
 
 
-def _describe_decorator(
-    function: Callable[..., Any], model: type[Options], summary: str, signature: inspect.Signature
-) -> Callable[..., Any]:
-    """Name, signature and docstring of a decorator, the option list written from ``model``."""
-    lines = [inspect.cleandoc(summary), "", "Options:", ""]
-    for name in model.option_names():
-        field = model.option_field(name)
-        default = field.default.value if isinstance(field.default, Enum) else field.default
-        lines.append(f"- ``{name}`` (default ``{default!r}``; {model.allowed[name]}): {field.description}")
-    function.__name__ = function.__qualname__ = model.decorator
-    function.__doc__ = "\n".join(lines)
-    function.__signature__ = signature  # type: ignore[attr-defined]
-    return function
-
-
-def _method_decorator(model: type[BatchOptions], kind: HandlerKind, summary: str) -> MethodDecorator:
-    """A method decorator whose keyword options are ``model``'s fields (see :func:`_signature`)."""
-    decorator = model.decorator
-
-    def apply_options(func: Any = None, /, **options: Any) -> Any:
-        if func is not None and not callable(func):
-            raise ConfigurationError(
-                f"@{decorator} takes keyword options only, got the positional value {func!r}",
-                owner="handler class",
-                option=decorator,
-                value=func,
-                allowed=", ".join(f"{name}=" for name in model.option_names()),
-            )
-
-        def apply(target: F) -> F:
-            values = validate_options(model, f"{_owner_of(target)}.{_method_name(target)}", options)
-            return _mark(target, decorator, kind, None, values)
-
-        return apply(func) if func is not None else apply
-
-    signature = _signature(model, positional=0, first="func")
-    return cast(MethodDecorator, _describe_decorator(apply_options, model, summary, signature))
-
-
-on_batch = _method_decorator(
-    BatchOptions,
-    "batch",
+@overload
+def on_batch(func: F, /) -> F: ...
+@overload
+def on_batch(*, max_events: int = 1000, max_wait_seconds: float = 1.0) -> Callable[[F], F]: ...
+@_options_decorator(BatchOptions)
+def on_batch(*, max_events: int = 1000, max_wait_seconds: float = 1.0) -> Callable[[F], F]:
     """Handle events in batches: ``(self, events: list[ChangeEvent][, ctx: StreamContext])``.
 
     Its events complete together: the checkpoint moves past the batch only when the method
-    returned. A class with ``@on_batch`` has no other handler method.""",
-)
+    returned. A class with ``@on_batch`` has no other handler method. Bare ``@on_batch`` takes
+    the defaults.
 
-on_dataframe = _method_decorator(
-    DataFrameOptions,
-    "dataframe",
+    :param max_events: A batch is handed over once it holds this many events.
+    :param max_wait_seconds: ...or once its first event has waited this long.
+    """
+    # locals() is the options as called, defaults included: nothing else is bound yet.
+    return _method_options(BatchOptions, "batch", locals())
+
+
+@overload
+def on_dataframe(func: F, /) -> F: ...
+@overload
+def on_dataframe(
+    *,
+    max_events: int = 10_000,
+    max_wait_seconds: float = 2.0,
+    schema: type[BaseModel] | StructType | None = None,
+    mode: SchemaMode | Literal["PERMISSIVE", "DROPMALFORMED", "FAILFAST"] = SchemaMode.PERMISSIVE,
+) -> Callable[[F], F]: ...
+@_options_decorator(DataFrameOptions)
+def on_dataframe(
+    *,
+    max_events: int = 10_000,
+    max_wait_seconds: float = 2.0,
+    schema: type[BaseModel] | StructType | None = None,
+    mode: SchemaMode | Literal["PERMISSIVE", "DROPMALFORMED", "FAILFAST"] = SchemaMode.PERMISSIVE,
+) -> Callable[[F], F]:
     """Handle batches as Spark DataFrames: ``(self, df[, ctx: StreamContext])``.
 
-    pyspark is not imported here. A class with ``@on_dataframe`` has no other handler method.""",
-)
+    pyspark is not imported here. A class with ``@on_dataframe`` has no other handler method.
+    Bare ``@on_dataframe`` takes the defaults.
+
+    :param max_events: A batch is handed over once it holds this many events.
+    :param max_wait_seconds: ...or once its first event has waited this long.
+    :param schema: Types full_document: a pydantic model class or a StructType; None: extended JSON strings.
+    :param mode: What a document that does not fit the schema does to its row.
+    """
+    return _method_options(DataFrameOptions, "dataframe", locals())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,66 +448,142 @@ def _revalidate(cls: type) -> None:
         setattr(cls, SPEC_ATTR, build_spec(cls))
 
 
-def _class_decorator(
-    model: type[Options], attribute: str, *, positional: int, summary: str
-) -> ClassDecorator:
-    """A class decorator whose options are ``model``'s fields, the first ``positional`` of them
-    also by position; applied bare (``@checkpoint``), it takes every default."""
-    decorator = model.decorator
-    names = model.option_names()
-
-    def apply_options(*args: Any, **options: Any) -> Any:
-        if len(args) == 1 and not options and isinstance(args[0], type):
-            return _attach(args[0], attribute, decorator, model, {})
-        if len(args) > positional:
-            raise ConfigurationError(
-                f"@{decorator} takes at most {positional} options by position "
-                f"({', '.join(names[:positional])}); give the others by name",
-                owner="handler class",
-                option=decorator,
-                value=args,
-                allowed=", ".join(f"{name}=" for name in names),
-            )
-        values = dict(zip(names, args, strict=False))
-        for name in values.keys() & options.keys():
-            raise ConfigurationError(
-                f"@{decorator} got {name} both by position and by name",
-                owner="handler class",
-                option=name,
-                value=(values[name], options[name]),
-                allowed="one of the two",
-            )
-        values.update(options)
-        return lambda cls: _attach(cls, attribute, decorator, model, values)
-
-    described = _describe_decorator(apply_options, model, summary, _signature(model, positional=positional))
-    return cast(ClassDecorator, described)
+def _class_options(
+    model: type[Options], attribute: str, values: Mapping[str, Any]
+) -> Callable[[type[T]], type[T]]:
+    return lambda cls: _attach(cls, attribute, model.decorator, model, values)
 
 
-change_stream = _class_decorator(
-    ChangeStreamOptions,
-    STREAM_ATTR,
-    positional=2,
-    summary="""Make a class a change-stream handler.
+@overload
+def change_stream(cls: type[T], /) -> type[T]: ...
+@overload
+def change_stream(
+    collection: str | None = None,
+    database: str | None = None,
+    *,
+    name: str | None = None,
+    full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "default",
+    full_document_before_change: Literal["off", "whenAvailable", "required"] = "off",
+    operation_types: Iterable[OperationType] | None = None,
+    batch_size: int | None = None,
+    max_await_time_ms: int = 1000,
+    max_concurrency: int = 1,
+    deployment: Deployment | Literal["all_instances", "single_leader"] = Deployment.ALL_INSTANCES,
+    on_invalidate: OnInvalidate | Literal["stop", "restart"] = OnInvalidate.STOP,
+    lease_ttl_seconds: float = 30.0,
+    restart_initial_delay_seconds: float = 1.0,
+    restart_max_delay_seconds: float = 60.0,
+    max_restarts: int | None = 10,
+    show_expanded_events: bool = False,
+    partitions: int = 1,
+    snapshot: Snapshot | Literal["NEVER", "INITIAL", "INITIAL_ONLY", "WHEN_NEEDED"] = Snapshot.NEVER,
+    snapshot_chunk_size: int = 1000,
+    split_large_events: bool = False,
+) -> Callable[[type[T]], type[T]]: ...
+@_options_decorator(ChangeStreamOptions)
+def change_stream(
+    collection: str | None = None,
+    database: str | None = None,
+    *,
+    name: str | None = None,
+    full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "default",
+    full_document_before_change: Literal["off", "whenAvailable", "required"] = "off",
+    operation_types: Iterable[OperationType] | None = None,
+    batch_size: int | None = None,
+    max_await_time_ms: int = 1000,
+    max_concurrency: int = 1,
+    deployment: Deployment | Literal["all_instances", "single_leader"] = Deployment.ALL_INSTANCES,
+    on_invalidate: OnInvalidate | Literal["stop", "restart"] = OnInvalidate.STOP,
+    lease_ttl_seconds: float = 30.0,
+    restart_initial_delay_seconds: float = 1.0,
+    restart_max_delay_seconds: float = 60.0,
+    max_restarts: int | None = 10,
+    show_expanded_events: bool = False,
+    partitions: int = 1,
+    snapshot: Snapshot | Literal["NEVER", "INITIAL", "INITIAL_ONLY", "WHEN_NEEDED"] = Snapshot.NEVER,
+    snapshot_chunk_size: int = 1000,
+    split_large_events: bool = False,
+) -> Callable[[type[T]], type[T]]:
+    """Make a class a change-stream handler.
 
     ``collection`` and ``database``: watch one collection; only ``database``: one database;
     neither (or bare ``@change_stream``): the whole cluster. Renaming a class without ``name=``
     starts a new checkpoint. After an error a re-open may fix, the stream re-opens from its
     checkpoint with backoff: for as long as it takes after transient errors, at most
     ``max_restarts`` times in a row after errors not known to be transient. Errors no re-open can
-    fix fail the stream at once.""",
-)
+    fix fail the stream at once.
 
-checkpoint = _class_decorator(
-    CheckpointOptions,
-    CHECKPOINT_ATTR,
-    positional=len(CheckpointOptions.model_fields),
-    summary="""How the stream's position is saved and where it starts.
+    :param collection: The collection to watch (with database); None watches a whole database or the cluster.
+    :param database: The database to watch; None (and no collection) watches the whole cluster.
+    :param name: The stream's name, which keys its checkpoint and lease; None uses the class name.
+    :param full_document: Whether update events carry the document as it is now (updateLookup) or not.
+    :param full_document_before_change: Whether events carry the document as it was before the
+        change (pre-images).
+    :param operation_types: Only these operation types are delivered, filtered by the server;
+        invalidate always passes.
+    :param batch_size: Events per server batch; None leaves it to the server.
+    :param max_await_time_ms: How long the server waits for new events before it answers an empty batch.
+    :param max_concurrency: Handler calls running at once; events of one document key always run in order.
+    :param deployment: single_leader: one instance at a time handles the stream, through a lease.
+    :param on_invalidate: What the stream does after its collection or database was dropped or renamed.
+    :param lease_ttl_seconds: How long a single_leader lease lasts without renewal.
+    :param restart_initial_delay_seconds: The first wait before a re-open after an error; it doubles
+        each time.
+    :param restart_max_delay_seconds: The longest wait between re-opens.
+    :param max_restarts: Re-opens in a row after errors not known to be transient before the stream fails.
+    :param show_expanded_events: Also deliver DDL events (create, createIndexes, modify...), MongoDB 6.0+.
+    :param partitions: More than 1 reads the stream as that many streams, each the hash bucket of
+        documentKey._id the server filters, run side by side with checkpoints of their own (MongoDB 7.0+).
+    :param snapshot: Copy the documents that already exist before (or instead of) streaming their
+        changes; rows reach the methods as operation_type 'snapshot'.
+    :param snapshot_chunk_size: Documents the initial snapshot reads at a time (at most max_events
+        for @on_batch and @on_dataframe: a chunk is one batch); each chunk is stored before it is
+        handed over and again once it was handled.
+    :param split_large_events: Add $changeStreamSplitLargeEvent and join the fragments of events
+        over 16 MB into one event before any method sees it (MongoDB 7.0+).
+    """
+    return _class_options(ChangeStreamOptions, STREAM_ATTR, locals())
+
+
+@overload
+def checkpoint(cls: type[T], /) -> type[T]: ...
+@overload
+def checkpoint(
+    *,
+    save_every_n: int = 1,
+    save_interval_seconds: float = 5.0,
+    start_position: StartPosition | Literal["RESUME", "LATEST", "EARLIEST", "AT_TIME"] = StartPosition.RESUME,
+    start_at: datetime | Timestamp | None = None,
+    on_history_lost: OnHistoryLost
+    | Literal["FAIL", "RESUME_FROM_OPLOG_START", "RESUME_FROM_NOW"] = OnHistoryLost.FAIL,
+    store: CheckpointStore | AsyncCheckpointStore | None = None,
+) -> Callable[[type[T]], type[T]]: ...
+@_options_decorator(CheckpointOptions)
+def checkpoint(
+    *,
+    save_every_n: int = 1,
+    save_interval_seconds: float = 5.0,
+    start_position: StartPosition | Literal["RESUME", "LATEST", "EARLIEST", "AT_TIME"] = StartPosition.RESUME,
+    start_at: datetime | Timestamp | None = None,
+    on_history_lost: OnHistoryLost
+    | Literal["FAIL", "RESUME_FROM_OPLOG_START", "RESUME_FROM_NOW"] = OnHistoryLost.FAIL,
+    store: CheckpointStore | AsyncCheckpointStore | None = None,
+) -> Callable[[type[T]], type[T]]:
+    """How the stream's position is saved and where it starts.
 
     A save happens every ``save_every_n`` completed events or ``save_interval_seconds``, whichever
     comes first, and never past an event still in flight. A class without ``@checkpoint`` gets
-    these defaults.""",
-)
+    these defaults, as does bare ``@checkpoint``.
+
+    :param save_every_n: Save the position after this many handled events (the commit waits for
+        it); 0: never by count.
+    :param save_interval_seconds: Save the position (and the last seen token) this often; 0: never by time.
+    :param start_position: Where a stream with no stored position starts (LATEST: even with one).
+    :param start_at: With start_position=AT_TIME: the cluster time to start at.
+    :param on_history_lost: What happens when the stored position has left the oplog.
+    :param store: The checkpoint store; None uses the connector's (by default the _fw_checkpoints collection).
+    """
+    return _class_options(CheckpointOptions, CHECKPOINT_ATTR, locals())
 
 
 def pipeline(stages: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> Callable[[type[T]], type[T]]:
@@ -445,6 +592,8 @@ def pipeline(stages: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> Calla
     Only stages MongoDB allows in a change stream are accepted, and none may remove or rewrite
     ``_id``: it is the resume token. Events the pipeline filters out still move the stream's
     last-seen position, so a restart does not rescan them.
+
+    :param stages: Stages the server runs after $changeStream, e.g. [{'$match': {...}}].
     """
     if isinstance(stages, type):
         raise ConfigurationError(
@@ -458,25 +607,72 @@ def pipeline(stages: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> Calla
     return lambda cls: _attach(cls, PIPELINE_ATTR, "pipeline", PipelineOptions, values)
 
 
-retry_policy = _class_decorator(
-    RetryPolicy,
-    RETRY_ATTR,
-    positional=len(RetryPolicy.model_fields),
-    summary="""How a failing handler is retried for one event, then what happens to the event.
+@overload
+def retry_policy(cls: type[T], /) -> type[T]: ...
+@overload
+def retry_policy(
+    *,
+    max_attempts: int = 3,
+    initial_delay_seconds: float = 0.5,
+    multiplier: float = 2.0,
+    max_delay_seconds: float = 30.0,
+    jitter: float = 0.2,
+    retry_on: type[Exception] | Iterable[type[Exception]] = (Exception,),
+    no_retry_on: type[Exception] | Iterable[type[Exception]] = (),
+    on_exhausted: OnError | Literal["STOP", "SKIP", "DEAD_LETTER"] = OnError.STOP,
+) -> Callable[[type[T]], type[T]]: ...
+@_options_decorator(RetryPolicy)
+def retry_policy(
+    *,
+    max_attempts: int = 3,
+    initial_delay_seconds: float = 0.5,
+    multiplier: float = 2.0,
+    max_delay_seconds: float = 30.0,
+    jitter: float = 0.2,
+    retry_on: type[Exception] | Iterable[type[Exception]] = (Exception,),
+    no_retry_on: type[Exception] | Iterable[type[Exception]] = (),
+    on_exhausted: OnError | Literal["STOP", "SKIP", "DEAD_LETTER"] = OnError.STOP,
+) -> Callable[[type[T]], type[T]]:
+    """How a failing handler is retried for one event, then what happens to the event.
 
     Errors in ``no_retry_on`` or not in ``retry_on`` go to ``on_exhausted`` at once: STOP (the
     stream fails, its checkpoint stays before the event), SKIP (log and move on) or DEAD_LETTER
-    (store it, then move on).""",
-)
+    (store it, then move on). A class without ``@retry_policy`` gets these defaults, as does
+    bare ``@retry_policy``.
 
-dead_letter_queue = _class_decorator(
-    DeadLetterOptions,
-    DEAD_LETTER_ATTR,
-    positional=len(DeadLetterOptions.model_fields),
-    summary="""Where events that exhausted their retries are kept (with on_exhausted=DEAD_LETTER).
+    :param max_attempts: Calls of the handler for one event, the first included.
+    :param initial_delay_seconds: The wait after the first failed call.
+    :param multiplier: Each later wait is the one before times this.
+    :param max_delay_seconds: The longest wait between calls.
+    :param jitter: Each wait is spread by up to this fraction of itself, either way.
+    :param retry_on: Errors that are retried.
+    :param no_retry_on: Errors that are never retried, even when retry_on names them.
+    :param on_exhausted: What happens to the event when its calls are used up: STOP, SKIP or DEAD_LETTER.
+    """
+    return _class_options(RetryPolicy, RETRY_ATTR, locals())
 
-    If writing the entry fails, the checkpoint stays before the event.""",
-)
+
+@overload
+def dead_letter_queue(cls: type[T], /) -> type[T]: ...
+@overload
+def dead_letter_queue(
+    *, retention_days: int = 30, collection: str = "_fw_dlq", database: str | None = None
+) -> Callable[[type[T]], type[T]]: ...
+@_options_decorator(DeadLetterOptions)
+def dead_letter_queue(
+    *, retention_days: int = 30, collection: str = "_fw_dlq", database: str | None = None
+) -> Callable[[type[T]], type[T]]:
+    """Where events that exhausted their retries are kept (with on_exhausted=DEAD_LETTER).
+
+    If writing the entry fails, the checkpoint stays before the event. Bare
+    ``@dead_letter_queue`` takes the defaults.
+
+    :param retention_days: Days a dead letter is kept (a TTL index expires it).
+    :param collection: The collection dead letters are written to.
+    :param database: The database of that collection; None: the stream's (the checkpoint database
+        for cluster streams).
+    """
+    return _class_options(DeadLetterOptions, DEAD_LETTER_ATTR, locals())
 
 
 __all__ = [

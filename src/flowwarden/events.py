@@ -129,6 +129,7 @@ class ChangeEvent:
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
         self.raw = raw
+        """The change document as the server sent it (every field, read as it is)."""
 
     @property
     def token(self) -> dict[str, Any]:
@@ -144,15 +145,21 @@ class ChangeEvent:
 
     @property
     def operation_type(self) -> str:
+        """``insert``, ``update``, ``replace``, ``delete``, ``drop``, ``rename``, ``dropDatabase``,
+        ``invalidate``, the DDL types with ``show_expanded_events``, or ``snapshot`` for a row of
+        the initial snapshot."""
         return str(self.raw.get("operationType", ""))
 
     @property
     def cluster_time(self) -> Timestamp | None:
+        """The oplog time of the change (``clusterTime``); None when the server sent none."""
         value = self.raw.get("clusterTime")
         return value if isinstance(value, Timestamp) else None
 
     @property
     def wall_time(self) -> datetime | None:
+        """The server's wall-clock time of the change (``wallTime``, MongoDB 6.0+); None when
+        the server sent none."""
         value = self.raw.get("wallTime")
         return value if isinstance(value, datetime) else None
 
@@ -164,26 +171,38 @@ class ChangeEvent:
 
     @property
     def database(self) -> str | None:
+        """The database of the change (``ns.db``)."""
         return self.namespace[0]
 
     @property
     def collection(self) -> str | None:
+        """The collection of the change (``ns.coll``); None for database-level events."""
         return self.namespace[1]
 
     @property
     def document_key(self) -> Mapping[str, Any] | None:
+        """The changed document's ``_id`` (and shard key fields): ``documentKey``; None for
+        events not about one document (drop, rename, invalidate)."""
         return self.raw.get("documentKey")
 
     @property
     def full_document(self) -> Mapping[str, Any] | None:
+        """The document after the change (``fullDocument``): on inserts, replaces and snapshot
+        rows; on updates only with ``@change_stream(full_document="updateLookup")`` (or
+        ``whenAvailable``/``required``); None otherwise."""
         return self.raw.get("fullDocument")
 
     @property
     def full_document_before_change(self) -> Mapping[str, Any] | None:
+        """The document before the change (``fullDocumentBeforeChange``), with
+        ``@change_stream(full_document_before_change=...)`` on a collection with pre-images
+        enabled; None otherwise."""
         return self.raw.get("fullDocumentBeforeChange")
 
     @property
     def update_description(self) -> Mapping[str, Any] | None:
+        """What an update changed (``updateDescription``: ``updatedFields``, ``removedFields``,
+        ``truncatedArrays``); None for other operation types."""
         return self.raw.get("updateDescription")
 
     def document(self, model: type[M]) -> M:

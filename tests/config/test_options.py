@@ -601,6 +601,7 @@ def test_unknown_option_lists_the_known_ones() -> None:
         validate_options(CheckpointOptions, "Orders", {"save_every": 5})
     assert info.value.option == "save_every"
     assert "save_every_n" in str(info.value.allowed)
+    assert "@checkpoint has no option 'save_every'; did you mean 'save_every_n'?" in str(info.value)
 
 
 def test_several_problems_are_counted() -> None:

@@ -14,6 +14,7 @@ from bson import Decimal128, Int64, ObjectId
 from flowwarden_embedded import wire
 from flowwarden_embedded.keys import format_document, value_key
 from flowwarden_embedded.limits import MAX_REQUEST_OBJECT_SIZE
+from flowwarden_embedded.operations import LATENCY_BUCKETS, latency_bucket
 from flowwarden_embedded.storage import IndexSpec, path_values
 
 
@@ -212,3 +213,12 @@ def test_index_keys_expand_arrays_and_honour_sparse_and_partial() -> None:
     )
     assert partial.keys_of({"a": 1, "live": False}) == []
     assert len(partial.keys_of({"a": 1, "live": True})) == 1
+
+
+def test_latency_buckets_are_mongods() -> None:
+    # Powers of two up to 2^10, halves of each power from 2^11 to 2^21, powers again up to 2^40.
+    assert len(LATENCY_BUCKETS) == 51 and LATENCY_BUCKETS[-1] == 2**40
+    cases = {0: 0, 1: 0, 2: 2, 3: 2, 1023: 512, 2047: 1024, 2048: 2048, 3071: 2048, 3072: 3072, 4096: 4096}
+    cases.update({2**21 - 1: 3 << 19, 2**21: 2**21, 2**50: 2**40})
+    for micros, lower in cases.items():
+        assert LATENCY_BUCKETS[latency_bucket(micros)] == lower, micros

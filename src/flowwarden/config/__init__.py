@@ -28,6 +28,7 @@ from flowwarden.config.stream import (
     OPERATION_TYPES,
     STANDARD_OPERATION_TYPES,
     ChangeStreamOptions,
+    OperationType,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "OnError",
     "OnHistoryLost",
     "OnInvalidate",
+    "OperationType",
     "OptionProblem",
     "Options",
     "PipelineOptions",

@@ -11,10 +11,11 @@ and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Literal, TypeVar
 
 import annotated_types
@@ -174,14 +175,7 @@ def _configuration_error(
         option = "schema"
     value = values.get(option, first.get("input"))
     if first.get("type") == "extra_forbidden":
-        known = [name for name in model.allowed]
-        return ConfigurationError(
-            f"{decorator + ' has' if decorator else 'there is'} no option {option!r}{more}",
-            owner=owner,
-            option=option,
-            value=value,
-            allowed="options " + ", ".join(known),
-        )
+        return unknown_option_error(model, owner, option, value, decorator=decorator, more=more)
     return ConfigurationError(
         f"{decorator}({option}={value!r}) is not accepted: {first.get('msg', 'invalid value')}{more}"
         if decorator
@@ -190,4 +184,36 @@ def _configuration_error(
         option=option,
         value=value,
         allowed=model.allowed.get(option, "see the docstring of " + decorator),
+    )
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'collection'?"`` for the known name closest to the misspelt ``name``, or
+    ``""`` when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_option_error(
+    model: type[Options],
+    owner: str,
+    option: str,
+    value: Any,
+    *,
+    decorator: str | None = None,
+    more: str = "",
+) -> ConfigurationError:
+    """The error for an option ``model`` does not have: it names the closest option there is and
+    lists them all. ``decorator`` is how the message names the model (``@change_stream`` when
+    None; ``""``: not at all)."""
+    if decorator is None:
+        decorator = f"@{model.decorator}" if model.decorator else model.__name__
+    known = list(model.allowed)
+    return ConfigurationError(
+        f"{decorator + ' has' if decorator else 'there is'} no option {option!r}"
+        f"{did_you_mean(option, known)}{more}",
+        owner=owner,
+        option=option,
+        value=value,
+        allowed="options " + ", ".join(known),
     )

@@ -41,38 +41,51 @@ class OnHistoryLost(Choice):
     """What a stream does when its resume position has fallen out of the oplog."""
 
     FAIL = "FAIL"
+    """The stream fails with a HistoryLostError; the checkpoint is left for an operator."""
     RESUME_FROM_OPLOG_START = "RESUME_FROM_OPLOG_START"
+    """Handle what the oplog still has (now, with a warning, when the oplog cannot be read)."""
     RESUME_FROM_NOW = "RESUME_FROM_NOW"
+    """Skip the gap and go on from now."""
 
 
 class OnError(Choice):
     """What happens to an event once its handler exhausted the retry policy."""
 
     STOP = "STOP"
+    """The stream fails; its checkpoint stays before the event."""
     SKIP = "SKIP"
+    """Log the error and go on with the next event."""
     DEAD_LETTER = "DEAD_LETTER"
+    """Store the event in the dead-letter collection, then go on."""
 
 
 class SchemaMode(Choice):
     """How ``on_dataframe`` treats a full document that does not fit the declared schema."""
 
     PERMISSIVE = "PERMISSIVE"
+    """The row stays: values that did not fit are null, ``_corrupt_record`` holds the document."""
     DROPMALFORMED = "DROPMALFORMED"
+    """The row is left out; the event is reported as malformed."""
     FAILFAST = "FAILFAST"
+    """A SchemaMismatchError names the first field that did not fit and the event's token."""
 
 
 class Deployment(Choice):
     """How many connector instances process one stream at a time."""
 
     ALL_INSTANCES = "all_instances"
+    """Every instance running the handler processes the stream."""
     SINGLE_LEADER = "single_leader"
+    """One instance at a time, the holder of the stream's lease; the others stand by."""
 
 
 class OnInvalidate(Choice):
     """What a stream does after its collection or database was dropped or renamed."""
 
     STOP = "stop"
+    """The stream stops with a StreamInvalidatedError."""
     RESTART = "restart"
+    """The stream starts again after the invalidate event."""
 
 
 class Snapshot(Choice):

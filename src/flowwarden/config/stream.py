@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
@@ -15,7 +16,7 @@ from flowwarden.config.names import check_collection_name, check_database_name
 from flowwarden.mongo.buckets import MAX_PARTITIONS
 
 # Operation types a change stream reports without showExpandedEvents.
-STANDARD_OPERATION_TYPES: tuple[str, ...] = (
+StandardOperationType = Literal[
     "insert",
     "update",
     "replace",
@@ -24,9 +25,9 @@ STANDARD_OPERATION_TYPES: tuple[str, ...] = (
     "rename",
     "dropDatabase",
     "invalidate",
-)
+]
 # DDL operation types the server reports only with showExpandedEvents=true (MongoDB 6.0+).
-EXPANDED_OPERATION_TYPES: tuple[str, ...] = (
+ExpandedOperationType = Literal[
     "create",
     "createIndexes",
     "dropIndexes",
@@ -34,7 +35,15 @@ EXPANDED_OPERATION_TYPES: tuple[str, ...] = (
     "shardCollection",
     "reshardCollection",
     "refineCollectionShardKey",
-)
+]
+OperationType = Literal[StandardOperationType, ExpandedOperationType]
+"""An operation type ``@change_stream(operation_types=...)`` can filter on: ``insert``,
+``update``, ``replace``, ``delete``, ``drop``, ``rename``, ``dropDatabase``, ``invalidate``, and
+with ``show_expanded_events=True`` the DDL types ``create``, ``createIndexes``, ``dropIndexes``,
+``modify``, ``shardCollection``, ``reshardCollection``, ``refineCollectionShardKey``."""
+
+STANDARD_OPERATION_TYPES: tuple[str, ...] = typing.get_args(StandardOperationType)
+EXPANDED_OPERATION_TYPES: tuple[str, ...] = typing.get_args(ExpandedOperationType)
 OPERATION_TYPES: tuple[str, ...] = STANDARD_OPERATION_TYPES + EXPANDED_OPERATION_TYPES
 
 

@@ -35,8 +35,11 @@ class StreamContext:
     """
 
     stream: str
+    """The name of the stream the call belongs to (its checkpoint's key)."""
     logger: StreamLog
+    """A logger that puts ``stream`` on every record it writes."""
     attempt: int = 1
+    """Which call this is for the event (or batch): 1 for the first, 2 for the first retry..."""
     batch_id: str | None = None
     """For ``@on_batch``/``@on_dataframe`` calls: the ``_data`` of the batch's first event token.
 

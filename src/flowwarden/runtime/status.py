@@ -10,15 +10,23 @@ from flowwarden.checkpoints.model import SnapshotProgress
 
 
 class StreamState(str, enum.Enum):
+    """Where a stream is in its life, as ``StreamStatus.state`` reports it."""
+
     STARTING = "STARTING"
+    """Loading its checkpoint, taking its lease, opening the change stream."""
     RUNNING = "RUNNING"
+    """Reading events and handing them to the methods."""
     RESTARTING = "RESTARTING"
+    """Waiting its backoff before re-opening from the checkpoint after an error (``last_error``)."""
     STANDBY = "STANDBY"
+    """Not reading: with ``deployment="single_leader"``, another instance holds the lease
+    (``reason`` names it)."""
     STOPPING = "STOPPING"
     """A stop was asked for: no new reads; handlers in flight finish, then the checkpoint is saved."""
     STOPPED = "STOPPED"
     """Stopped on request, or by an invalidate (then ``Connector.stream_errors()`` names it)."""
     FAILED = "FAILED"
+    """Ended by an error no re-open could fix, or after ``max_restarts``; ``last_error`` says which."""
 
 
 @dataclass(frozen=True)
@@ -26,15 +34,30 @@ class StreamStatus:
     """A snapshot of one stream; cheap to build, safe to hand to another thread."""
 
     name: str
+    """The stream's name (``@change_stream(name=...)``, else the class name), which keys its
+    checkpoint."""
     state: StreamState
+    """Where the stream is in its life."""
     last_processed_time: datetime | None
+    """UTC cluster time of the newest event handled with no unhandled one before it: the
+    position the checkpoint holds, or will hold at its next save. None before any."""
     last_seen_time: datetime | None
+    """UTC cluster time of the newest position the server reported while nothing was in flight
+    (idle, or every event filtered out). None before any."""
     lag_seconds: float | None
+    """Seconds from the newer of the two times above to now, while RUNNING; None otherwise."""
     events_processed: int
+    """Events whose handling finished since the stream started."""
     events_failed: int
+    """Events whose handler used up its retries (stopped, skipped or dead-lettered) since the
+    stream started."""
     restarts: int
+    """Re-opens after errors since the stream started."""
     last_error: str | None
+    """The last error the stream met, as ``"Type: message"``; None if there was none."""
     reason: str | None
+    """Why the stream stopped, failed or stands by (who holds its lease), or what a stream still
+    opening after 30 seconds waits for; None otherwise."""
     events_waiting: int = 0
     """Events read from the stream and not yet handed to a method: read ahead, and gathered in
     the batch being formed while the one before it is in flight."""

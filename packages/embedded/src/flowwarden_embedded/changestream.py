@@ -189,6 +189,9 @@ async def open_change_stream(
 class ChangeStreamCursor:
     """One open change stream; implements the server's cursor protocol (``fetch``/``exhausted``/``close``)."""
 
+    # A change stream's cursor waits for new events, as a tailable awaitData cursor does.
+    tailable = True
+
     def __init__(
         self,
         host: ChangeStreamHost,

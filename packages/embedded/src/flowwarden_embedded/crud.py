@@ -42,6 +42,8 @@ from flowwarden_embedded.rawstrings import encode
 from flowwarden_embedded.storage import Catalog, Collection, Document, DuplicateKey
 
 _ENGINE_ERRORS = engine.ENGINE_ERRORS
+# Stages that make the pipeline's documents themselves: only ever its first stage.
+FIRST_STAGES = frozenset({"$changeStream", "$collStats", "$currentOp"})
 
 
 def write_conflict() -> CommandError:
@@ -269,14 +271,38 @@ def run_pipeline(
             raise CommandError(
                 2, f"{name} is not supported by the embedded replica set; read the results and write them"
             )
-        if name == "$changeStream":
-            raise CommandError(40602, "$changeStream is only valid as the first stage in a pipeline.")
+        if name in FIRST_STAGES:
+            raise CommandError(40602, f"{name} is only valid as the first stage in a pipeline.")
     if coll_name is not None:
         resolved = views.resolve(catalog, db, coll_name)
         if resolved is not None:
             coll_name, stages = resolved
             pipeline = stages + pipeline
     return _run_stages(catalog, db, coll_name, pipeline)
+
+
+def run_pipeline_over(
+    catalog: Catalog, db: str, docs: list[Document], pipeline: list[Document]
+) -> list[Document]:
+    """The rest of a pipeline whose first stage made ``docs`` (``$collStats``, ``$currentOp``)."""
+    if not pipeline:
+        return docs
+    for stage in pipeline:
+        if not isinstance(stage, dict) or len(stage) != 1:
+            raise CommandError(40323, "A pipeline stage specification object must contain exactly one field.")
+        (name,) = stage
+        if name in ("$out", "$merge"):
+            raise CommandError(
+                2, f"{name} is not supported by the embedded replica set; read the results and write them"
+            )
+        if name in FIRST_STAGES:
+            raise CommandError(40602, f"{name} is only valid as the first stage in a pipeline.")
+    try:
+        return list(engine.run_stages(docs, catalog.engine[db], pipeline))
+    except CommandError:
+        raise
+    except _ENGINE_ERRORS as exc:
+        raise engine.command_error(exc, 2) from None
 
 
 def _run_stages(catalog: Catalog, db: str, coll_name: str | None, pipeline: list[Document]) -> list[Document]:

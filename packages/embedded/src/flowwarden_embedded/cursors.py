@@ -7,6 +7,7 @@ code 43 (CursorNotFound), which is what drivers resume change streams from.
 
 from __future__ import annotations
 
+import datetime
 import random
 import time
 from collections.abc import Hashable
@@ -100,6 +101,10 @@ class ListCursor:
         self._pos = 0
 
 
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 @dataclass(slots=True)
 class _Entry:
     cursor: ServerCursor
@@ -107,6 +112,29 @@ class _Entry:
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
     no_timeout: bool = False
+    # What currentOp shows of the cursor: the command that opened it, when, and what it returned.
+    originating: dict[str, Any] | None = None
+    created: datetime.datetime = field(default_factory=_utcnow)
+    last_access: datetime.datetime = field(default_factory=_utcnow)
+    docs_returned: int = 0
+    batches_returned: int = 0
+
+    def describe(self, cursor_id: int) -> dict[str, Any]:
+        """The cursor as currentOp's ``cursor`` field and its ``idleCursor`` entries show it."""
+        tailable = bool(getattr(self.cursor, "tailable", False))
+        doc: dict[str, Any] = {
+            "cursorId": Int64(cursor_id),
+            "createdDate": self.created,
+            "lastAccessDate": self.last_access,
+            "nDocsReturned": Int64(self.docs_returned),
+            "nBatchesReturned": Int64(self.batches_returned),
+            "noCursorTimeout": self.no_timeout,
+            "tailable": tailable,
+            "awaitData": tailable,
+        }
+        if self.originating is not None:
+            doc["originatingCommand"] = self.originating
+        return doc
 
 
 class CursorRegistry:
@@ -120,14 +148,50 @@ class CursorRegistry:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def register(self, cursor: ServerCursor, session: Hashable | None, *, no_timeout: bool = False) -> Int64:
-        """Give ``cursor`` a fresh non-zero id; ``no_timeout`` exempts it from the idle reaper."""
+    def register(
+        self,
+        cursor: ServerCursor,
+        session: Hashable | None,
+        *,
+        no_timeout: bool = False,
+        originating: dict[str, Any] | None = None,
+        first_batch: int = 0,
+    ) -> Int64:
+        """Give ``cursor`` a fresh non-zero id; ``no_timeout`` exempts it from the idle reaper.
+        ``originating`` is the command that opened it, which returned ``first_batch`` documents."""
         while True:
             cursor_id = self._random.randint(1, 2**63 - 1)
             if cursor_id not in self._entries:
                 break
-        self._entries[cursor_id] = _Entry(cursor, session, no_timeout=no_timeout)
+        self._entries[cursor_id] = _Entry(
+            cursor,
+            session,
+            no_timeout=no_timeout,
+            originating=originating,
+            docs_returned=first_batch,
+            batches_returned=1,
+        )
         return Int64(cursor_id)
+
+    def returned(self, cursor_id: int, count: int) -> None:
+        """Count a batch of ``count`` documents a getMore returned from the cursor."""
+        entry = self._entries.get(int(cursor_id))
+        if entry is not None:
+            entry.docs_returned += count
+            entry.batches_returned += 1
+
+    def describe(self, cursor_id: int) -> dict[str, Any] | None:
+        """The cursor as currentOp shows it; None if there is no such cursor."""
+        entry = self._entries.get(int(cursor_id))
+        return None if entry is None else entry.describe(cursor_id)
+
+    def idle(self) -> list[tuple[str, Hashable | None, dict[str, Any]]]:
+        """Every cursor no getMore is using: its namespace, session and description."""
+        return [
+            (entry.cursor.ns, entry.session, entry.describe(cid))
+            for cid, entry in self._entries.items()
+            if not entry.busy
+        ]
 
     def lookup(self, cursor_id: int) -> ServerCursor:
         entry = self._entries.get(int(cursor_id))
@@ -145,6 +209,7 @@ class CursorRegistry:
             raise CommandError(292, f"Cursor id {int(cursor_id)} is already in use", code_name="CursorInUse")
         entry.busy = True
         entry.last_used = time.monotonic()
+        entry.last_access = _utcnow()
         return entry.cursor
 
     def checkin(self, cursor_id: int) -> None:

@@ -7,7 +7,9 @@ streams read documents and options from. Its :meth:`ReplicaSetHost.run` takes on
 request, received by one of the processes, through the steps MongoDB takes: the command's lookup,
 that process's fail point, the refusals of a mongos, session and transaction bookkeeping,
 retryable-write replay, the command itself, and the ``$clusterTime``/``operationTime`` every reply
-carries: the member's own cluster time, or a mongos's, the newest of its shards'.
+carries: the member's own cluster time, or a mongos's, the newest of its shards'. Throughout, the
+command is an operation in progress (:mod:`~flowwarden_embedded.operations`), which
+``currentOp`` lists and ``killOp`` interrupts, and its time counts in its collection's statistics.
 
 Where a write is logged: on the member that received it; through a mongos, on the shard that
 :class:`~flowwarden_embedded.topology.Placement` names for it, after the mongos told that
@@ -39,7 +41,9 @@ from flowwarden_embedded.crud import Scope
 from flowwarden_embedded.cursors import CursorRegistry
 from flowwarden_embedded.errors import CommandError
 from flowwarden_embedded.keys import value_key
+from flowwarden_embedded.operations import Operation, Operations, interrupted_error
 from flowwarden_embedded.oplog import NOOP, Oplog, OplogOp, key_timestamp
+from flowwarden_embedded.plans import collection_scans
 from flowwarden_embedded.sessions import TRANSACTION_CONTROL, SessionRegistry, TxnState
 from flowwarden_embedded.shardmerge import MergedOplog
 from flowwarden_embedded.storage import Catalog, Document
@@ -113,6 +117,9 @@ class ReplicaSetHost:
         self.placement = Placement(self.members, Timestamp(int(self.started_wall), 1)) if sharded else None
         self.cursors = CursorRegistry()
         self.sessions = SessionRegistry(self.catalog)
+        self.operations = Operations()
+        # The open client connections of every process, by connection id (currentOp lists idle ones).
+        self.connections: dict[int, ConnectionInfo] = {}
         self.election_id = ObjectId("7fffffff0000000000000001")
         self.started = time.monotonic()
         self.connections_current = 0
@@ -257,22 +264,42 @@ class ReplicaSetHost:
         """Execute one command and return its reply (an error reply on failure).
 
         Raises :class:`CloseConnection` when a fail point asks for the connection to be dropped.
+        The command is an operation in progress (``currentOp``) until its reply is made; one that
+        ``killOp`` interrupts answers Interrupted.
         """
+        operation = self.operations.begin(conn, command, db)
         try:
-            reply = await self._run(conn, command, db)
-        except CommandError as exc:
-            reply = exc.to_reply()
-        except CloseConnection:
-            raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug must not kill the connection loop: answer InternalError
-            log.exception("embedded replica set: command %r failed", next(iter(command), None))
-            reply = CommandError(1, f"internal error in the embedded replica set: {exc!r}").to_reply()
+            try:
+                reply = await self._run(conn, command, db, operation)
+            except CommandError as exc:
+                reply = exc.to_reply()
+            except CloseConnection:
+                raise
+            except asyncio.CancelledError:
+                if not self.operations.interrupted(operation):
+                    raise
+                reply = interrupted_error().to_reply()
+            except Exception as exc:  # a bug must not kill the connection loop: answer InternalError
+                log.exception("embedded replica set: command %r failed", next(iter(command), None))
+                reply = CommandError(1, f"internal error in the embedded replica set: {exc!r}").to_reply()
+        finally:
+            self._end_operation(operation)
         reply.update(self.cluster_time_fields(conn.process))
         return reply
 
-    async def _run(self, conn: ConnectionInfo, cmd: Document, db: str) -> Document:
+    def _end_operation(self, operation: Operation | None) -> None:
+        if operation is None:
+            return
+        scans = 0
+        collection = operation.command.get(operation.name)
+        if isinstance(collection, str):
+            coll = self.catalog.get(operation.db, collection)
+            scans = collection_scans(operation.name, operation.command, coll)
+        self.operations.end(operation, self.collection_uuid, scans)
+
+    async def _run(
+        self, conn: ConnectionInfo, cmd: Document, db: str, operation: Operation | None
+    ) -> Document:
         if not cmd:
             raise CommandError(59, "no such command: ''")
         name = next(iter(cmd))
@@ -324,7 +351,15 @@ class ReplicaSetHost:
             session.txn_number = max(session.txn_number, number)
             retry_key = session.key
         ctx = commands.Context(
-            host=self, conn=conn, cmd=cmd, db=db, name=name, session=session, txn=txn, scope=scope
+            host=self,
+            conn=conn,
+            cmd=cmd,
+            db=db,
+            name=name,
+            session=session,
+            txn=txn,
+            scope=scope,
+            operation=operation,
         )
         try:
             reply = await spec.handler(ctx)

@@ -429,6 +429,7 @@ class EmbeddedReplicaSet:
         )
         host = self._host
         self._connections[conn.id] = (writer, task)
+        host.connections[conn.id] = conn
         host.connections_current += 1
         host.connections_total += 1
         try:
@@ -441,6 +442,7 @@ class EmbeddedReplicaSet:
             pass
         finally:
             self._connections.pop(conn.id, None)
+            host.connections.pop(conn.id, None)
             host.connections_current -= 1
             writer.transport.abort()
 

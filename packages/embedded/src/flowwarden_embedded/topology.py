@@ -94,6 +94,8 @@ class Process:
     port: int = 0
     oplog: Oplog | None = None
     process_id: ObjectId = field(default_factory=ObjectId)
+    # A member's replica set's id, as its configuration's settings.replicaSetId.
+    replica_set_id: ObjectId = field(default_factory=ObjectId)
     failpoints: FailPoints = field(default_factory=FailPoints)
 
     @property

@@ -1,4 +1,4 @@
-"""Namespace commands: ``listCollections``, ``listDatabases``, ``dbStats``, ``create``, ``drop``,
+"""Namespace commands: ``listCollections``, ``listDatabases``, ``create``, ``drop``,
 ``dropDatabase``, ``renameCollection`` and ``collMod``.
 
 Every change to the catalog is logged to the oplog as MongoDB logs it (``create``, ``drop``,
@@ -93,22 +93,6 @@ async def cmd_list_databases(ctx: Context) -> Document:
         "databases": entries,
         "totalSize": Int64(total),
         "totalSizeMb": Int64(total // (1024 * 1024)),
-        "ok": 1.0,
-    }
-
-
-@command("dbStats")
-async def cmd_db_stats(ctx: Context) -> Document:
-    colls = ctx.scope.catalog.collections(ctx.db)
-    objects = sum(len(c.docs) for c in colls)
-    indexes = sum(len(c.indexes) for c in colls)
-    return {
-        "db": ctx.db,
-        "collections": len(colls),
-        "views": len(views.definitions(ctx.scope.catalog, ctx.db)),
-        "objects": objects,
-        "indexes": indexes,
-        "scaleFactor": 1,
         "ok": 1.0,
     }
 

@@ -39,6 +39,7 @@ async def cmd_get_more(ctx: Context) -> Document:
             code_name="Unauthorized",
         )
     registry.checkout(cursor_id)
+    ctx.describe_cursor(cursor_id)
     fault = ctx.conn.process.failpoints.get_more_fault(isinstance(cursor, ChangeStreamCursor))
     if fault is not None:
         registry.kill(cursor_id)  # a getMore that fails kills its cursor
@@ -55,6 +56,7 @@ async def cmd_get_more(ctx: Context) -> Document:
         registry.kill(cursor_id)
         raise
     registry.checkin(cursor_id)
+    registry.returned(cursor_id, len(batch))
     reply_id = Int64(cursor_id)
     if cursor.exhausted:
         registry.kill(cursor_id)

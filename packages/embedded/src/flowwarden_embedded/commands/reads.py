@@ -4,7 +4,10 @@
 
 A read that returns documents answers with a cursor's first batch; what is left is served by
 ``getMore`` (:mod:`flowwarden_embedded.commands.cursors`). An ``aggregate`` whose first
-stage is ``$changeStream`` opens a change stream instead of running a pipeline.
+stage is ``$changeStream`` opens a change stream instead of running a pipeline; one whose first
+stage is ``$collStats`` or ``$currentOp`` runs the rest of its pipeline over what that stage
+reports (:mod:`~flowwarden_embedded.commands.stats`,
+:mod:`~flowwarden_embedded.commands.current_op`).
 
 Every read works on a view as on a collection: it sees what the view's pipeline outputs, and its
 own filter, sort, skip, limit and projection apply after that pipeline. A change stream cannot be
@@ -14,7 +17,8 @@ opened on a view.
 from __future__ import annotations
 
 from flowwarden_embedded import crud, engine, views
-from flowwarden_embedded.commands.arguments import batch_size_of, non_negative, typed_field
+from flowwarden_embedded.commands import current_op, explain, stats
+from flowwarden_embedded.commands.arguments import batch_size_of, bson_type_name, non_negative, typed_field
 from flowwarden_embedded.commands.registry import Context, command
 from flowwarden_embedded.commands.replies import first_batch_reply
 from flowwarden_embedded.cursors import ListCursor
@@ -109,8 +113,17 @@ async def cmd_aggregate(ctx: Context) -> Document:
     pipeline = typed_field(ctx, "pipeline", list)
     if pipeline is None:
         raise CommandError(40414, "BSON field 'aggregate.pipeline' is missing but a required field")
-    if cmd.get("explain"):
-        raise CommandError(2, "explain is not supported by the embedded replica set")
+    explain_flag = cmd.get("explain", False)
+    if not isinstance(explain_flag, bool):
+        raise CommandError(
+            14,
+            f"BSON field 'aggregate.explain' is the wrong type '{bson_type_name(explain_flag)}', "
+            "expected type 'bool'",
+            code_name="TypeMismatch",
+        )
+    if explain_flag:
+        # The aggregate's own explain flag: the plan, at queryPlanner verbosity, and no cursor.
+        return explain.explain_aggregate(ctx, cmd, "queryPlanner")
     cursor_opts = typed_field(ctx, "cursor", dict)
     if cursor_opts is None:
         raise CommandError(
@@ -131,6 +144,10 @@ async def cmd_aggregate(ctx: Context) -> Document:
         source = ctx.host.change_source(ctx.conn.process)
         stream = await open_change_stream(ctx.host, ctx.db, coll_name, pipeline, cmd, source=source)
         return await first_batch_reply(ctx, stream, batch_size)
+    if isinstance(first, dict) and "$currentOp" in first:
+        docs = current_op.current_op_stage(ctx, coll_name, first["$currentOp"])
+        docs = crud.run_pipeline_over(ctx.scope.catalog, ctx.db, docs, pipeline[1:])
+        return await first_batch_reply(ctx, ListCursor(f"{ctx.db}.$cmd.aggregate", docs), batch_size)
     if coll_name is None:
         stage = next(iter(first), "") if isinstance(first, dict) else ""
         raise CommandError(
@@ -141,5 +158,9 @@ async def cmd_aggregate(ctx: Context) -> Document:
     if ctx.in_transaction:
         # Stages that read other collections must see the transaction's snapshot of them too.
         ctx.scope.catalog.collections(ctx.db)
-    docs = crud.run_pipeline(ctx.scope.catalog, ctx.db, coll_name, pipeline)
+    if isinstance(first, dict) and "$collStats" in first:
+        docs = stats.coll_stats_documents(ctx, coll_name, first["$collStats"])
+        docs = crud.run_pipeline_over(ctx.scope.catalog, ctx.db, docs, pipeline[1:])
+    else:
+        docs = crud.run_pipeline(ctx.scope.catalog, ctx.db, coll_name, pipeline)
     return await first_batch_reply(ctx, ListCursor(f"{ctx.db}.{coll_name}", docs), batch_size)

@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bson import Int64
+
 from flowwarden_embedded.commands.arguments import bson_type_name
 from flowwarden_embedded.crud import Scope
 from flowwarden_embedded.errors import CommandError
@@ -22,6 +24,7 @@ from flowwarden_embedded.topology import Role
 
 if TYPE_CHECKING:
     from flowwarden_embedded.host import ConnectionInfo, ReplicaSetHost
+    from flowwarden_embedded.operations import Operation
 
 
 @dataclass(slots=True)
@@ -36,6 +39,8 @@ class Context:
     session: Session | None
     txn: Transaction | None
     scope: Scope
+    # The command as an operation in progress (currentOp); None for one that is never listed.
+    operation: Operation | None = None
 
     @property
     def in_transaction(self) -> bool:
@@ -55,6 +60,16 @@ class Context:
 
     def get(self, name: str) -> Collection | None:
         return self.scope.catalog.get(self.db, name)
+
+    def describe_cursor(self, cursor_id: int) -> None:
+        """Show the cursor this command (a getMore) uses in its currentOp entry."""
+        if self.operation is None:
+            return
+        described = self.host.cursors.describe(cursor_id)
+        if described is not None:
+            described["operationUsingCursorId"] = Int64(self.operation.opid)
+            self.operation.originating_command = described.get("originatingCommand")
+            self.operation.cursor = described
 
 
 Handler = Callable[[Context], Awaitable[Document]]

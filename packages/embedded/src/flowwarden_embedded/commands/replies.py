@@ -30,7 +30,9 @@ async def first_batch_reply(
         cursor.close()
     else:
         owner = ctx.session.key if ctx.session is not None else None
-        cursor_id = ctx.host.cursors.register(cursor, owner, no_timeout=no_timeout)
+        cursor_id = ctx.host.cursors.register(
+            cursor, owner, no_timeout=no_timeout, originating=ctx.cmd, first_batch=len(batch)
+        )
     return {"cursor": {"firstBatch": batch, "id": cursor_id, "ns": cursor.ns, **extra}, "ok": 1.0}
 
 

@@ -1,9 +1,11 @@
 """What the server reports about itself: ``buildInfo``, ``serverStatus``, ``replSetGetStatus``,
-``connectionStatus``, ``whatsmyuri`` and ``hostInfo``.
+``replSetGetConfig``, ``connectionStatus``, ``whatsmyuri`` and ``hostInfo``.
 
 Every reply here is read-only: these commands look at the host's state and never change it. They
-answer for the process the client reached: a mongos reports no replication, and refuses
-``replSetGetStatus`` as mongos does.
+answer for the process the client reached: a mongos reports no replication, refuses
+``replSetGetStatus`` as mongos does, and has no ``replSetGetConfig`` (CommandNotFound). A
+member's configuration is that of a replica set of one: itself, ``_id`` 0, priority 1, one vote,
+configuration version 1 and term 1, as ``hello`` and ``replSetGetStatus`` report them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from flowwarden_embedded.commands.registry import Context, command
 from flowwarden_embedded.errors import CommandError
 from flowwarden_embedded.limits import MAX_BSON_OBJECT_SIZE
 from flowwarden_embedded.storage import Document
+from flowwarden_embedded.topology import Role
 
 
 def build_info() -> Document:
@@ -124,6 +127,52 @@ async def cmd_repl_set_get_status(ctx: Context) -> Document:
         ],
         "ok": 1.0,
     }
+
+
+@command("replSetGetConfig", sessions=False, roles=frozenset({Role.MEMBER}))
+async def cmd_repl_set_get_config(ctx: Context) -> Document:
+    if ctx.db != "admin":
+        raise CommandError(
+            13, "replSetGetConfig may only be run against the admin database.", code_name="Unauthorized"
+        )
+    process = ctx.conn.process
+    config: Document = {
+        "_id": process.set_name,
+        "version": 1,
+        "term": 1,
+        "members": [
+            {
+                "_id": 0,
+                "host": process.address,
+                "arbiterOnly": False,
+                "buildIndexes": True,
+                "hidden": False,
+                "priority": 1.0,
+                "tags": {},
+                "secondaryDelaySecs": Int64(0),
+                "votes": 1,
+            }
+        ],
+        "protocolVersion": Int64(1),
+        "writeConcernMajorityJournalDefault": True,
+        "settings": {
+            "chainingAllowed": True,
+            "heartbeatIntervalMillis": 2000,
+            "heartbeatTimeoutSecs": 10,
+            "electionTimeoutMillis": 10000,
+            "catchUpTimeoutMillis": -1,
+            "catchUpTakeoverDelayMillis": 30000,
+            "getLastErrorModes": {},
+            "getLastErrorDefaults": {"w": 1, "wtimeout": 0},
+            "replicaSetId": process.replica_set_id,
+        },
+    }
+    reply: Document = {"config": config}
+    if ctx.cmd.get("commitmentStatus"):
+        # The configuration of a set of one is committed as soon as it is installed.
+        reply["commitmentStatus"] = True
+    reply["ok"] = 1.0
+    return reply
 
 
 @command("connectionStatus", sessions=False)
