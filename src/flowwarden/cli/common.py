@@ -37,12 +37,14 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.FAILED: "a stream failed or ended with an error (run), or a document could not be read "
     "(checkpoints list, status, dlq)",
     ExitCode.USAGE: "usage or configuration error: bad arguments, settings or config file, a handler "
-    "that cannot be imported, an invalid token, JSON or URI, a port that cannot be used, a start-up "
-    "error, a command MongoDB refused for a reason other than the credentials; for status: a stream "
-    "whose position has left the oplog",
-    ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached or refused the credentials "
-    "(checkpoints, status, dlq)",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C), or run stopped at once by a second SIGINT/SIGTERM",
+    "that cannot be imported or created, an extra or Java a handler needs, an invalid token, JSON or "
+    "URI, a database that does not exist, a port that cannot be used, a start-up error, a command "
+    "MongoDB refused for a reason other than the credentials; for status: a stream whose position has "
+    "left the oplog",
+    ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached within server_selection_timeout, or "
+    "refused the credentials (run at start-up, checkpoints, status, dlq)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) before the command finished (embedded-mongo exits 0: "
+    "Ctrl-C is how it stops), or run stopped at once by a second SIGINT/SIGTERM",
 }
 
 # The commands say at once that MongoDB is out of reach (the server_selection_timeout setting, 10 s
