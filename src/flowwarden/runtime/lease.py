@@ -169,18 +169,26 @@ class Presence:
         self._id = f"{stream}#{token}"
         self._fields = {"stream": stream, "kind": "presence", "owner": owner, "ownerToken": token}
 
+        self._written = 0.0  # monotonic time of the last write, 0: none since the last withdrawal
+
     @property
     def renew_interval(self) -> float:
         return self.ttl / 3
 
     async def announce(self) -> None:
-        """Write (or renew) the document, valid for ``ttl`` seconds from now."""
+        """Write (or renew) the document, valid for ``ttl`` seconds from now; a stream re-opening
+        within a renew interval of the last write writes nothing (each write is an oplog entry)."""
+        started = time.monotonic()
+        if self._written and started - self._written < self.renew_interval:
+            return
         expires = datetime.now(timezone.utc) + timedelta(seconds=self.ttl)
         await self._coll.update_one(
             {"_id": self._id}, {"$set": {**self._fields, "expiresAt": expires}}, upsert=True
         )
+        self._written = started
 
     async def withdraw(self) -> None:
+        self._written = 0.0
         await self._coll.delete_one({"_id": self._id})
 
 
