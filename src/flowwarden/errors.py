@@ -60,6 +60,22 @@ class MissingDependencyError(FlowWardenError, ImportError):
         )
 
 
+class JavaNotFoundError(FlowWardenError):
+    """Spark's JVM cannot start: no Java was found, or the one found did not start Spark.
+
+    The message says what was looked for and how to install Java 17; ``without`` (when given)
+    says how to go on without Spark.
+    """
+
+    def __init__(self, problem: str, without: str | None = None) -> None:
+        self.problem = problem
+        how = (
+            "Install Java 17 (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; macOS: brew install "
+            "openjdk@17) and point JAVA_HOME at it"
+        )
+        super().__init__(f"{problem}. {how}" + (f", or {without}" if without else ""))
+
+
 class CheckpointError(FlowWardenError):
     """A checkpoint could not be read or written."""
 
@@ -239,6 +255,7 @@ __all__ = [
     "FlowWardenError",
     "HandlerError",
     "HistoryLostError",
+    "JavaNotFoundError",
     "LeaseLostError",
     "MissingDependencyError",
     "RestartsExhaustedError",

@@ -33,12 +33,6 @@ from helpers import one_error_line
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def closed_port() -> int:
-    """A port nothing listens on: connecting to it is refused at once."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -66,7 +60,7 @@ def test_checkpoints_list_rewind_delete(capsys, mongodb_uri, client, db_name):
     assert main(["checkpoints", "rewind", "orders", *common, "--to-token", json.dumps(earlier)]) == 0
     assert store.load("orders").last_processed_token == earlier
 
-    assert main(["checkpoints", "delete", "orders", *common]) == 0
+    assert main(["checkpoints", "delete", "orders", *common, "--yes"]) == 0
     assert store.load("orders") is None
 
 
@@ -123,13 +117,14 @@ def test_an_unreachable_deployment_exits_3_without_the_password(capsys, closed_p
     assert "hunter2" not in line and "Topology Description" not in line
 
 
-def test_refused_credentials_exit_3(capsys, monkeypatch, mongodb_uri):
+def test_refused_credentials_exit_3(capsys, monkeypatch, mongodb_uri, client, db_name):
     def refuse(self, stream_id):
         denied = OperationFailure("Authentication failed.", code=18)
         raise CheckpointError("checkpoint delete failed", stream_id=stream_id) from denied
 
+    client[db_name]["_fw_checkpoints"].insert_one({"_id": "orders"})
     monkeypatch.setattr(MongoCheckpointStore, "delete", refuse)
-    args = ["checkpoints", "delete", "orders", "--uri", mongodb_uri, "--database", "shop"]
+    args = ["checkpoints", "delete", "orders", "--uri", mongodb_uri, "--database", db_name, "--yes"]
 
     assert main(args) == ExitCode.MONGODB_UNAVAILABLE
     assert "refused the credentials" in one_error_line(capsys.readouterr().err)

@@ -4,6 +4,8 @@ class (at least once, each marked) and purged only when confirmed."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -126,9 +128,61 @@ def test_replay_runs_entries_through_the_class_and_marks_them(
     replayed = {doc["event"]["documentKey"]["_id"]: doc for doc in client[db_name]["_fw_dlq"].find()}
     assert replayed[1]["replayCount"] == 1 and "lastReplayError" not in replayed[1]
     assert "replayedAt" not in replayed[4] and "LookupError" in replayed[4]["lastReplayError"]
-    # --not-replayed leaves the replayed ones alone.
-    assert main([*replay, "--not-replayed"]) == ExitCode.FAILED
+    # A replay leaves the replayed ones alone; --again takes them too.
+    assert main(replay) == ExitCode.FAILED
     assert "replaying 1 entry" in capsys.readouterr().out
+    assert main([*replay, "--again", "--error", "ValueError"]) == ExitCode.CLEAN_STOP
+    assert "replaying 2 entries" in capsys.readouterr().out
+    assert client[db_name]["_fw_dlq"].find_one({"event.documentKey._id": 1})["replayCount"] == 2
+    assert client[db_name]["_fw_dlq"].count_documents({"replayClaim": {"$exists": True}}) == 0
+
+
+def test_two_replays_at_once_never_take_the_same_entry(
+    capsys, dead_letters, monkeypatch, tmp_path, mongodb_uri, client, db_name
+):
+    # Two replays list the same entries; each entry goes to the first that claims it. The second
+    # replay, a process of its own, runs from inside the first one's method while it holds entry 1.
+    from dlq_handlers import Orders  # type: ignore[import-not-found]
+
+    monkeypatch.setenv("FW_TEST_SINK", "fixed")
+    replay = [
+        "dlq",
+        "replay",
+        "--database",
+        db_name,
+        "--handler",
+        "dlq_handlers:Orders",
+        "--error",
+        "ValueError",
+    ]
+    environment = {
+        "FLOWWARDEN_URI": mongodb_uri,
+        "FW_TEST_HANDLED": str(dead_letters),
+        "FW_TEST_SINK": "fixed",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    inner: list[subprocess.CompletedProcess[str]] = []
+    created = Orders.created
+
+    def created_then_a_second_replay(self, event):  # type: ignore[no-untyped-def]
+        if not inner:
+            inner.append(flowwarden(*replay, env=environment, cwd=tmp_path))
+        created(self, event)
+
+    monkeypatch.setattr(Orders, "created", created_then_a_second_replay)
+    assert main(["--verbose", *replay[:1], *replay[1:], "--uri", mongodb_uri]) == ExitCode.CLEAN_STOP
+    (second,) = inner
+    assert second.returncode == ExitCode.CLEAN_STOP, second.stderr
+    # The second replay took entry 3 (the first held 1), and left 1 to it; the first then found 3
+    # taken.
+    assert "replayed 1, failed 0, 1 taken by another replay" in second.stdout
+    assert "replayed 1, failed 0, 1 taken by another replay" in capsys.readouterr().out
+    handled = dead_letters.read_text().splitlines()
+    assert handled.count("insert 1") == 1 and handled.count("insert 3") == 1  # each entry once
+    counts = {
+        d["event"]["documentKey"]["_id"]: d.get("replayCount") for d in client[db_name]["_fw_dlq"].find()
+    }
+    assert counts == {1: 1, 3: 1, 4: None}
 
 
 def test_replay_refuses_another_streams_class(capsys, dead_letters, mongodb_uri, db_name):

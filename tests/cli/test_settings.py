@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,13 +15,6 @@ from flowwarden.cli.common import CommandError
 from flowwarden.cli.settings import Settings, described, load
 from helpers import flowwarden_command as flowwarden
 from helpers import one_error_line
-
-
-@pytest.fixture
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def unreachable(port: int, password: str = "s3cret-pw") -> str:

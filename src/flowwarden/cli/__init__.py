@@ -30,11 +30,14 @@ replica set and the demo).
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 from collections.abc import Sequence
 
 from flowwarden.cli import checkpoints, dlq, local, run, status
 from flowwarden.cli.common import EXIT_CODE_MEANINGS, CommandError, ExitCode, Parser, report, say
-from flowwarden.cli.settings import load
+from flowwarden.cli.settings import load, unknown_variables
 
 __all__ = ["EXIT_CODE_MEANINGS", "ExitCode", "build_parser", "main"]
 
@@ -63,7 +66,19 @@ def _connection_options() -> Parser:
         "--config", default=None, metavar="PATH", help="a TOML file of settings (or FLOWWARDEN_CONFIG)"
     )
     options.add_argument(
-        "--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: INFO"
+        "--server-selection-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long to wait for the deployment before exiting with code 3 (default: 10; run: at "
+        "start-up only)",
+    )
+    options.add_argument(
+        "--log-level",
+        default=None,
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="default: INFO (any case)",
     )
     options.add_argument(
         "--log-format",
@@ -120,16 +135,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "uri": args.uri,
                 "log_level": "DEBUG" if args.verbose else args.log_level,
                 "log_format": args.log_format,
+                "server_selection_timeout": args.server_selection_timeout,
                 **{name: getattr(args, name, None) for name in run.RUN_SETTINGS},
             },
             args.config,
         )
         logs.configure(settings.log_level, settings.log_format)
+        for warning in unknown_variables():
+            logging.getLogger(__name__).warning("%s", warning)
         uri = settings.uri.get_secret_value() if settings.uri is not None else None
         return int(args.func(args, settings))
     except CommandError as error:
         say(error.message)
         return error.code
+    except BrokenPipeError:
+        # The reader went away (`flowwarden checkpoints list | head -1`): what it wanted it got.
+        # Nothing more may reach the closed pipe, not even the interpreter's flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.CLEAN_STOP
     except KeyboardInterrupt:
         say("interrupted")
         return ExitCode.INTERRUPTED

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 from bson import json_util
 from bson.errors import BSONError
 
-from flowwarden.cli.common import CommandError, ExitCode, Parser, mongo_client, say
+from flowwarden.cli.common import CommandError, ExitCode, Parser, existing_database, say
 from flowwarden.cli.settings import Settings
 
 
@@ -37,13 +38,20 @@ def checkpoints(args: argparse.Namespace, settings: Settings) -> ExitCode:
         raise CommandError(ExitCode.USAGE, "--to-token, --to-time, --to-start and --create are for rewind")
     token = _parse_token(args.to_token) if args.to_token else None
     at = _parse_time(args.to_time) if args.to_time else None
-    with mongo_client(settings.mongodb_uri()) as client:
-        store = MongoCheckpointStore(client[args.database], collection=args.collection)
+    with settings.client() as client:
+        store = MongoCheckpointStore(existing_database(client, args.database), collection=args.collection)
         if args.action == "list":
             return _list_checkpoints(store)
         if args.action == "show":
             return _show(store, args.stream)
         if args.action == "delete":
+            if not args.yes:
+                raise CommandError(
+                    ExitCode.USAGE,
+                    f"checkpoints delete forgets stream {args.stream!r}'s position for good (its "
+                    "start_position applies at its next start); run it again with --yes to do it",
+                )
+            _refuse_if_running(client, store, args)
             found = store.delete(args.stream)
             print("deleted" if found else f"no checkpoint for stream {args.stream!r}")
             return ExitCode.CLEAN_STOP
@@ -68,8 +76,10 @@ def _rewind(client: Any, store: Any, args: argparse.Namespace, token: Any, at: A
             unknown.code,
             f"{unknown.message}, or give --create to store a position for a stream that has none yet",
         )
+    _refuse_if_running(client, store, args)
     server_time = cluster_time_of(client.admin.command("ping"))
     if at is not None:
+        _refuse_before_the_oplog(client, at)
         token = _token_at(client[args.database], at, server_time)
     if token is not None:
         reason = ahead_of_server(token, server_time)
@@ -82,8 +92,46 @@ def _rewind(client: Any, store: Any, args: argparse.Namespace, token: Any, at: A
         print("  now:    no position; the stream's start_position applies at its next start")
     else:
         print(f"  now:    {_position(store.load(stream))}")
-    print("  Stop every instance running this stream before it starts again: a running one keeps saving.")
     return ExitCode.CLEAN_STOP
+
+
+def _refuse_if_running(client: Any, store: Any, args: argparse.Namespace) -> None:
+    """A rewind or delete of a stream that a connector runs would be overwritten by its next save
+    (a delete re-created): refused while the stream's lease is held or a connector records that
+    it runs it (``_fw_locks``), unless ``--force``."""
+    from flowwarden.mongo.positions import cluster_time_of
+    from flowwarden.runtime.lease import LOCKS_COLLECTION, running_filter
+
+    if args.force:
+        return
+    server_time = cluster_time_of(client.admin.command("ping"))
+    now = server_time.as_datetime() if server_time is not None else datetime.now(timezone.utc)
+    locks = store.collection.database[LOCKS_COLLECTION]
+    running = locks.find_one(running_filter(args.stream, now))
+    if running is not None:
+        raise CommandError(
+            ExitCode.USAGE,
+            f"stream {args.stream!r} is running: instance {running.get('owner')!r} "
+            f"({running.get('ownerToken')}) runs it, and its next save would undo this {args.action}. "
+            "Stop it first (a stopped connector lets go at once; a killed one after lease_ttl_seconds), "
+            "or give --force",
+        )
+
+
+def _refuse_before_the_oplog(client: Any, at: Any) -> None:
+    """A time before the oplog's oldest entry names history that is gone: a stream resumed there
+    would fail with lost history (or its on_history_lost would move it elsewhere)."""
+    from flowwarden.events import timestamp_datetime
+    from flowwarden.mongo.positions import oplog_edge
+
+    oldest = oplog_edge(client, 1)
+    if oldest is not None and at < oldest:
+        raise CommandError(
+            ExitCode.USAGE,
+            f"--to-time {timestamp_datetime(at).isoformat()} is before the oldest entry of the oplog "
+            f"({timestamp_datetime(oldest).isoformat()}): the history before it is gone. Give that "
+            "time or a later one, or --to-start",
+        )
 
 
 def _position(checkpoint: Any) -> str:
@@ -114,7 +162,13 @@ def _parse_time(text: str) -> Any:
             f"--to-time {text!r} is not an ISO-8601 date-time with a time zone; give one such as "
             "2026-11-20T08:00:00Z or 2026-11-20T09:00:00+01:00",
         )
-    return Timestamp(int(moment.timestamp() // 1), 0)
+    seconds = int(moment.timestamp() // 1)
+    if not 0 <= seconds < 2**32:  # a cluster time counts unsigned 32-bit seconds
+        raise CommandError(
+            ExitCode.USAGE,
+            f"--to-time {text!r} is outside the times MongoDB can name (1970-01-01 to 2106-02-07)",
+        )
+    return Timestamp(seconds, 0)
 
 
 def _token_at(database: Any, at: Any, server_time: Any) -> Any:
@@ -168,7 +222,7 @@ def _parse_token(text: str) -> Any:
         raise CommandError(
             ExitCode.USAGE,
             f"--to-token is not a resume token the server could resume from: {error}. Copy the _id "
-            "of a change event, or a lastProcessedToken from `flowwarden checkpoints list`",
+            "of a change event, or a token `flowwarden checkpoints show STREAM` prints",
         ) from None
     return token
 
@@ -312,4 +366,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
         "--to-start", action="store_true", help="rewind: forget the position (start_position applies)"
     )
     parser.add_argument("--create", action="store_true", help="rewind: a stream with no checkpoint yet")
+    parser.add_argument("--yes", action="store_true", help="delete: yes, forget the position")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="rewind, delete: even while a connector runs the stream (its next save undoes it)",
+    )
     return parser

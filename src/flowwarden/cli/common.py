@@ -37,17 +37,18 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.FAILED: "a stream failed or ended with an error (run), or a document could not be read "
     "(checkpoints list, status, dlq)",
     ExitCode.USAGE: "usage or configuration error: bad arguments, settings or config file, a handler "
-    "that cannot be imported, an invalid token, JSON or URI, a port that cannot be used, a start-up "
-    "error, a command MongoDB refused for a reason other than the credentials; for status: a stream "
-    "whose position has left the oplog",
-    ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached or refused the credentials "
-    "(checkpoints, status, dlq)",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C), or run stopped at once by a second SIGINT/SIGTERM",
+    "that cannot be imported or created, an extra or Java a handler needs, an invalid token, JSON or "
+    "URI, a database that does not exist, a port that cannot be used, a start-up error, a command "
+    "MongoDB refused for a reason other than the credentials; for status: a stream whose position has "
+    "left the oplog",
+    ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached within server_selection_timeout, or "
+    "refused the credentials (run at start-up, checkpoints, status, dlq)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) before the command finished (embedded-mongo exits 0: "
+    "Ctrl-C is how it stops), or run stopped at once by a second SIGINT/SIGTERM",
 }
 
-# The one-shot commands do one thing and exit: better to say at once that MongoDB is out of reach
-# than to wait PyMongo's default 30 s. A serverSelectionTimeoutMS in the URI still wins.
-ONE_SHOT_SERVER_SELECTION_TIMEOUT_MS = 10_000
+# The commands say at once that MongoDB is out of reach (the server_selection_timeout setting, 10 s
+# by default) rather than wait PyMongo's default 30 s. A serverSelectionTimeoutMS in the URI wins.
 _URI_SETS_SERVER_SELECTION_TIMEOUT = re.compile(r"[?&;]serverSelectionTimeoutMS=", re.IGNORECASE)
 
 # OperationFailure codes meaning the credentials were refused: Unauthorized, AuthenticationFailed.
@@ -98,14 +99,17 @@ def positive_int(text: str) -> int:
     return value
 
 
-def mongo_client(uri: str, *, connect: bool = True) -> pymongo.MongoClient[dict[str, Any]]:
-    """A client for the one-shot commands; a URI PyMongo refuses ends the command (exit 2)."""
+def mongo_client(
+    uri: str, *, connect: bool = True, server_selection_timeout: float = 10.0
+) -> pymongo.MongoClient[dict[str, Any]]:
+    """A client for the commands' own reads; a URI PyMongo refuses ends the command (exit 2).
+    It waits ``server_selection_timeout`` seconds for the deployment, unless the URI says."""
     import pymongo
     from pymongo.errors import ConfigurationError
 
     options: dict[str, Any] = {"tz_aware": True, "connect": connect, "appname": "flowwarden-cli"}
     if not _URI_SETS_SERVER_SELECTION_TIMEOUT.search(uri):
-        options["serverSelectionTimeoutMS"] = ONE_SHOT_SERVER_SELECTION_TIMEOUT_MS
+        options["serverSelectionTimeoutMS"] = round(server_selection_timeout * 1000)
     try:
         return pymongo.MongoClient(uri, **options)
     except (ConfigurationError, ValueError, TypeError) as error:
@@ -113,6 +117,14 @@ def mongo_client(uri: str, *, connect: bool = True) -> pymongo.MongoClient[dict[
 
 
 def uri_refused(uri: str, error: Exception) -> CommandError:
+    scheme, found, _ = uri.partition("://")
+    if not found or scheme.lower() not in ("mongodb", "mongodb+srv"):
+        # Nothing of the URI after its scheme is quoted: that is where a password would be.
+        begins = f"it begins with {scheme + '://'!r}" if found and len(scheme) <= 20 else "it does not"
+        return CommandError(
+            ExitCode.USAGE,
+            f"the MongoDB URI must begin with mongodb:// or mongodb+srv://; {begins}. Fix the URI",
+        )
     # PyMongo quotes pieces of a URI it cannot parse, and a misplaced '@' or ':' can put a piece of
     # the password in them: such a message is withheld.
     message = str(error)
@@ -136,6 +148,7 @@ def mongodb_unavailable(error: BaseException, uri: str) -> CommandError | None:
             # A server selection timeout appends the whole topology description; the first part
             # (each host and why it could not be reached) is what the operator can act on.
             detail = str(cause).split(", Topology Description:")[0]
+            detail = re.sub(r" \(configured timeouts: [^)]*\)", "", detail)
             return CommandError(
                 ExitCode.MONGODB_UNAVAILABLE,
                 f"cannot reach MongoDB at {redact_uri(uri)}: {type(cause).__name__}: {detail}. Check "
@@ -171,3 +184,25 @@ def report(error: Exception, uri: str | None) -> ExitCode:
         say(f"MongoDB at {redact_uri(uri)} refused the command: {type(error).__name__}: {error}")
         return ExitCode.USAGE
     raise error
+
+
+def existing_database(client: pymongo.MongoClient[dict[str, Any]], name: str) -> Any:
+    """``client[name]``, or a CommandError (exit 2) when the deployment has no such database: a
+    misspelt ``--database`` would otherwise read as an empty one. Where the user may not list
+    databases, the database is taken as given."""
+    from pymongo.errors import OperationFailure
+
+    try:
+        reply = client.admin.command("listDatabases", nameOnly=True, authorizedDatabases=True)
+        names = [str(database["name"]) for database in reply["databases"]]
+    except OperationFailure:
+        return client[name]
+    if name not in names:
+        near = [found for found in names if found not in ("admin", "config", "local")]
+        listing = f"; it has: {', '.join(sorted(near))}" if near else "; it has none of its own yet"
+        raise CommandError(
+            ExitCode.USAGE,
+            f"the deployment has no database {name!r}{listing}. Check --database (the database of "
+            "the stream's collection, or the checkpoint database for cluster streams)",
+        )
+    return client[name]

@@ -281,7 +281,9 @@ def run_demo(*, events: int = 2000, output: str = "out/demo", use_spark: bool = 
     spark = None
     if use_spark:
         from flowwarden.spark import get_or_create_session
+        from flowwarden.spark.session import require_java
 
+        require_java("the demo", without="run the demo without Spark: flowwarden demo --no-spark")
         spark_log = out / "spark.log"
         err.print(f"starting local Spark (its log: {spark_log}) ...")
         spark = get_or_create_session(

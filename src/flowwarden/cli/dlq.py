@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import json
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from bson import ObjectId, json_util
@@ -23,7 +23,7 @@ from bson.errors import InvalidId
 from rich.console import Console
 from rich.table import Table
 
-from flowwarden.cli.common import CommandError, ExitCode, Parser, mongo_client, say
+from flowwarden.cli.common import CommandError, ExitCode, Parser, existing_database, say
 from flowwarden.cli.settings import Settings
 
 
@@ -39,8 +39,8 @@ def dlq(args: argparse.Namespace, settings: Settings) -> ExitCode:
         handler = load_handler(args.handler)
     if args.action == "show" and not args.ids:
         raise CommandError(ExitCode.USAGE, "dlq show needs the entry's id: flowwarden dlq show ID ...")
-    with mongo_client(settings.mongodb_uri()) as client:
-        collection = client[args.database][args.collection]
+    with settings.client() as client:
+        collection = existing_database(client, args.database)[args.collection]
         if args.action == "list":
             return _list(collection, _filter(args), args.limit, args.json)
         if args.action == "show":
@@ -203,17 +203,20 @@ def _replay(collection: Any, handler_class: type, args: argparse.Namespace) -> E
     query = _filter(args, stream=args.stream or (own[0] if len(own) == 1 else None))
     if not args.stream and len(own) > 1:
         query["stream"] = {"$in": own}
+    if not args.again:
+        query["replayedAt"] = {"$exists": False}  # an entry replayed once is done
     entries = list(collection.find(query, sort=[("failedAt", 1), ("_id", 1)]))
     if not entries:
-        print(f"no entries of stream {stream!r} in {collection.full_name} match")
+        again = "" if args.again else " that were not replayed before (--again takes those too)"
+        print(f"no entries of stream {stream!r} in {collection.full_name}{again} match")
         return ExitCode.CLEAN_STOP
     print(
         f"replaying {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} of stream {stream!r} through "
         f"{handler_class.__name__}. Replay is at least once: an entry whose method returned but could "
         "not be marked is replayed again next time"
     )
-    failed = asyncio.run(_replay_all(collection, spec, entries))
-    print(f"replayed {len(entries) - failed}, failed {failed}")
+    replayed, failed, taken = asyncio.run(_replay_all(collection, spec, entries, again=args.again))
+    print(f"replayed {replayed}, failed {failed}" + (f", {taken} taken by another replay" if taken else ""))
     if failed:
         say(
             f"{failed} entr{'y' if failed == 1 else 'ies'} failed again (lastReplayError says why; they "
@@ -223,17 +226,45 @@ def _replay(collection: Any, handler_class: type, args: argparse.Namespace) -> E
     return ExitCode.CLEAN_STOP
 
 
-async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]]) -> int:
-    """Each entry's event through its method under the class's retry policy; how many failed."""
+# A replay claims an entry before it replays it, for this long: two replays at once never handle
+# the same entry, and the claim of a replay that was killed lapses.
+CLAIM_SECONDS = 300.0
+
+
+def _claim(collection: Any, entry: dict[str, Any], claimant: str, *, again: bool) -> bool:
+    """Whether this replay took ``entry``: no other replay holds it, and (unless ``again``) it was
+    not replayed since it was listed."""
+    now = datetime.now(timezone.utc)
+    query: dict[str, Any] = {
+        "_id": entry["_id"],
+        "$or": [{"replayClaim": {"$exists": False}}, {"replayClaim.until": {"$lt": now}}],
+    }
+    if not again:
+        query["replayedAt"] = {"$exists": False}
+    claim = {"by": claimant, "until": now + timedelta(seconds=CLAIM_SECONDS)}
+    return collection.find_one_and_update(query, {"$set": {"replayClaim": claim}}) is not None
+
+
+async def _replay_all(
+    collection: Any, spec: Any, entries: list[dict[str, Any]], *, again: bool
+) -> tuple[int, int, int]:
+    """Each entry's event through its method under the class's retry policy, once this replay
+    claimed it; how many were replayed, failed again, and taken by another replay."""
     import logging
 
     from flowwarden.runtime.invoke import Exhausted, Invoker
+    from flowwarden.runtime.lease import instance_token
 
     instance = spec.handler_class()
     logger = logging.getLogger("flowwarden.cli.dlq")
     stopping = asyncio.Event()
-    failed = 0
+    claimant = instance_token()
+    replayed = failed = taken = 0
     for entry in entries:
+        if not _claim(collection, entry, claimant, again=again):
+            print(f"  {entry['_id']}: taken by another replay, or replayed since")
+            taken += 1
+            continue
         event = entry.get("event")
         if not isinstance(event, dict):
             failed += _mark_failed(collection, entry, "the entry holds no event to replay")
@@ -270,11 +301,12 @@ async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]])
             {
                 "$set": {"replayedAt": datetime.now(timezone.utc)},
                 "$inc": {"replayCount": 1},
-                "$unset": {"lastReplayError": ""},
+                "$unset": {"lastReplayError": "", "replayClaim": ""},
             },
         )
+        replayed += 1
         print(f"  {entry['_id']}: replayed")
-    return failed
+    return replayed, failed, taken
 
 
 def _payload(spec: Any, method: Any, event: dict[str, Any]) -> Any:
@@ -296,7 +328,10 @@ def _payload(spec: Any, method: Any, event: dict[str, Any]) -> Any:
 def _mark_failed(collection: Any, entry: dict[str, Any], reason: str) -> int:
     collection.update_one(
         {"_id": entry["_id"]},
-        {"$set": {"lastReplayError": reason, "lastReplayAttemptAt": datetime.now(timezone.utc)}},
+        {
+            "$set": {"lastReplayError": reason, "lastReplayAttemptAt": datetime.now(timezone.utc)},
+            "$unset": {"replayClaim": ""},
+        },
     )
     print(f"  {entry['_id']}: failed: {reason}")
     return 1
@@ -308,8 +343,9 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
         parents=[connection],
         help="list, show, replay or purge dead-lettered events",
         description="Work with the dead-letter collection: list entries (filtered by stream, error and "
-        "time), show whole entries, replay entries through a handler class (at least once: marked "
-        "after the method returned), or purge them (only with --yes).",
+        "time), show whole entries, replay entries through a handler class (those never replayed, "
+        "unless --again; each claimed first, so two replays at once never take the same one; at "
+        "least once: marked after the method returned), or purge them (only with --yes).",
     )
     parser.add_argument("action", choices=["list", "show", "replay", "purge"], help="what to do")
     parser.add_argument(
@@ -327,7 +363,14 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
     parser.add_argument(
         "--since", default=None, help="only entries that failed at or after this ISO-8601 time"
     )
-    parser.add_argument("--not-replayed", action="store_true", help="only entries never replayed")
+    parser.add_argument(
+        "--not-replayed", action="store_true", help="list, show, purge: only entries never replayed"
+    )
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="replay: also entries replayed before (by default replay takes only those never replayed)",
+    )
     parser.add_argument("--limit", type=int, default=50, help="list: at most this many entries (default 50)")
     parser.add_argument("--json", action="store_true", help="list: one JSON object per line")
     parser.add_argument("--handler", default=None, metavar="module:Class", help="replay: the handler class")

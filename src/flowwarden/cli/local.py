@@ -37,7 +37,8 @@ def add_parsers(sub: argparse._SubParsersAction[Parser]) -> list[argparse.Argume
         "embedded-mongo",
         help="run the embedded test replica set in the foreground",
         description="Run EmbeddedReplicaSet, the MongoDB test double flowwarden's tests and demo use, on "
-        "127.0.0.1 until Ctrl-C. It is not a database for production data.",
+        "127.0.0.1 until Ctrl-C or SIGTERM, then exit 0. Its URI goes to standard output. Data lives in "
+        "memory only: it is not a database for production data.",
     )
     emb.add_argument(
         "--port", type=port, default=27017, help="TCP port, 1 to 65535, or 0 for a free one (default 27017)"

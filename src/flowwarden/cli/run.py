@@ -64,10 +64,14 @@ def run(args: argparse.Namespace, settings: Settings) -> ExitCode:
     from flowwarden.runtime import Connector, ForcedStop
 
     uri = settings.mongodb_uri()
-    # The connector builds its client once it runs; a URI PyMongo cannot parse is refused here,
-    # before anything starts, with a message that cannot quote the password.
+    # Before anything starts: a URI PyMongo cannot parse is refused with a message that cannot
+    # quote the password, the handler classes are imported, and a deployment that does not answer
+    # within server_selection_timeout ends the command (exit 3) instead of a connector retrying a
+    # wrong URI forever. Once running, outages are waited out.
     mongo_client(uri, connect=False).close()
     handlers = [load_handler(h) for h in args.handlers]
+    with settings.client() as client:
+        client.admin.command("ping")
     try:
         connector = Connector(
             uri,

@@ -18,12 +18,14 @@ names the setting, where it can be set, and what it accepts. A URI never appears
 
 from __future__ import annotations
 
+import difflib
 import os
+import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -32,10 +34,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from flowwarden.cli.common import CommandError, ExitCode
+from flowwarden.cli.common import CommandError, ExitCode, mongo_client
 from flowwarden.cli.logs import LogFormat, LogLevel
 from flowwarden.mongo.redaction import redact_uri
 from flowwarden.runtime.connector import DEFAULT_CHECKPOINT_DATABASE
+from flowwarden.runtime.preflight import database_name_problem, instance_id_problem
+
+if TYPE_CHECKING:
+    import pymongo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -44,6 +50,13 @@ else:  # pragma: no cover - Python 3.10
 
 ENV_PREFIX = "FLOWWARDEN_"
 CONFIG_ENV = "FLOWWARDEN_CONFIG"
+# FLOWWARDEN_* variables that are not settings, yet belong to flowwarden: no warning for them.
+OTHER_VARIABLES = frozenset({CONFIG_ENV, "FLOWWARDEN_TEST_MONGODB_URI"})
+# Files a setting names are read whole, so they are bounded: a URI file holds one line, a config
+# file a few settings. A FIFO or a device (/dev/zero) is refused before it is opened.
+MAX_URI_FILE_BYTES = 64 * 1024
+MAX_CONFIG_FILE_BYTES = 1024 * 1024
+DEFAULT_SERVER_SELECTION_TIMEOUT = 10.0
 
 
 class Settings(BaseSettings):
@@ -63,7 +76,13 @@ class Settings(BaseSettings):
     checkpoint_database: str = Field(
         DEFAULT_CHECKPOINT_DATABASE,
         description="where streams over a whole deployment keep their checkpoints",
-        min_length=1,
+    )
+    server_selection_timeout: float = Field(
+        DEFAULT_SERVER_SELECTION_TIMEOUT,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a command waits for the deployment to answer before it exits with code 3 "
+        "(run: at start-up only; a serverSelectionTimeoutMS in the URI wins)",
     )
     metrics_port: int | None = Field(
         None,
@@ -80,6 +99,34 @@ class Settings(BaseSettings):
 
     # Set per load() on a subclass: the TOML file to read, if any.
     _toml_file: Path | None = None
+
+    @field_validator("instance_id")
+    @classmethod
+    def _usable_instance_id(cls, value: str | None) -> str | None:
+        problem = instance_id_problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem}; leave it unset for a generated one")
+        return value
+
+    @field_validator("checkpoint_database")
+    @classmethod
+    def _database_name(cls, value: str) -> str:
+        problem = database_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _port_not_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # TOML's true would read as port 1
+            raise ValueError("it must be a port number, not true or false")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_any_case(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @classmethod
     def settings_customise_sources(
@@ -110,6 +157,10 @@ class Settings(BaseSettings):
             )
         return self.uri.get_secret_value()
 
+    def client(self) -> pymongo.MongoClient[dict[str, Any]]:
+        """A client of the URI for the command's own reads, waiting ``server_selection_timeout``."""
+        return mongo_client(self.mongodb_uri(), server_selection_timeout=self.server_selection_timeout)
+
     def in_effect(self, instance_id: str) -> str:
         """The settings ``run`` runs with, as one line of ``name=value`` for its start-up log line:
         ``instance_id`` as the connector uses it (generated when not set), the URI with its
@@ -121,6 +172,7 @@ class Settings(BaseSettings):
             "metrics_port": "off" if self.metrics_port is None else self.metrics_port,
             "metrics_host": self.metrics_host,
             "progress_interval": f"{self.progress_interval:g}",
+            "server_selection_timeout": f"{self.server_selection_timeout:g}",
             "log_level": self.log_level,
             "log_format": self.log_format,
             "uri": redact_uri(self.uri.get_secret_value()) if self.uri is not None else "none",
@@ -150,15 +202,34 @@ class _UriFromFile(PydanticBaseSettingsSource):
                 ExitCode.USAGE, f"{self._where} sets both the URI and a URI file; keep one of them"
             )
         try:
-            values["uri"] = Path(path).read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
-        except (OSError, UnicodeDecodeError) as error:
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            data = read_bounded(Path(path), MAX_URI_FILE_BYTES)
+            values["uri"] = data.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            if isinstance(error, UnicodeDecodeError):
+                reason = "it is not UTF-8 text"
+            elif isinstance(error, OSError) and error.strerror:
+                reason = error.strerror
+            else:
+                reason = str(error)
             raise CommandError(
                 ExitCode.USAGE, f"cannot read the URI file {path} named by {self._where}: {reason}"
             ) from None
         if not values["uri"].strip():
             raise CommandError(ExitCode.USAGE, f"the URI file {path} named by {self._where} is empty")
         return values
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``; ValueError for anything else (a FIFO or a device
+    would block or never end) or for a file over ``limit`` bytes."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise ValueError("it is not a regular file")
+    with path.open("rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"it is larger than {limit:,} bytes")
+    return data
 
 
 FLAGS = {
@@ -170,6 +241,7 @@ FLAGS = {
     "log_level": "--log-level",
     "log_format": "--log-format",
     "progress_interval": "--progress-interval",
+    "server_selection_timeout": "--server-selection-timeout",
 }
 
 
@@ -190,15 +262,36 @@ def load(flags: dict[str, Any], config: str | None = None) -> Settings:
 def _check_config(path: Path, named_by: str) -> Path:
     """The TOML file, once it exists and parses (pydantic-settings skips a missing file silently)."""
     try:
-        with path.open("rb") as file:
-            tomllib.load(file)
+        tomllib.loads(read_bounded(path, MAX_CONFIG_FILE_BYTES).decode("utf-8"))
     except OSError as error:
         raise CommandError(
             ExitCode.USAGE, f"cannot read the config file {path} ({named_by}): {error.strerror or error}"
         ) from None
-    except tomllib.TOMLDecodeError as error:
-        raise CommandError(ExitCode.USAGE, f"the config file {path} is not valid TOML: {error}") from None
+    except UnicodeDecodeError:
+        raise CommandError(
+            ExitCode.USAGE, f"the config file {path} ({named_by}) is not UTF-8 text; TOML files are UTF-8"
+        ) from None
+    except ValueError as error:  # not a regular file, or too large (TOMLDecodeError is one too)
+        if isinstance(error, tomllib.TOMLDecodeError):
+            problem = f"the config file {path} is not valid TOML: {error}"
+        else:
+            problem = f"cannot read the config file {path} ({named_by}): {error}"
+        raise CommandError(ExitCode.USAGE, problem) from None
     return path
+
+
+def unknown_variables(environ: dict[str, str] | None = None) -> list[str]:
+    """One warning per ``FLOWWARDEN_*`` environment variable that is no setting (a misspelt one
+    would otherwise be ignored without a word), naming the closest setting's variable."""
+    environ = dict(os.environ) if environ is None else environ
+    known = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    warnings = []
+    for name in sorted(environ):
+        if name.upper().startswith(ENV_PREFIX) and name.upper() not in known:
+            close = difflib.get_close_matches(name.upper(), sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"the variables are {', '.join(sorted(known))}"
+            warnings.append(f"the environment variable {name} is no setting and is ignored; {hint}")
+    return warnings
 
 
 def _explain(error: ValidationError, toml_file: Path | None) -> str:

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flowwarden.cli.checkpoints import read_checkpoints, unreadable_report
-from flowwarden.cli.common import ExitCode, Parser, mongo_client, say
+from flowwarden.cli.common import ExitCode, Parser, existing_database, say
 from flowwarden.cli.settings import Settings
 
 
@@ -30,8 +30,8 @@ def status(args: argparse.Namespace, settings: Settings) -> ExitCode:
     from flowwarden.mongo.positions import cluster_time_of, oplog_edge
     from flowwarden.runtime.lease import LOCKS_COLLECTION
 
-    with mongo_client(settings.mongodb_uri()) as client:
-        database = client[args.database]
+    with settings.client() as client:
+        database = existing_database(client, args.database)
         now = cluster_time_of(client.admin.command("ping"))
         oldest = oplog_edge(client, 1)
         leases = {doc["_id"]: doc for doc in database[LOCKS_COLLECTION].find({})}

@@ -264,6 +264,9 @@ def build_spec(cls: type) -> StreamSpec:
         dead_letter = DeadLetterOptions()
     pipeline_options: PipelineOptions | None = getattr(cls, PIPELINE_ATTR, None)
     stages: list[dict[str, Any]] = []
+    own_stage = stream.own_collections_stage()
+    if own_stage is not None:
+        stages.append(own_stage)
     type_stage = stream.operation_type_stage()
     if type_stage is not None:
         stages.append(type_stage)

@@ -14,6 +14,7 @@ from flowwarden.config.base import OptionProblem, Options, option
 from flowwarden.config.choices import Deployment, OnInvalidate, Snapshot, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
 from flowwarden.mongo.buckets import MAX_PARTITIONS
+from flowwarden.mongo.initial_copy import INTERNAL_PREFIX
 
 # Operation types a change stream reports without showExpandedEvents.
 StandardOperationType = Literal[
@@ -264,6 +265,15 @@ class ChangeStreamOptions(Options):
         if self.collection is not None:
             return f"{self.database}.{self.collection}"
         return self.database if self.database is not None else "*"
+
+    def own_collections_stage(self) -> dict[str, Any] | None:
+        """For a database or cluster stream, the ``$match`` stage that leaves out the events of
+        flowwarden's own collections (``_fw_checkpoints``, ``_fw_locks``, ``_fw_dlq``...): without
+        it the stream would see its own checkpoint saves, each save an event to handle and save.
+        Events without a collection (dropDatabase, invalidate) pass."""
+        if self.collection is not None:
+            return None
+        return {"$match": {"ns.coll": {"$not": {"$regex": f"^{INTERNAL_PREFIX}"}}}}
 
     def operation_type_stage(self) -> dict[str, Any] | None:
         """The ``$match`` stage that keeps only ``operation_types``, or None when all are wanted.

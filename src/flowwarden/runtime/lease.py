@@ -15,6 +15,11 @@ so a healthy holder never gets close to that deadline, and a partitioned one sto
 can acquire (a standby only acquires after ``expiresAt``, which is at least ``ttl`` after the last
 renewal). Expiry times are written with this host's UTC clock: instances' clocks must agree to
 well within the TTL (NTP does this).
+
+A stream without a lease announces itself instead: :class:`Presence` keeps a document
+``{_id: "<stream>#<token>", stream, kind: "presence", owner, ownerToken, expiresAt}`` in the same
+collection while it runs (renewed every third of the TTL, deleted at a graceful stop, expired after
+a crash), so that whoever would move the stream's checkpoint by hand can tell it is running.
 """
 
 from __future__ import annotations
@@ -152,3 +157,45 @@ class LeaseManager:
             return None
         owner, token = doc.get("owner"), doc.get("ownerToken")
         return Holder(None if owner is None else str(owner), None if token is None else str(token))
+
+
+class Presence:
+    """That one connector runs one stream without a lease, for as long as it does."""
+
+    def __init__(self, collection: Any, stream: str, owner: str, token: str, ttl_seconds: float) -> None:
+        self._coll = collection
+        self.stream = stream
+        self.ttl = ttl_seconds
+        self._id = f"{stream}#{token}"
+        self._fields = {"stream": stream, "kind": "presence", "owner": owner, "ownerToken": token}
+
+        self._written = 0.0  # monotonic time of the last write, 0: none since the last withdrawal
+
+    @property
+    def renew_interval(self) -> float:
+        return self.ttl / 3
+
+    async def announce(self) -> None:
+        """Write (or renew) the document, valid for ``ttl`` seconds from now; a stream re-opening
+        within a renew interval of the last write writes nothing (each write is an oplog entry)."""
+        started = time.monotonic()
+        if self._written and started - self._written < self.renew_interval:
+            return
+        expires = datetime.now(timezone.utc) + timedelta(seconds=self.ttl)
+        await self._coll.update_one(
+            {"_id": self._id}, {"$set": {**self._fields, "expiresAt": expires}}, upsert=True
+        )
+        self._written = started
+
+    async def withdraw(self) -> None:
+        self._written = 0.0
+        await self._coll.delete_one({"_id": self._id})
+
+
+def running_filter(stream: str, now: datetime) -> dict[str, Any]:
+    """The ``_fw_locks`` documents that say ``stream`` runs somewhere at ``now``: its held lease,
+    or a live presence."""
+    return {
+        "$or": [{"_id": stream, "ownerToken": {"$ne": None}}, {"stream": stream, "kind": "presence"}],
+        "expiresAt": {"$gt": now},
+    }

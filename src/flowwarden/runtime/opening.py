@@ -33,7 +33,7 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import StartPosition
 from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import FlowWardenError, ResumePositionError, StreamError
-from flowwarden.events import token_data, token_datetime
+from flowwarden.events import timestamp_datetime, token_data, token_datetime
 from flowwarden.mongo.large_events import (
     AsyncJoinedChangeStream,
     is_too_large,
@@ -138,7 +138,18 @@ class StreamOpener:
                 )
             start = {"start_at_operation_time": oldest}
         elif position == StartPosition.AT_TIME:
-            start = {"start_at_operation_time": options.start_at_operation_time}
+            at = options.start_at_operation_time
+            now = await server_cluster_time(self._client)
+            if at is not None and now is not None and at.time > now.time:
+                # The server would wait for that time to come: the stream would store a position
+                # in the future and say RUNNING while it delivers nothing until then.
+                raise StreamError(
+                    f"stream {self.name!r}: start_at {timestamp_datetime(at).isoformat()} is after the "
+                    f"deployment's current time {timestamp_datetime(now).isoformat()}; a stream starts "
+                    "at a time that has come. Give a past time, or start_position=LATEST",
+                    stream=self.name,
+                )
+            start = {"start_at_operation_time": at}
         return {"resume_after": await self._token_of(start)}, True
 
     async def store_position(

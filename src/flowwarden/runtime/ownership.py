@@ -25,7 +25,7 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Deployment
 from flowwarden.config.spec import StreamSpec
 from flowwarden.runtime.context import StreamLog
-from flowwarden.runtime.lease import Holder, LeaseManager
+from flowwarden.runtime.lease import Holder, LeaseManager, Presence
 
 
 class Ownership:
@@ -56,6 +56,11 @@ class Ownership:
             if spec.stream.deployment == Deployment.SINGLE_LEADER
             else None
         )
+        self._presence = (
+            Presence(locks_collection, spec.name, instance_id, instance_token, spec.stream.lease_ttl_seconds)
+            if self.lease is None
+            else None
+        )
         self.lost = False
         """The lease was held and is not any more: the stream must stop reading."""
         self._warned: set[tuple[str, str | None]] = set()
@@ -80,6 +85,7 @@ class Ownership:
         round met, if any, and why the stream waits (who holds the lease)."""
         lease = self.lease
         if lease is None:
+            await self._announce()
             return True
         reason: str | None = None
         told: tuple[str | None, str | None] | None = None  # the holder the log last named
@@ -143,7 +149,7 @@ class Ownership:
         """While the stream runs: renew the lease, and call ``on_lost`` once it cannot be kept;
         without a lease, watch for a second writer of the checkpoint."""
         if self.lease is None:
-            await self._watch_for_other_writers(committer)
+            await asyncio.gather(self._watch_for_other_writers(committer), self._keep_announcing())
             return
         while True:
             await asyncio.sleep(self.lease.renew_interval)
@@ -157,8 +163,31 @@ class Ownership:
                 on_lost()
                 return
 
+    async def _announce(self) -> None:
+        """Say that this connector runs the stream; a failure only means a hand-made checkpoint
+        change is not refused while it runs, so it is logged, not raised."""
+        if self._presence is None:
+            return
+        try:
+            await self._presence.announce()
+        except PyMongoError as error:
+            self.log.warning("stream %s: could not record that it runs (%s)", self.name, error)
+
+    async def _keep_announcing(self) -> None:
+        assert self._presence is not None
+        while True:
+            await asyncio.sleep(self._presence.renew_interval)
+            await self._announce()
+
     async def release(self, timeout: float) -> None:
-        """Give the lease back at once (a graceful stop), waiting at most ``timeout`` seconds."""
+        """Give the lease back, or withdraw the presence, at once (a graceful stop), waiting at
+        most ``timeout`` seconds."""
+        if self._presence is not None:
+            try:
+                await asyncio.wait_for(self._presence.withdraw(), timeout)
+            except (PyMongoError, asyncio.TimeoutError):
+                pass  # it expires after lease_ttl_seconds
+            return
         if self.lease is None or self.lease.lease is None:
             return
         try:

@@ -10,18 +10,20 @@ session the user built, a notebook's), neither is touched.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flowwarden.errors import JavaNotFoundError
 from flowwarden.spark._extra import require
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["DEFAULT_CONF", "get_or_create_session"]
+__all__ = ["DEFAULT_CONF", "find_java", "get_or_create_session", "require_java"]
 
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -29,6 +31,27 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
 }
 """Settings applied before ``conf`` (which overrides them)."""
+
+
+def find_java() -> str | None:
+    """The java Spark would start: ``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else the one on
+    PATH; None when there is none."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = Path(home) / "bin" / "java"
+        return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+    return shutil.which("java")
+
+
+def require_java(purpose: str, without: str | None = None) -> str:
+    """The java for Spark, or :class:`~flowwarden.errors.JavaNotFoundError` naming ``purpose``
+    and how to install one (and ``without``: how to go on without Spark)."""
+    java = find_java()
+    if java is None:
+        home = os.environ.get("JAVA_HOME")
+        where = f"JAVA_HOME={home} holds no bin/java" if home else "JAVA_HOME is unset and no java is on PATH"
+        raise JavaNotFoundError(f"{purpose} needs Spark, which needs Java 17: {where}", without)
+    return java
 
 
 def get_or_create_session(
@@ -52,6 +75,9 @@ def get_or_create_session(
     sql = require("pyspark.sql", "a Spark session")
     context = require("pyspark", "a Spark session").SparkContext
     running = sql.SparkSession.getActiveSession() is not None or context._active_spark_context is not None
+    java = None
+    if not running and not master.startswith("sc://"):  # Spark Connect starts no JVM here
+        java = require_java("a Spark session")
     if running:
         pass  # the workers' interpreter was settled when Spark started
     elif master.startswith("local"):
@@ -63,8 +89,18 @@ def get_or_create_session(
     builder = sql.SparkSession.builder.master(master).appName(app_name)
     for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
-    with _stderr_to(jvm_log):
-        session: SparkSession = builder.getOrCreate()
+    try:
+        with _stderr_to(jvm_log):
+            session: SparkSession = builder.getOrCreate()
+    except Exception as error:
+        if running or "JAVA_GATEWAY_EXITED" not in str(error):
+            raise
+        # PySpark's own message is a Python traceback's worth of text; the cause is in the JVM's
+        # output (jvm_log, else this process's stderr).
+        where = f"; its output is in {jvm_log}" if jvm_log is not None else "; its output is above"
+        raise JavaNotFoundError(
+            f"Spark's JVM exited before it started ({java}){where}. Spark needs Java 17 or 21"
+        ) from None
     return session
 
 

@@ -173,11 +173,14 @@ class SourceOptions:
 
     @property
     def stream_pipeline(self) -> tuple[dict[str, Any], ...]:
-        """The stages the source's change streams run after ``$changeStream``: ``pipeline``, then
+        """The stages the source's change streams run after ``$changeStream``: for a database or
+        cluster, the one leaving out flowwarden's own collections; ``pipeline``; then
         ``$changeStreamSplitLargeEvent`` with ``split_large_events``."""
+        own = ChangeStreamOptions(database=self.database, collection=self.collection).own_collections_stage()
+        stages = self.pipeline if own is None else (own, *self.pipeline)
         if not self.split_large_events:
-            return self.pipeline
-        return tuple(with_split_stage(self.pipeline))
+            return stages
+        return tuple(with_split_stage(stages))
 
     @property
     def namespace(self) -> str:
