@@ -689,7 +689,7 @@ def test_the_documented_layout_change_from_two_buckets_to_three_misses_nothing(
                         "--create",
                     )
                 for name in old:
-                    cli(mongodb_uri, "checkpoints", "delete", name, "--database", db_name)
+                    cli(mongodb_uri, "checkpoints", "delete", name, "--database", db_name, "--yes")
                 listed = cli(mongodb_uri, "checkpoints", "list", "--database", db_name)
                 assert sorted(json.loads(line)["stream"] for line in listed.splitlines()) == new
 
