@@ -124,6 +124,7 @@ def _token_at(database: Any, at: Any, server_time: Any) -> Any:
     from pymongo.errors import OperationFailure
 
     from flowwarden.events import timestamp_datetime
+    from flowwarden.mongo import codes
     from flowwarden.mongo.positions import FUTURE_TOLERANCE_SECONDS
 
     when = timestamp_datetime(at).isoformat()
@@ -137,7 +138,7 @@ def _token_at(database: Any, at: Any, server_time: Any) -> Any:
         with database.watch(start_at_operation_time=at, batch_size=0) as stream:
             token = stream.resume_token
     except OperationFailure as error:
-        if error.code == 286:  # ChangeStreamHistoryLost
+        if error.code == codes.CHANGE_STREAM_HISTORY_LOST:
             raise CommandError(
                 ExitCode.USAGE,
                 f"--to-time {when} is older than the oplog's oldest entry; what happened then can no "

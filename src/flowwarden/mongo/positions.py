@@ -33,17 +33,12 @@ from pymongo.errors import ConfigurationError, ConnectionFailure, OperationFailu
 from flowwarden.config import OnHistoryLost
 from flowwarden.errors import HistoryLostError
 from flowwarden.events import ResumeToken, check_resume_token, timestamp_datetime
+from flowwarden.mongo import codes
 
 # Codes with which the server refuses a resume token it was given.
 REFUSED_TOKEN_CODES = frozenset(
-    {
-        9,  # FailedToParse: _data is not hex
-        260,  # InvalidResumeToken
-        40649,  # a token too short or of an unknown format
-    }
+    {codes.FAILED_TO_PARSE, codes.INVALID_RESUME_TOKEN, codes.MALFORMED_RESUME_TOKEN}
 )
-CHANGE_STREAM_FATAL = 280  # among others: "the resume token was not found"
-HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +68,7 @@ def refused_position(error: OperationFailure) -> bool:
     history (after a startAfter retry for invalidate tokens, where that applies)."""
     if error.code in REFUSED_TOKEN_CODES:
         return True
-    return error.code == CHANGE_STREAM_FATAL and "resume token" in str(error).lower()
+    return error.code == codes.CHANGE_STREAM_FATAL_ERROR and "resume token" in str(error).lower()
 
 
 async def maybe_await(value: Any) -> Any:
@@ -444,7 +439,6 @@ def recover_from_history_loss(
 
 __all__ = [
     "FUTURE_TOLERANCE_SECONDS",
-    "HISTORY_LOST",
     "REFUSED_TOKEN_CODES",
     "SHARD_PRIVILEGES",
     "Recovery",

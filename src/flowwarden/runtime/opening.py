@@ -34,6 +34,7 @@ from flowwarden.config import StartPosition
 from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import FlowWardenError, ResumePositionError, StreamError
 from flowwarden.events import token_data, token_datetime
+from flowwarden.mongo import codes
 from flowwarden.mongo.large_events import (
     AsyncJoinedChangeStream,
     is_too_large,
@@ -54,7 +55,6 @@ from flowwarden.mongo.positions import (
 from flowwarden.mongo.raw_events import RAW_EVENT_OPTIONS
 from flowwarden.runtime.context import StreamLog
 
-INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
 CLOSE_TIMEOUT_SECONDS = 2.0
 
 
@@ -259,7 +259,7 @@ class StreamOpener:
             try:
                 stream = await open_change_stream(target, **kwargs)
             except OperationFailure as error:
-                if error.code == INVALID_RESUME_TOKEN and "resume_after" in kwargs:
+                if error.code == codes.INVALID_RESUME_TOKEN and "resume_after" in kwargs:
                     # The token is an invalidate notification's: only startAfter may start after it.
                     kwargs["start_after"] = kwargs.pop("resume_after")
                     stream = await open_change_stream(target, **kwargs)

@@ -40,9 +40,10 @@ from flowwarden.errors import (
     ResumePositionError,
 )
 from flowwarden.events import token_datetime
+from flowwarden.mongo import codes
 from flowwarden.mongo.buckets import layout_conflict
 from flowwarden.mongo.failures import Failure, classify
-from flowwarden.mongo.positions import HISTORY_LOST, reachable, refused_position
+from flowwarden.mongo.positions import reachable, refused_position
 from flowwarden.runtime.connections import client_pool_size
 from flowwarden.runtime.context import StreamLogger
 from flowwarden.runtime.dead_letter import DeadLetterWriter
@@ -381,7 +382,7 @@ class StreamRunner:
                 return  # a stop came while copying; the chunk in hand stays unsaved
             opened = await self._until_stopped(self._opening(), None)
         except OperationFailure as error:
-            if error.code == HISTORY_LOST:
+            if error.code == codes.CHANGE_STREAM_HISTORY_LOST:
                 raise _HistoryLost(error) from error
             raise
         except FencedError as error:
@@ -400,7 +401,7 @@ class StreamRunner:
                 await self._opener.close(stream, self._stop_io_timeout())
         except OperationFailure as error:
             await self._drain_and_close(committer)
-            if error.code == HISTORY_LOST:
+            if error.code == codes.CHANGE_STREAM_HISTORY_LOST:
                 raise _HistoryLost(error) from error
             if refused_position(error):
                 raise ResumePositionError(
