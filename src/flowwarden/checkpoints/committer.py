@@ -321,7 +321,7 @@ class CheckpointCommitter:
         if self._refusal is None:
             self._refusal = CommitterClosedError(
                 f"stream {self.stream_id!r}: commit after the checkpoint committer was closed",
-                stream_id=self.stream_id,
+                stream=self.stream_id,
             )
         shutdown = self._loop.create_task(
             self._shutdown(), name=f"flowwarden-checkpoint-close[{self.stream_id}]"
@@ -477,7 +477,7 @@ class CheckpointCommitter:
     def _interruption(self) -> CommitterClosedError:
         return CommitterClosedError(
             f"stream {self.stream_id!r}: the checkpoint save was abandoned because the stream is stopping",
-            stream_id=self.stream_id,
+            stream=self.stream_id,
         )
 
     async def _locked_save(self) -> None:

@@ -194,7 +194,7 @@ def _undecodable(stream_id: str | None, exc: InvalidBSON) -> UnreadableCheckpoin
     return UnreadableCheckpointError(
         f"{which} cannot be decoded: {exc}. Fix or delete it (`flowwarden checkpoints delete`); "
         "flowwarden will not guess a position.",
-        stream_id=stream_id,
+        stream=stream_id,
     )
 
 
@@ -203,7 +203,7 @@ def _failure(action: str, stream_id: str | None, exc: PyMongoError) -> Checkpoin
     return CheckpointError(
         f"{where}checkpoint {action} failed: {type(exc).__name__}: {exc}. Check that MongoDB is "
         "reachable and the user may read and write the checkpoint collection.",
-        stream_id=stream_id,
+        stream=stream_id,
     )
 
 
@@ -212,7 +212,7 @@ def _gave_up(stream_id: str) -> CheckpointError:
         f"stream {stream_id!r}: the checkpoint document kept changing under a conditional write "
         f"({_CONFLICT_ATTEMPTS} attempts); another process is rewinding or deleting it. Stop the "
         "other writer and try again.",
-        stream_id=stream_id,
+        stream=stream_id,
     )
 
 

@@ -151,7 +151,8 @@ def _token_at(database: Any, at: Any, server_time: Any) -> Any:
 
 
 def _parse_token(text: str) -> Any:
-    from flowwarden.events import InvalidTokenError, check_resume_token
+    from flowwarden.errors import InvalidTokenError
+    from flowwarden.events import check_resume_token
 
     try:
         token = json_util.loads(text)
@@ -270,7 +271,8 @@ def _show(store: Any, stream: str) -> ExitCode:
 
 def _with_cluster_time(value: Any) -> Any:
     """A stored token with what it means: its cluster time, as a Timestamp and as a UTC time."""
-    from flowwarden.events import InvalidTokenError, timestamp_datetime, token_cluster_time
+    from flowwarden.errors import InvalidTokenError
+    from flowwarden.events import timestamp_datetime, token_cluster_time
 
     if not isinstance(value, dict) or "_data" not in value:
         return value

@@ -38,6 +38,7 @@ from bson.raw_bson import RawBSONDocument
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import SchemaMode
 from flowwarden.config.spec import StreamSpec
+from flowwarden.errors import UndecodableEventError
 from flowwarden.events import ChangeEvent, ResumeToken, token_data
 from flowwarden.mongo.raw_events import lean
 from flowwarden.runtime.context import StreamContext, StreamLog
@@ -311,7 +312,6 @@ class BatchDelivery:
         if not self._dataframe:
             return await self._invoker([ChangeEvent(change) for change in changes], ctx), []
         from flowwarden.spark import events_to_dataframe
-        from flowwarden.spark.convert.arrow import UndecodableEventError
 
         assert self._spark_provider is not None
         raws = list(changes)

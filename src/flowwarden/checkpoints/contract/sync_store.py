@@ -147,7 +147,7 @@ class CheckpointStoreContract(abc.ABC):
             store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(900), epoch=1))
         assert raised.value.epoch == 1
         assert raised.value.stored_epoch == 2
-        assert raised.value.stream_id == STREAM
+        assert raised.value.stream == STREAM
         # Fencing wins over "older position": a stale owner learns it lost the stream.
         with pytest.raises(FencedError):
             store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1), epoch=1))
