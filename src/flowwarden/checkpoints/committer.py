@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from flowwarden.checkpoints.model import Checkpoint, SaveResult
-from flowwarden.checkpoints.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore
+from flowwarden.checkpoints.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore, check_store
 from flowwarden.config import CheckpointOptions, validate_options
 from flowwarden.errors import (
     CheckpointSaveFailedError,
@@ -97,6 +97,7 @@ class CheckpointCommitter:
             {"save_every_n": save_every_n, "save_interval_seconds": save_interval_seconds},
             label="",
         )
+        check_store(store, owner=owner, option="store")
         if max_consecutive_failures < 1:
             raise ConfigurationError(
                 "must be >= 1", owner=owner, option="max_consecutive_failures", value=max_consecutive_failures

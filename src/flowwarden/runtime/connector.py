@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flowwarden.checkpoints.store import AwaitableStore
+from flowwarden.checkpoints.store import AwaitableStore, check_store
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.config.spec import partition_specs
 from flowwarden.decorators import StreamSpec, stream_spec
@@ -119,6 +119,8 @@ class Connector:
         self.instance_token = instance_token()
         """This connector's own name in leases and checkpoints (``host:pid:random``): unlike
         ``instance_id``, which is configured and may be shared, no other connector has it."""
+        if checkpoint_store is not None:
+            check_store(checkpoint_store, owner="Connector", option="checkpoint_store")
         self._checkpoint_store = checkpoint_store
         self._checkpoint_database = checkpoint_database
         self._spark = spark

@@ -162,14 +162,6 @@ class StreamRunner:
         self.opened: tuple[float, int] | None = None
         self._slow_open_reason: str | None = None
         """When (``time.monotonic()``) the stream last opened, and its events count then."""
-        if self._dispatch.batch is not None and not hasattr(store.store, "save_batch_end"):
-            raise ConfigurationError(
-                f"{type(store.store).__name__} has no save_batch_end(stream_id, token, epoch), which "
-                "streams with @on_batch or @on_dataframe need to form the same batches after a crash; "
-                "implement it (docs/checkpoints.md: the rules every store keeps)",
-                owner=f"stream {spec.name!r}",
-                option="store",
-            )
 
     # ------------------------------------------------------------------------------------------
     # status and control
