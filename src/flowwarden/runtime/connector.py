@@ -23,7 +23,8 @@ from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.config.spec import partition_specs
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
-from flowwarden.mongo.positions import maybe_await, reachable
+from flowwarden.mongo.calls import maybe_await
+from flowwarden.mongo.positions import reachable
 from flowwarden.mongo.redaction import (
     redact_uri as redact_uri,  # re-exported: the runtime logs and exports it
 )

@@ -35,6 +35,7 @@ from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import FlowWardenError, ResumePositionError, StreamError
 from flowwarden.events import token_data, token_datetime
 from flowwarden.mongo import codes
+from flowwarden.mongo.calls import maybe_await
 from flowwarden.mongo.large_events import (
     AsyncJoinedChangeStream,
     is_too_large,
@@ -44,7 +45,6 @@ from flowwarden.mongo.large_events import (
 )
 from flowwarden.mongo.positions import (
     ahead_of_server,
-    maybe_await,
     open_change_stream,
     opening_token,
     oplog_edge_async,
