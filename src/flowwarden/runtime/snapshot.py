@@ -71,10 +71,6 @@ from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
 
 
-class SnapshotStopped(Exception):
-    """The stream began stopping while the copy ran: the chunk in hand stays unfinished."""
-
-
 class SnapshotCopy:
     """Copies one stream's existing documents into its handler methods, resumably."""
 
@@ -120,9 +116,10 @@ class SnapshotCopy:
         progress = checkpoint.snapshot
         return progress is not None and not progress.done
 
-    async def run(self, checkpoint: Checkpoint | None, epoch: int) -> SnapshotProgress:
+    async def run(self, checkpoint: Checkpoint | None, epoch: int) -> SnapshotProgress | None:
         """Copy (from the start, or on from the stored progress) until done; returns the final
-        progress, saved with ``done``. Raises :class:`SnapshotStopped` when a stop interrupts it."""
+        progress, saved with ``done``, or None when a halt (a stop, a lost lease) interrupted it:
+        the chunk in hand then stays unfinished."""
         if not self._store.keeps_snapshots:
             raise ConfigurationError(
                 f"the checkpoint store {self._store.store!r} cannot keep an initial snapshot's "
@@ -146,7 +143,7 @@ class SnapshotCopy:
         self.progress = progress
         while True:
             if self._stopping.is_set():
-                raise SnapshotStopped()
+                return None
             if progress.pending:
                 # Planned before a restart: the same _id range again.
                 planned_range = id_range(progress.last_id, progress.chunk_end)
@@ -156,7 +153,10 @@ class SnapshotCopy:
                 if planned is None:
                     break
                 progress, documents = planned
-            progress = await self._hand_over(progress, documents, epoch)
+            handed_over = await self._hand_over(progress, documents, epoch)
+            if handed_over is None:
+                return None
+            progress = handed_over
         progress = replace(progress, done=True)
         await self._store.save_snapshot(self.name, progress, epoch)
         self.progress = progress
@@ -221,14 +221,15 @@ class SnapshotCopy:
 
     async def _hand_over(
         self, progress: SnapshotProgress, documents: list[Any], epoch: int
-    ) -> SnapshotProgress:
-        """Hand the planned chunk over, then store it as finished."""
+    ) -> SnapshotProgress | None:
+        """Hand the planned chunk over, then store it as finished; None when a row was left
+        unfinished."""
         rows = await self._rows(documents, progress.namespace, token_cluster_time(progress.token))
         if rows:
             batch_id = f"snapshot:{progress.token['_data']}:{progress.chunk}"
             await self._dispatch.deliver_snapshot(rows, batch_id)
             if self._dispatch.halt:  # a row was left unfinished (a stop, a lost lease)
-                raise SnapshotStopped()
+                return None
         finished = replace(
             progress, last_id=progress.chunk_end, chunk_end=MinKey(), copied=progress.copied + len(documents)
         )
@@ -322,4 +323,4 @@ class SnapshotCopy:
         return total
 
 
-__all__ = ["SnapshotCopy", "SnapshotStopped"]
+__all__ = ["SnapshotCopy"]
