@@ -225,12 +225,9 @@ def _replay(collection: Any, handler_class: type, args: argparse.Namespace) -> E
 
 async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]]) -> int:
     """Each entry's event through its method under the class's retry policy; how many failed."""
-    import logging
-
     from flowwarden.runtime.invoke import Exhausted, Invoker
 
     instance = spec.handler_class()
-    logger = logging.getLogger("flowwarden.cli.dlq")
     stopping = asyncio.Event()
     failed = 0
     for entry in entries:
@@ -252,7 +249,6 @@ async def _replay_all(collection: Any, spec: Any, entries: list[dict[str, Any]])
             wants_ctx=method.wants_ctx,
             # The entry's own stream: a bucket's name (orders[1/4]) for a partitioned class.
             stream=str(entry.get("stream") or spec.name),
-            logger=logger,
             policy=spec.retry,
             stopping=stopping,
             threaded=method.kind != "event",

@@ -29,7 +29,7 @@ from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import StreamInvalidatedError
 from flowwarden.events import ChangeEvent, token_datetime
 from flowwarden.runtime.batching import BatchDelivery
-from flowwarden.runtime.context import StreamContext, StreamLog
+from flowwarden.runtime.context import StreamContext, stream_logger
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
 from flowwarden.runtime.metrics import StreamMetrics
@@ -50,13 +50,12 @@ class EventDispatch:
         giving_up: GivingUp,
         stopping: asyncio.Event,
         spark_provider: Callable[[], Any] | None,
-        log: StreamLog,
         metrics: StreamMetrics | None = None,
     ) -> None:
         self.spec = spec
         self.metrics = metrics
         self.name = spec.name
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self._opener = opener
         self._giving_up = giving_up
         self._stopping = stopping
@@ -71,7 +70,6 @@ class EventDispatch:
                 invoker=self._invoker(spec.batch or spec.dataframe),
                 spark_provider=spark_provider,
                 giving_up=giving_up,
-                log=log,
                 delivered=self._count_delivered,
                 failed=self._set_halt,
                 metrics=metrics,
@@ -96,7 +94,6 @@ class EventDispatch:
             is_async=method.is_async,
             wants_ctx=method.wants_ctx,
             stream=self.name,
-            logger=self.log,
             policy=self.spec.retry,
             stopping=self._stopping,
             # Batch methods may run for seconds (Spark jobs): keep the loop free for heartbeats.

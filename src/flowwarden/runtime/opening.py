@@ -53,7 +53,7 @@ from flowwarden.mongo.positions import (
     server_cluster_time,
 )
 from flowwarden.mongo.raw_events import RAW_EVENT_OPTIONS
-from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.context import stream_logger
 
 CLOSE_TIMEOUT_SECONDS = 2.0
 
@@ -72,14 +72,13 @@ class StreamOpener:
         *,
         client: Any,
         store: AwaitableStore,
-        log: StreamLog,
         batch_wait_seconds: float | None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self._client = client
         self._store = store
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self._batch_wait_seconds = batch_wait_seconds
         self.first_run = True
         self.forced_start: dict[str, Any] | None = None

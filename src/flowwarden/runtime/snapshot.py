@@ -65,7 +65,7 @@ from flowwarden.mongo.initial_copy import (
     plain_id,
     snapshot_row,
 )
-from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
@@ -84,7 +84,6 @@ class SnapshotCopy:
         dispatch: EventDispatch,
         giving_up: GivingUp,
         stopping: asyncio.Event,
-        log: StreamLog,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -95,7 +94,7 @@ class SnapshotCopy:
         self._dispatch = dispatch
         self._giving_up = giving_up
         self._stopping = stopping
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self.progress: SnapshotProgress | None = None
         """The newest progress, saved or loaded (status and metrics read it)."""
         self.anew = False

@@ -21,7 +21,6 @@ and what happens to events given up on :mod:`~flowwarden.runtime.exhausted`'s.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
@@ -45,7 +44,7 @@ from flowwarden.mongo.buckets import layout_conflict
 from flowwarden.mongo.failures import Failure, classify
 from flowwarden.mongo.positions import reachable, refused_position
 from flowwarden.runtime.connections import client_pool_size
-from flowwarden.runtime.context import StreamLogger
+from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
@@ -94,7 +93,6 @@ class StreamRunner:
         locks_collection: Any,
         dead_letters: DeadLetterWriter | None,
         spark_provider: Callable[[], Any] | None = None,
-        logger: logging.Logger | None = None,
         metrics: StreamMetrics | None = None,
     ) -> None:
         self.spec = spec
@@ -105,7 +103,7 @@ class StreamRunner:
         self._instance_token = instance_token
         self._spark_provider = spark_provider
         # Log records carry the stream's name (the JSON log format shows it as a field of its own).
-        self.log = StreamLogger(logger or logging.getLogger(__name__), {"stream": spec.name})
+        self.log = stream_logger(__name__, spec.name)
         self.metrics = metrics
         self._stopping = asyncio.Event()
         self._ownership = Ownership(
@@ -114,16 +112,14 @@ class StreamRunner:
             store=store,
             instance_id=instance_id,
             instance_token=instance_token,
-            log=self.log,
             stopping=self._stopping,
         )
-        self._giving_up = GivingUp(self.name, spec.retry.on_exhausted, dead_letters, self.log, metrics)
+        self._giving_up = GivingUp(self.name, spec.retry.on_exhausted, dead_letters, metrics)
         batch_method = spec.batch or spec.dataframe
         self._opener = StreamOpener(
             spec,
             client=client,
             store=store,
-            log=self.log,
             batch_wait_seconds=batch_method.max_wait_seconds if batch_method is not None else None,
         )
         self._dispatch = EventDispatch(
@@ -132,10 +128,9 @@ class StreamRunner:
             giving_up=self._giving_up,
             stopping=self._stopping,
             spark_provider=spark_provider,
-            log=self.log,
             metrics=metrics,
         )
-        self._restarts = Restarts(self.name, spec.stream, self.log, self._stopping)
+        self._restarts = Restarts(self.name, spec.stream, self._stopping)
         self._reader: ReadAhead | None = None
         self._snapshot = SnapshotCopy(
             spec,
@@ -145,7 +140,6 @@ class StreamRunner:
             dispatch=self._dispatch,
             giving_up=self._giving_up,
             stopping=self._stopping,
-            log=self.log,
         )
 
         # Status, read from other threads through status(): plain attributes, replaced whole.
