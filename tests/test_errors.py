@@ -16,6 +16,7 @@ from flowwarden.errors import (
     CheckpointError,
     CheckpointSaveFailedError,
     CommitterClosedError,
+    ConfigurationError,
     FencedError,
     FlowWardenError,
     HandlerError,
@@ -61,6 +62,7 @@ def test_every_error_names_its_stream_as_stream_and_nothing_else() -> None:
 @pytest.mark.parametrize(
     "error",
     [
+        ConfigurationError("layout conflict", owner="stream 'orders'", option="partitions", stream="orders"),
         CheckpointError("load failed", stream="orders"),
         UnreadableCheckpointError("damaged", stream="orders"),
         CommitterClosedError("closed", stream="orders"),

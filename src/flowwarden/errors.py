@@ -23,7 +23,8 @@ class FlowWardenError(Exception):
 class ConfigurationError(FlowWardenError, ValueError):
     """A decorator, connector or store was configured with a value it cannot accept.
 
-    Raised at decoration or construction time, never while events flow.
+    Raised at decoration or construction time, or when a stream starts with a setting that its
+    deployment or store cannot serve (then ``stream`` names it); never while events flow.
     """
 
     def __init__(
@@ -34,7 +35,9 @@ class ConfigurationError(FlowWardenError, ValueError):
         option: str | None = None,
         value: Any = None,
         allowed: Sequence[Any] | str | None = None,
+        stream: str | None = None,
     ) -> None:
+        self.stream = stream
         self.owner = owner
         self.option = option
         self.value = value

@@ -124,6 +124,7 @@ class SnapshotCopy:
                 f"the checkpoint store {self._store.store!r} cannot keep an initial snapshot's "
                 "progress (it has no save_snapshot method)",
                 owner=f"stream {self.name!r}",
+                stream=self.name,
                 option="snapshot",
                 value=self.mode,
                 allowed="a store with save_snapshot (every store flowwarden ships has it), or NEVER",

@@ -450,7 +450,11 @@ class StreamRunner:
         conflict = layout_conflict(stream.name, stream.partitions, stored)
         if conflict is not None:
             raise ConfigurationError(
-                conflict, owner=f"stream {self.name!r}", option="partitions", value=stream.partitions
+                conflict,
+                owner=f"stream {self.name!r}",
+                option="partitions",
+                value=stream.partitions,
+                stream=self.name,
             )
 
     async def _opening(self) -> tuple[Any, CheckpointCommitter, dict[str, Any]]:
