@@ -13,7 +13,9 @@ The position rules this module keeps:
   the unsaved window; errors that a re-open cannot fix (flowwarden.mongo.failures) fail the stream
   instead, and the checkpoint is left as it was.
 
-Where a stream opens is :mod:`flowwarden.runtime.opening`'s job, who may run it
+Each open/read cycle returns how it ended (:mod:`flowwarden.runtime.outcomes`), and
+:meth:`StreamRunner.run` matches on that one value to decide what comes next; errors are raised
+only for failures. Where a stream opens is :mod:`flowwarden.runtime.opening`'s job, who may run it
 :mod:`~flowwarden.runtime.ownership`'s, concurrent handling :mod:`~flowwarden.runtime.scheduling`'s
 and what happens to events given up on :mod:`~flowwarden.runtime.exhausted`'s.
 """
