@@ -12,7 +12,8 @@ import itertools
 import pytest
 from bson import Timestamp
 
-from flowwarden.events import InvalidTokenError, compare_tokens, token_cluster_time, token_datetime
+from flowwarden.errors import InvalidTokenError
+from flowwarden.events import compare_tokens, token_cluster_time, token_datetime
 from flowwarden_embedded.oplog import Oplog, OplogOp
 from flowwarden_embedded.tokens import high_water_mark
 

@@ -1,7 +1,8 @@
 """The one error tree of flowwarden.
 
-Every error flowwarden raises on purpose is a :class:`FlowWardenError`. Each carries the data an
-operator needs (stream name, token, cluster time, attempts) as attributes, and its message says
+Every error flowwarden raises on purpose is a :class:`FlowWardenError`, and every public one is
+defined here. Each carries the data an operator needs (token, cluster time, attempts) as
+attributes, the stream it is about always as :attr:`FlowWardenError.stream`, and its message says
 what happened and what to do next. Nothing here retries or logs: callers decide.
 """
 
@@ -15,11 +16,15 @@ from typing import Any
 class FlowWardenError(Exception):
     """Base of every error flowwarden raises on purpose."""
 
+    stream: str | None = None
+    """The name of the stream the error is about; None when it is about no single stream."""
+
 
 class ConfigurationError(FlowWardenError, ValueError):
     """A decorator, connector or store was configured with a value it cannot accept.
 
-    Raised at decoration or construction time, never while events flow.
+    Raised at decoration or construction time, or when a stream starts with a setting that its
+    deployment or store cannot serve (then ``stream`` names it); never while events flow.
     """
 
     def __init__(
@@ -30,7 +35,9 @@ class ConfigurationError(FlowWardenError, ValueError):
         option: str | None = None,
         value: Any = None,
         allowed: Sequence[Any] | str | None = None,
+        stream: str | None = None,
     ) -> None:
+        self.stream = stream
         self.owner = owner
         self.option = option
         self.value = value
@@ -79,8 +86,8 @@ class JavaNotFoundError(FlowWardenError):
 class CheckpointError(FlowWardenError):
     """A checkpoint could not be read or written."""
 
-    def __init__(self, message: str, *, stream_id: str | None = None) -> None:
-        self.stream_id = stream_id
+    def __init__(self, message: str, *, stream: str | None = None) -> None:
+        self.stream = stream
         super().__init__(message)
 
 
@@ -99,14 +106,14 @@ class FencedError(CheckpointError):
     fenced instance must stop processing the stream; nothing was written.
     """
 
-    def __init__(self, stream_id: str, *, epoch: int, stored_epoch: int) -> None:
+    def __init__(self, stream: str, *, epoch: int, stored_epoch: int) -> None:
         self.epoch = epoch
         self.stored_epoch = stored_epoch
         super().__init__(
-            f"stream {stream_id!r}: checkpoint write with epoch {epoch} refused, the store holds "
+            f"stream {stream!r}: checkpoint write with epoch {epoch} refused, the store holds "
             f"epoch {stored_epoch}: another instance owns this stream now. Stop processing it; "
             "the owner continues from its own checkpoint.",
-            stream_id=stream_id,
+            stream=stream,
         )
 
 
@@ -117,14 +124,14 @@ class CommitterClosedError(CheckpointError):
 class CheckpointSaveFailedError(CheckpointError):
     """Consecutive checkpoint saves failed; the stream stops rather than run unprotected."""
 
-    def __init__(self, stream_id: str, *, failures: int, last_error: BaseException) -> None:
+    def __init__(self, stream: str, *, failures: int, last_error: BaseException) -> None:
         self.failures = failures
         self.last_error = last_error
         super().__init__(
-            f"stream {stream_id!r}: {failures} consecutive checkpoint saves failed "
+            f"stream {stream!r}: {failures} consecutive checkpoint saves failed "
             f"(last: {type(last_error).__name__}: {last_error}). The stream stops so it does not run "
             "without a durable position; fix the checkpoint store and restart.",
-            stream_id=stream_id,
+            stream=stream,
         )
 
 
@@ -242,30 +249,6 @@ class HandlerError(StreamError):
         )
 
 
-class LeaseLostError(StreamError):
-    """This instance no longer holds the single-leader lease of a stream."""
-
-
-__all__ = [
-    "CheckpointError",
-    "CheckpointSaveFailedError",
-    "CommitterClosedError",
-    "ConfigurationError",
-    "FencedError",
-    "FlowWardenError",
-    "HandlerError",
-    "HistoryLostError",
-    "JavaNotFoundError",
-    "LeaseLostError",
-    "MissingDependencyError",
-    "RestartsExhaustedError",
-    "ResumePositionError",
-    "StreamError",
-    "StreamInvalidatedError",
-    "UnreadableCheckpointError",
-]
-
-
 class SchemaMismatchError(FlowWardenError, ValueError):
     """A change event's document does not fit the declared DataFrame schema (mode FAILFAST)."""
 
@@ -282,9 +265,6 @@ class SchemaMismatchError(FlowWardenError, ValueError):
         )
 
 
-__all__.append("SchemaMismatchError")
-
-
 class UnreadableOffsetError(StreamError):
     """An offset Spark handed the streaming source back from a query's checkpointLocation cannot
     be read: another release's format version, an unknown kind, a missing or malformed field.
@@ -299,4 +279,41 @@ class UnreadableOffsetError(StreamError):
         super().__init__(message, stream=stream)
 
 
-__all__.append("UnreadableOffsetError")
+class InvalidTokenError(FlowWardenError, ValueError):
+    """A value is not a resume token flowwarden can read."""
+
+
+class UndecodableEventError(FlowWardenError, ValueError):
+    """A raw event of the batch is not BSON that PyMongo can decode."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index = index
+        self.reason = reason
+        super().__init__(
+            f"event {index} of the batch is not valid BSON ({reason}); the bytes were damaged "
+            "between the server and here. Dead-letter that event's raw bytes or read the stream "
+            "with PyMongo's decoding to see which field is affected"
+        )
+
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointSaveFailedError",
+    "CommitterClosedError",
+    "ConfigurationError",
+    "FencedError",
+    "FlowWardenError",
+    "HandlerError",
+    "HistoryLostError",
+    "InvalidTokenError",
+    "JavaNotFoundError",
+    "MissingDependencyError",
+    "RestartsExhaustedError",
+    "ResumePositionError",
+    "SchemaMismatchError",
+    "StreamError",
+    "StreamInvalidatedError",
+    "UndecodableEventError",
+    "UnreadableCheckpointError",
+    "UnreadableOffsetError",
+]

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from bson import Timestamp
 
-from flowwarden.errors import FlowWardenError
+from flowwarden.errors import InvalidTokenError
 
 ResumeToken = Mapping[str, Any]
 """A resume token as the server sends it: ``{"_data": "<hex>"}``."""
@@ -28,10 +28,6 @@ _KEYSTRING_TIMESTAMP = 0x82
 _HEX = re.compile(r"[0-9A-F]*")
 
 M = TypeVar("M")
-
-
-class InvalidTokenError(FlowWardenError, ValueError):
-    """A value is not a resume token flowwarden can read."""
 
 
 def token_data(token: ResumeToken) -> str:
@@ -225,7 +221,6 @@ class ChangeEvent:
 
 __all__ = [
     "ChangeEvent",
-    "InvalidTokenError",
     "ResumeToken",
     "check_resume_token",
     "compare_tokens",

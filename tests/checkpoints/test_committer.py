@@ -120,6 +120,9 @@ class GatedAsyncStore:
     async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
         return self.inner.save_seen(stream_id, token, epoch)
 
+    async def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
+        return self.inner.save_batch_end(stream_id, token, epoch)
+
     async def delete(self, stream_id: str) -> bool:
         return self.inner.delete(stream_id)
 

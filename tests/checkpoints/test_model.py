@@ -10,8 +10,8 @@ from bson import Int64, Timestamp
 
 from flowwarden.checkpoints import Checkpoint, SaveResult
 from flowwarden.checkpoints.contract import sample_token
-from flowwarden.errors import CheckpointError
-from flowwarden.events import InvalidTokenError, token_datetime
+from flowwarden.errors import CheckpointError, InvalidTokenError
+from flowwarden.events import token_datetime
 
 T1 = sample_token(1_700_000_000, 1)
 T2 = sample_token(1_700_000_050, 3)

@@ -120,7 +120,7 @@ def test_an_unreachable_deployment_exits_3_without_the_password(capsys, closed_p
 def test_refused_credentials_exit_3(capsys, monkeypatch, mongodb_uri, client, db_name):
     def refuse(self, stream_id):
         denied = OperationFailure("Authentication failed.", code=18)
-        raise CheckpointError("checkpoint delete failed", stream_id=stream_id) from denied
+        raise CheckpointError("checkpoint delete failed", stream=stream_id) from denied
 
     client[db_name]["_fw_checkpoints"].insert_one({"_id": "orders"})
     monkeypatch.setattr(MongoCheckpointStore, "delete", refuse)

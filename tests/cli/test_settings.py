@@ -166,7 +166,7 @@ def test_run_with_the_uri_in_a_file_and_json_logs(tmp_path, mongodb_uri, client,
                 opened = record
                 break
         assert opened is not None
-        assert opened["level"] == "INFO" and opened["logger"] == "flowwarden.runtime.stream"
+        assert opened["level"] == "INFO" and opened["logger"] == "flowwarden.runtime.opening"
         assert opened["timestamp"].endswith("+00:00")
     finally:
         child.terminate()

@@ -4,6 +4,7 @@ next one only after it was committed, and reading ahead stops at the byte bound.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -12,12 +13,11 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden import change_stream, on_batch, retry_policy
+from flowwarden.cli.logs import JsonFormatter
 from flowwarden.config.spec import stream_spec
 from flowwarden.runtime import batching
 from flowwarden.runtime.batching import BatchDelivery
 from flowwarden.runtime.invoke import Invoker
-
-LOG = logging.getLogger("tests.batch_pipelining")
 
 
 class Committer:
@@ -72,7 +72,6 @@ def delivery(method: Gated, delivered: list[int], max_events: int, max_attempts:
         is_async=True,
         wants_ctx=False,
         stream="orders",
-        logger=LOG,
         policy=spec.retry,
         stopping=asyncio.Event(),
         threaded=False,
@@ -82,7 +81,6 @@ def delivery(method: Gated, delivered: list[int], max_events: int, max_attempts:
         invoker=invoker,
         spark_provider=None,
         giving_up=None,  # type: ignore[arg-type]  # nothing here gives up
-        log=LOG,
         delivered=delivered.append,
         failed=lambda: None,
     )
@@ -191,3 +189,21 @@ async def test_a_committed_batch_leaves_the_stream_idle_before_the_next_hand_ove
     assert committer.calls[-1] == ("commit", "0002") and batches.idle()
     await batches.offer(3, change(3), committer)
     assert not batches.idle()  # an event waits in the next batch
+
+
+async def test_a_batch_formed_again_without_its_last_event_says_so_naming_the_stream(caplog) -> None:
+    """The one line batching writes, as the JSON format shows it: under its own module, with ``stream``."""
+    caplog.set_level(logging.WARNING, logger="flowwarden")
+    method, delivered, committer = Gated(), [], Committer()
+    batches = delivery(method, delivered, max_events=10)
+    batches.replay_until({"_data": "0003"})  # stored as ending at 3, which the stream skips now
+    await batches.offer(1, change(1), committer)
+    await batches.offer(2, change(4), committer)
+    await settle_loop()
+    assert method.batches == [[1]]
+    lines = [JsonFormatter().format(r) for r in caplog.records if r.name.startswith("flowwarden")]
+    [line] = [json.loads(text) for text in lines]
+    assert line["logger"] == "flowwarden.runtime.batching" and line["stream"] == "orders"
+    assert "formed again without its last event" in line["message"]
+    method.gates[0].set()
+    await batches.wait_in_flight()

@@ -203,4 +203,4 @@ def test_the_log_says_where_each_stream_opens_and_how_it_progresses(mongodb_uri,
     reopened = opening[1].getMessage()  # after the idle stream's newer lastSeen, or lastProcessed
     assert "opening after last" in reopened and "lastProcessed 2" in reopened
     assert all(getattr(r, "stream", None) == "orders" for r in opening)
-    assert {r.name for r in opening} == {"flowwarden.runtime.stream"}
+    assert {r.name for r in opening} == {"flowwarden.runtime.opening"}

@@ -253,8 +253,8 @@ def test_a_checkpoint_of_another_layout_stops_the_stream(
             lambda: all(s.state is StreamState.FAILED for s in connector.status().values()),
             what="every bucket to refuse the layout",
         )
-        for error in connector.stream_errors().values():
-            assert isinstance(error, ConfigurationError)
+        for name, error in connector.stream_errors().items():
+            assert isinstance(error, ConfigurationError) and error.stream == name
             held = "without partitions" if first == 1 else f"with partitions={first}"
             assert f"partitions={then}" in str(error) and held in str(error)
     finally:

@@ -17,8 +17,8 @@ from bson.codec_options import TypeDecoder, TypeRegistry
 import flowwarden.spark
 import helpers
 from flowwarden import Connector, OnError, StreamState, change_stream, checkpoint, on_dataframe, retry_policy
+from flowwarden.errors import UndecodableEventError
 from flowwarden.mongo.raw_events import RawEvent
-from flowwarden.spark.convert.arrow import UndecodableEventError
 from helpers import checkpoint_doc
 
 pytestmark = pytest.mark.spark

@@ -5,16 +5,48 @@ The model (:class:`Checkpoint`, :class:`SaveResult`) and the store SPI (:class:`
 :class:`CheckpointCommitter` decides what to save and when. The importable contract test suite is
 :mod:`flowwarden.checkpoints.contract` (it needs pytest, so it is not imported here). The
 ``@checkpoint`` class decorator is :func:`flowwarden.checkpoint`, not part of this package.
+
+Each name imports its module on first use: the option models check a store against the SPI
+(:func:`flowwarden.checkpoints.store.store_problem`) without loading the stores and the committer,
+which build on those models.
 """
 
 from __future__ import annotations
 
-from flowwarden.checkpoints.committer import CheckpointCommitter, is_retryable_save_error
-from flowwarden.checkpoints.file import FileCheckpointStore
-from flowwarden.checkpoints.memory import InMemoryCheckpointStore
-from flowwarden.checkpoints.model import DEFAULT_COLLECTION, Checkpoint, SaveResult, SnapshotProgress
-from flowwarden.checkpoints.mongo import AsyncMongoCheckpointStore, MongoCheckpointStore
-from flowwarden.checkpoints.store import AsyncCheckpointStore, CheckpointStore, SnapshotStore
+from typing import TYPE_CHECKING
+
+from flowwarden._lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from flowwarden.checkpoints.committer import CheckpointCommitter as CheckpointCommitter
+    from flowwarden.checkpoints.file import FileCheckpointStore as FileCheckpointStore
+    from flowwarden.checkpoints.memory import InMemoryCheckpointStore as InMemoryCheckpointStore
+    from flowwarden.checkpoints.model import DEFAULT_COLLECTION as DEFAULT_COLLECTION
+    from flowwarden.checkpoints.model import Checkpoint as Checkpoint
+    from flowwarden.checkpoints.model import SaveResult as SaveResult
+    from flowwarden.checkpoints.model import SnapshotProgress as SnapshotProgress
+    from flowwarden.checkpoints.mongo import AsyncMongoCheckpointStore as AsyncMongoCheckpointStore
+    from flowwarden.checkpoints.mongo import MongoCheckpointStore as MongoCheckpointStore
+    from flowwarden.checkpoints.store import AsyncCheckpointStore as AsyncCheckpointStore
+    from flowwarden.checkpoints.store import CheckpointStore as CheckpointStore
+    from flowwarden.checkpoints.store import SnapshotStore as SnapshotStore
+    from flowwarden.mongo.failures import is_retryable_save_error as is_retryable_save_error
+
+_LAZY = {
+    "CheckpointCommitter": "flowwarden.checkpoints.committer",
+    "FileCheckpointStore": "flowwarden.checkpoints.file",
+    "InMemoryCheckpointStore": "flowwarden.checkpoints.memory",
+    "DEFAULT_COLLECTION": "flowwarden.checkpoints.model",
+    "Checkpoint": "flowwarden.checkpoints.model",
+    "SaveResult": "flowwarden.checkpoints.model",
+    "SnapshotProgress": "flowwarden.checkpoints.model",
+    "AsyncMongoCheckpointStore": "flowwarden.checkpoints.mongo",
+    "MongoCheckpointStore": "flowwarden.checkpoints.mongo",
+    "AsyncCheckpointStore": "flowwarden.checkpoints.store",
+    "CheckpointStore": "flowwarden.checkpoints.store",
+    "SnapshotStore": "flowwarden.checkpoints.store",
+    "is_retryable_save_error": "flowwarden.mongo.failures",
+}
 
 __all__ = [
     "DEFAULT_COLLECTION",
@@ -31,3 +63,5 @@ __all__ = [
     "SnapshotStore",
     "is_retryable_save_error",
 ]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from flowwarden.checkpoints.model import Checkpoint, SaveResult
-from flowwarden.checkpoints.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore
+from flowwarden.checkpoints.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore, check_store
 from flowwarden.config import CheckpointOptions, validate_options
 from flowwarden.errors import (
     CheckpointSaveFailedError,
@@ -35,8 +35,6 @@ from flowwarden.errors import (
 )
 from flowwarden.events import ResumeToken, token_data
 from flowwarden.mongo.failures import is_retryable_save_error
-
-logger = logging.getLogger("flowwarden.checkpoints")
 
 SaveErrorCallback = Callable[[BaseException, int], None]
 """``on_save_error(error, consecutive_failures)``: called after every failed save."""
@@ -97,6 +95,7 @@ class CheckpointCommitter:
             {"save_every_n": save_every_n, "save_interval_seconds": save_interval_seconds},
             label="",
         )
+        check_store(store, owner=owner, option="store")
         if max_consecutive_failures < 1:
             raise ConfigurationError(
                 "must be >= 1", owner=owner, option="max_consecutive_failures", value=max_consecutive_failures
@@ -114,6 +113,8 @@ class CheckpointCommitter:
             ) from None
 
         self.stream_id = stream_id
+        # This module's logger; every record carries the stream's name (the JSON format's field).
+        self.log = logging.LoggerAdapter(logging.getLogger(__name__), {"stream": stream_id})
         self.save_every_n = save_every_n
         self.save_interval_seconds = float(save_interval_seconds)
         self.epoch = epoch
@@ -321,7 +322,7 @@ class CheckpointCommitter:
         if self._refusal is None:
             self._refusal = CommitterClosedError(
                 f"stream {self.stream_id!r}: commit after the checkpoint committer was closed",
-                stream_id=self.stream_id,
+                stream=self.stream_id,
             )
         shutdown = self._loop.create_task(
             self._shutdown(), name=f"flowwarden-checkpoint-close[{self.stream_id}]"
@@ -333,7 +334,7 @@ class CheckpointCommitter:
                 clean = shutdown.result()
             else:
                 self._abandon(shutdown)
-                logger.warning(
+                self.log.warning(
                     "stream %r: checkpoint store did not answer within %.3gs at close; the save in "
                     "progress was abandoned. Stored position: sequence %d of frontier %d.",
                     self.stream_id,
@@ -434,7 +435,7 @@ class CheckpointCommitter:
             if not ticked and self._frontier < self._save_at:
                 continue  # a trigger already covered by the save that just finished
             if ticked and self._frontier == self._saved_sequence:
-                logger.debug(
+                self.log.debug(
                     "stream %r: heartbeat; no event finished since the last save (%d events processed)",
                     self.stream_id,
                     self._events_base + self._frontier,
@@ -477,7 +478,7 @@ class CheckpointCommitter:
     def _interruption(self) -> CommitterClosedError:
         return CommitterClosedError(
             f"stream {self.stream_id!r}: the checkpoint save was abandoned because the stream is stopping",
-            stream_id=self.stream_id,
+            stream=self.stream_id,
         )
 
     async def _locked_save(self) -> None:
@@ -531,7 +532,7 @@ class CheckpointCommitter:
                 self._save_at = frontier + 1
             self._record_success()
             if result is SaveResult.IGNORED:
-                logger.debug(
+                self.log.debug(
                     "stream %r: store already holds a newer position than sequence %d",
                     self.stream_id,
                     frontier,
@@ -577,7 +578,7 @@ class CheckpointCommitter:
             try:
                 self._on_save_error(error, self.consecutive_failures)
             except Exception:
-                logger.exception("stream %r: on_save_error callback raised", self.stream_id)
+                self.log.exception("stream %r: on_save_error callback raised", self.stream_id)
         fatal: BaseException | None = None
         if isinstance(error, FencedError):
             fatal = error
@@ -587,7 +588,7 @@ class CheckpointCommitter:
             )
             fatal.__cause__ = error
         if fatal is None:
-            logger.warning(
+            self.log.warning(
                 "stream %r: checkpoint save failed (%d in a row, retried at the next trigger): %s: %s",
                 self.stream_id,
                 self.consecutive_failures,
@@ -601,7 +602,7 @@ class CheckpointCommitter:
         if not self.failed.done():
             self.failed.set_result(fatal)
         self._wake.set()  # let the timer task see the failure and end
-        logger.error("stream %r: checkpoint committer failed: %s", self.stream_id, fatal)
+        self.log.error("stream %r: checkpoint committer failed: %s", self.stream_id, fatal)
 
     async def _shutdown(self) -> bool:
         self._stopping = True
@@ -615,7 +616,7 @@ class CheckpointCommitter:
             try:
                 await self._save_pending()
             except Exception as exc:
-                logger.warning(
+                self.log.warning(
                     "stream %r: final checkpoint save at close failed: %s: %s",
                     self.stream_id,
                     type(exc).__name__,

@@ -172,7 +172,7 @@ class FileCheckpointStore:
             except OSError as exc:
                 raise CheckpointError(
                     f"cannot open the checkpoint lock file {str(self._lock_path)!r}: {exc}",
-                    stream_id=stream_id,
+                    stream=stream_id,
                 ) from exc
             try:
                 _lock_fd(fd)
@@ -203,7 +203,7 @@ class FileCheckpointStore:
             return {}
         except OSError as exc:
             raise CheckpointError(
-                f"cannot read the checkpoint file {str(self.path)!r}: {exc}", stream_id=stream_id
+                f"cannot read the checkpoint file {str(self.path)!r}: {exc}", stream=stream_id
             ) from exc
         try:
             text = raw.decode("utf-8")
@@ -219,7 +219,7 @@ class FileCheckpointStore:
             raise UnreadableCheckpointError(
                 f"the checkpoint file {str(self.path)!r} is unreadable: {exc}. Restore it from a "
                 "backup or remove it (every stream then starts from its start_position).",
-                stream_id=stream_id,
+                stream=stream_id,
             ) from exc
         return documents
 
@@ -242,7 +242,7 @@ class FileCheckpointStore:
             _fsync_directory(directory)
         except OSError as exc:
             raise CheckpointError(
-                f"cannot write the checkpoint file {str(self.path)!r}: {exc}", stream_id=stream_id
+                f"cannot write the checkpoint file {str(self.path)!r}: {exc}", stream=stream_id
             ) from exc
 
     def __repr__(self) -> str:
@@ -255,13 +255,13 @@ def _checkpoint(path: Path, key: str, document: Any) -> Checkpoint:
         raise UnreadableCheckpointError(
             f"the checkpoint file {str(path)!r} holds {type(document).__name__} {document!r:.80} for "
             f"stream {key!r} instead of a checkpoint record. Fix or remove that entry.",
-            stream_id=key,
+            stream=key,
         )
     if document.get("_id") != key:
         raise UnreadableCheckpointError(
             f"the checkpoint file {str(path)!r} holds the record of {document.get('_id')!r} under "
             f"stream {key!r}; the file was edited by hand. Fix the entry's key or its _id.",
-            stream_id=key,
+            stream=key,
         )
     return Checkpoint.from_document(document)
 

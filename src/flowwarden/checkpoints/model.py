@@ -19,9 +19,8 @@ from typing import Any
 
 from bson import MinKey, Timestamp
 
-from flowwarden.errors import UnreadableCheckpointError
+from flowwarden.errors import InvalidTokenError, UnreadableCheckpointError
 from flowwarden.events import (
-    InvalidTokenError,
     ResumeToken,
     check_resume_token,
     newer_token,
@@ -322,7 +321,7 @@ class Checkpoint:
             raise UnreadableCheckpointError(
                 f"checkpoint document {stream_id!r} is not readable: {exc}. Fix or delete it "
                 "(`flowwarden checkpoints delete`); flowwarden will not guess a position.",
-                stream_id=sid,
+                stream=sid,
             ) from exc
 
 

@@ -11,16 +11,16 @@ Tokens are compared on ``_data``: upper-case hex of KeyString bytes, whose strin
 oplog order. Writes use majority write concern by default, so a saved checkpoint survives a
 failover; reads go to the primary so a restart never resumes from a stale copy.
 
-The sync and the asyncio store share every rule: each operation is written once, as a generator
-of the driver calls it needs, and each store only runs those calls its own way.
+The sync and the asyncio store share every rule: each operation is written once, as a procedure
+of the driver calls it needs (:mod:`flowwarden.mongo.calls`), and each store only runs it, with
+blocking or awaited calls.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from bson.errors import InvalidBSON
 from pymongo import ReadPreference, WriteConcern
@@ -58,9 +58,9 @@ from flowwarden.checkpoints.transitions import (
 )
 from flowwarden.errors import CheckpointError, UnreadableCheckpointError
 from flowwarden.events import ResumeToken, token_data
+from flowwarden.mongo.calls import Procedure, call, find_all, run, run_async
 
 MAJORITY = WriteConcern(w="majority")
-T = TypeVar("T")
 
 # A duplicate key followed by a read that finds the write would now match means another writer
 # (a rewind or delete) changed the document between the two calls; the write is tried again,
@@ -194,7 +194,7 @@ def _undecodable(stream_id: str | None, exc: InvalidBSON) -> UnreadableCheckpoin
     return UnreadableCheckpointError(
         f"{which} cannot be decoded: {exc}. Fix or delete it (`flowwarden checkpoints delete`); "
         "flowwarden will not guess a position.",
-        stream_id=stream_id,
+        stream=stream_id,
     )
 
 
@@ -203,7 +203,7 @@ def _failure(action: str, stream_id: str | None, exc: PyMongoError) -> Checkpoin
     return CheckpointError(
         f"{where}checkpoint {action} failed: {type(exc).__name__}: {exc}. Check that MongoDB is "
         "reachable and the user may read and write the checkpoint collection.",
-        stream_id=stream_id,
+        stream=stream_id,
     )
 
 
@@ -212,7 +212,7 @@ def _gave_up(stream_id: str) -> CheckpointError:
         f"stream {stream_id!r}: the checkpoint document kept changing under a conditional write "
         f"({_CONFLICT_ATTEMPTS} attempts); another process is rewinding or deleting it. Stop the "
         "other writer and try again.",
-        stream_id=stream_id,
+        stream=stream_id,
     )
 
 
@@ -223,30 +223,16 @@ def _collection_options(write_concern: WriteConcern | None) -> dict[str, Any]:
     return options
 
 
-# -- each operation once, as the driver calls it needs ------------------------------------------------
+# -- each operation once, as a procedure of driver calls -------------------------------------------
 #
-# An operation is a generator: it yields the driver call it needs next (a DriverCall), receives its
-# result (or has the driver's exception thrown into it) and returns the operation's result. The
-# sync store runs it with blocking PyMongo calls, the async store awaits the same calls; neither
-# holds any rule of its own.
+# Each operation is a procedure (flowwarden.mongo.calls): it yields the collection calls it needs
+# and decides what their results and errors mean. The sync store runs it with blocking calls, the
+# asyncio store awaits the same calls; neither holds any rule of its own.
 
 
-@dataclass(frozen=True)
-class DriverCall:
-    """One collection method call: ``getattr(collection, method)(*args, **kwargs)``; ``find_all``
-    is ``list(collection.find(*args, **kwargs))``."""
-
-    method: str
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-
-Operation = Generator[DriverCall, Any, T]
-
-
-def _load(stream_id: str) -> Operation[Checkpoint | None]:
+def _load(collection: Any, stream_id: str) -> Procedure[Checkpoint | None]:
     try:
-        document = yield DriverCall("find_one", ({F_ID: stream_id},))
+        document = yield call(collection, "find_one", {F_ID: stream_id})
     except PyMongoError as exc:
         raise _failure("load", stream_id, exc) from exc
     except InvalidBSON as exc:
@@ -255,25 +241,33 @@ def _load(stream_id: str) -> Operation[Checkpoint | None]:
 
 
 def _conditional(
-    stream_id: str, write: tuple[dict[str, Any], dict[str, Any]], token: ResumeToken, epoch: int, slot: str
-) -> Operation[SaveResult]:
-    return _upsert(stream_id, write, lambda current: _conflict_result(current, stream_id, token, epoch, slot))
+    collection: Any,
+    stream_id: str,
+    write: tuple[dict[str, Any], dict[str, Any]],
+    token: ResumeToken,
+    epoch: int,
+    slot: str,
+) -> Procedure[SaveResult]:
+    return _upsert(
+        collection, stream_id, write, lambda current: _conflict_result(current, stream_id, token, epoch, slot)
+    )
 
 
 def _upsert(
+    collection: Any,
     stream_id: str,
     write: tuple[dict[str, Any], dict[str, Any]],
     collided: Callable[[Checkpoint | None], SaveResult | None],
-) -> Operation[SaveResult]:
+) -> Procedure[SaveResult]:
     """A conditional upsert; when its condition fails (a duplicate key), ``collided(stored)``
     says why: IGNORED, a FencedError, or None to try the write again."""
     query, update = write
     for _ in range(_CONFLICT_ATTEMPTS):
         try:
-            yield DriverCall("update_one", (query, update), {"upsert": True})
+            yield call(collection, "update_one", query, update, upsert=True)
             return SaveResult.STORED
         except DuplicateKeyError:
-            result = collided((yield from _load(stream_id)))
+            result = collided((yield from _load(collection, stream_id)))
             if result is not None:
                 return result
         except PyMongoError as exc:
@@ -281,7 +275,9 @@ def _upsert(
     raise _gave_up(stream_id)
 
 
-def _save_snapshot(stream_id: str, progress: SnapshotProgress, epoch: int) -> Operation[SaveResult]:
+def _save_snapshot(
+    collection: Any, stream_id: str, progress: SnapshotProgress, epoch: int
+) -> Procedure[SaveResult]:
     data = token_data(progress.token)
     # Progress of the stored snapshot only moves forward; another snapshot's replaces it.
     query = {
@@ -305,28 +301,43 @@ def _save_snapshot(stream_id: str, progress: SnapshotProgress, epoch: int) -> Op
         result, _ = apply_save_snapshot(current, stream_id, progress, epoch, utc_now())
         return SaveResult.IGNORED if result is SaveResult.IGNORED else None
 
-    return _upsert(stream_id, (query, update), collided)
+    return _upsert(collection, stream_id, (query, update), collided)
 
 
-def _save(checkpoint: Checkpoint) -> Operation[SaveResult]:
+def _save(collection: Any, checkpoint: Checkpoint) -> Procedure[SaveResult]:
     write = _save_write(checkpoint)
     assert checkpoint.last_processed_token is not None
     return _conditional(
-        checkpoint.stream_id, write, checkpoint.last_processed_token, checkpoint.epoch, F_PROCESSED_TOKEN
+        collection,
+        checkpoint.stream_id,
+        write,
+        checkpoint.last_processed_token,
+        checkpoint.epoch,
+        F_PROCESSED_TOKEN,
     )
 
 
-def _delete(stream_id: str) -> Operation[bool]:
+def _save_seen(collection: Any, stream_id: str, token: ResumeToken, epoch: int) -> Procedure[SaveResult]:
+    write = _seen_write(stream_id, token, epoch)
+    return _conditional(collection, stream_id, write, token, epoch, F_SEEN_TOKEN)
+
+
+def _save_batch_end(collection: Any, stream_id: str, token: ResumeToken, epoch: int) -> Procedure[SaveResult]:
+    write = _batch_end_write(stream_id, token, epoch)
+    return _conditional(collection, stream_id, write, token, epoch, F_BATCH_END)
+
+
+def _delete(collection: Any, stream_id: str) -> Procedure[bool]:
     try:
-        result = yield DriverCall("delete_one", ({F_ID: stream_id},))
+        result = yield call(collection, "delete_one", {F_ID: stream_id})
     except PyMongoError as exc:
         raise _failure("delete", stream_id, exc) from exc
     return bool(result.deleted_count == 1)
 
 
-def _list() -> Operation[builtins.list[Checkpoint]]:
+def _list(collection: Any) -> Procedure[builtins.list[Checkpoint]]:
     try:
-        documents = yield DriverCall("find_all", ({},), {"sort": [(F_ID, 1)]})
+        documents = yield find_all(collection, {}, sort=[(F_ID, 1)])
     except PyMongoError as exc:
         raise _failure("list", None, exc) from exc
     except InvalidBSON as exc:
@@ -334,50 +345,12 @@ def _list() -> Operation[builtins.list[Checkpoint]]:
     return [Checkpoint.from_document(document) for document in documents]
 
 
-def _rewind(stream_id: str, token: ResumeToken | None) -> Operation[None]:
+def _rewind(collection: Any, stream_id: str, token: ResumeToken | None) -> Procedure[None]:
     query, update = _rewind_write(stream_id, token)
     try:
-        yield DriverCall("update_one", (query, update), {"upsert": token is not None})
+        yield call(collection, "update_one", query, update, upsert=token is not None)
     except PyMongoError as exc:
         raise _failure("rewind", stream_id, exc) from exc
-
-
-def _run(collection: Any, operation: Operation[T]) -> T:
-    """An operation with blocking PyMongo calls."""
-    outcome: Any = None
-    failure: BaseException | None = None
-    while True:
-        try:
-            call = operation.throw(failure) if failure is not None else operation.send(outcome)
-        except StopIteration as done:
-            return cast(T, done.value)
-        outcome, failure = None, None
-        try:
-            if call.method == "find_all":
-                outcome = builtins.list(collection.find(*call.args, **call.kwargs))
-            else:
-                outcome = getattr(collection, call.method)(*call.args, **call.kwargs)
-        except Exception as exc:
-            failure = exc
-
-
-async def _run_async(collection: Any, operation: Operation[T]) -> T:
-    """An operation with PyMongo's asyncio (or motor's) calls, awaited."""
-    outcome: Any = None
-    failure: BaseException | None = None
-    while True:
-        try:
-            call = operation.throw(failure) if failure is not None else operation.send(outcome)
-        except StopIteration as done:
-            return cast(T, done.value)
-        outcome, failure = None, None
-        try:
-            if call.method == "find_all":
-                outcome = [document async for document in collection.find(*call.args, **call.kwargs)]
-            else:
-                outcome = await getattr(collection, call.method)(*call.args, **call.kwargs)
-        except Exception as exc:
-            failure = exc
 
 
 # -- the two stores -----------------------------------------------------------------------------------
@@ -401,30 +374,28 @@ class MongoCheckpointStore:
         )
 
     def load(self, stream_id: str) -> Checkpoint | None:
-        return _run(self.collection, _load(stream_id))
+        return run(_load(self.collection, stream_id))
 
     def save(self, checkpoint: Checkpoint) -> SaveResult:
-        return _run(self.collection, _save(checkpoint))
+        return run(_save(self.collection, checkpoint))
 
     def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        write = _seen_write(stream_id, token, epoch)
-        return _run(self.collection, _conditional(stream_id, write, token, epoch, F_SEEN_TOKEN))
+        return run(_save_seen(self.collection, stream_id, token, epoch))
 
     def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        write = _batch_end_write(stream_id, token, epoch)
-        return _run(self.collection, _conditional(stream_id, write, token, epoch, F_BATCH_END))
+        return run(_save_batch_end(self.collection, stream_id, token, epoch))
 
     def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
-        return _run(self.collection, _save_snapshot(stream_id, progress, epoch))
+        return run(_save_snapshot(self.collection, stream_id, progress, epoch))
 
     def delete(self, stream_id: str) -> bool:
-        return _run(self.collection, _delete(stream_id))
+        return run(_delete(self.collection, stream_id))
 
     def list(self) -> builtins.list[Checkpoint]:
-        return _run(self.collection, _list())
+        return run(_list(self.collection))
 
     def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
-        _run(self.collection, _rewind(stream_id, token))
+        run(_rewind(self.collection, stream_id, token))
 
     def __repr__(self) -> str:
         return f"MongoCheckpointStore({self.collection.full_name!r})"
@@ -447,30 +418,28 @@ class AsyncMongoCheckpointStore:
         self.collection: Any = database.get_collection(collection, **_collection_options(write_concern))
 
     async def load(self, stream_id: str) -> Checkpoint | None:
-        return await _run_async(self.collection, _load(stream_id))
+        return await run_async(_load(self.collection, stream_id))
 
     async def save(self, checkpoint: Checkpoint) -> SaveResult:
-        return await _run_async(self.collection, _save(checkpoint))
+        return await run_async(_save(self.collection, checkpoint))
 
     async def save_seen(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        write = _seen_write(stream_id, token, epoch)
-        return await _run_async(self.collection, _conditional(stream_id, write, token, epoch, F_SEEN_TOKEN))
+        return await run_async(_save_seen(self.collection, stream_id, token, epoch))
 
     async def save_batch_end(self, stream_id: str, token: ResumeToken, epoch: int) -> SaveResult:
-        write = _batch_end_write(stream_id, token, epoch)
-        return await _run_async(self.collection, _conditional(stream_id, write, token, epoch, F_BATCH_END))
+        return await run_async(_save_batch_end(self.collection, stream_id, token, epoch))
 
     async def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
-        return await _run_async(self.collection, _save_snapshot(stream_id, progress, epoch))
+        return await run_async(_save_snapshot(self.collection, stream_id, progress, epoch))
 
     async def delete(self, stream_id: str) -> bool:
-        return await _run_async(self.collection, _delete(stream_id))
+        return await run_async(_delete(self.collection, stream_id))
 
     async def list(self) -> builtins.list[Checkpoint]:
-        return await _run_async(self.collection, _list())
+        return await run_async(_list(self.collection))
 
     async def rewind(self, stream_id: str, token: ResumeToken | None) -> None:
-        await _run_async(self.collection, _rewind(stream_id, token))
+        await run_async(_rewind(self.collection, stream_id, token))
 
     def __repr__(self) -> str:
         return f"AsyncMongoCheckpointStore({self.collection.full_name!r})"

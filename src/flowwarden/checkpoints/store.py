@@ -18,6 +18,10 @@ Every implementation keeps these rules (the contract suite in
 Report a failed read or write as :class:`~flowwarden.errors.CheckpointError` raised ``from`` the
 underlying error: :func:`flowwarden.mongo.failures.classify` judges it by that cause (a network error is
 retried, refused credentials fail the stream at once).
+
+Which methods a store must have is one rule, :func:`store_problem`, asked wherever a store comes
+in (``@checkpoint(store=...)``, ``Connector(checkpoint_store=...)``, :class:`CheckpointCommitter`):
+a store that lacks one is refused there, by name, never halfway through a run.
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ import inspect
 from typing import Any, Protocol, runtime_checkable
 
 from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
+from flowwarden.errors import ConfigurationError
 from flowwarden.events import ResumeToken
+
+STORE_METHODS: tuple[str, ...] = ("load", "save", "save_seen", "save_batch_end", "delete", "list", "rewind")
+"""The methods every checkpoint store has (sync or async): :class:`CheckpointStore`'s."""
 
 
 @runtime_checkable
@@ -125,7 +133,40 @@ class SnapshotStore(Protocol):
     def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult: ...
 
 
-__all__ = ["AsyncCheckpointStore", "CheckpointStore", "SnapshotStore"]
+def store_problem(store: object) -> str | None:
+    """Why ``store`` cannot be a checkpoint store, naming each method it lacks; None when it can.
+
+    Checked by duck typing: every one of :data:`STORE_METHODS` must be a callable attribute
+    (``save_snapshot`` is asked for only by streams with an initial snapshot).
+    """
+    if isinstance(store, type):
+        return f"the class {store.__name__} was given; pass an instance, e.g. {store.__name__}(...)"
+    missing = [name for name in STORE_METHODS if not callable(getattr(store, name, None))]
+    if not missing:
+        return None
+    return (
+        f"{type(store).__name__} is not a checkpoint store: it lacks {', '.join(missing)}; a store "
+        f"has {', '.join(STORE_METHODS)} (flowwarden.checkpoints.CheckpointStore, or "
+        "AsyncCheckpointStore with the same methods as coroutines)"
+    )
+
+
+def check_store(store: object, *, owner: str, option: str) -> None:
+    """Raise :class:`~flowwarden.errors.ConfigurationError` when :func:`store_problem` finds one."""
+    problem = store_problem(store)
+    if problem is not None:
+        allowed = f"a store with {', '.join(STORE_METHODS)}"
+        raise ConfigurationError(problem, owner=owner, option=option, value=store, allowed=allowed)
+
+
+__all__ = [
+    "STORE_METHODS",
+    "AsyncCheckpointStore",
+    "CheckpointStore",
+    "SnapshotStore",
+    "check_store",
+    "store_problem",
+]
 
 
 class AwaitableStore:

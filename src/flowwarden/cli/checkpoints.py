@@ -178,6 +178,7 @@ def _token_at(database: Any, at: Any, server_time: Any) -> Any:
     from pymongo.errors import OperationFailure
 
     from flowwarden.events import timestamp_datetime
+    from flowwarden.mongo import codes
     from flowwarden.mongo.positions import FUTURE_TOLERANCE_SECONDS
 
     when = timestamp_datetime(at).isoformat()
@@ -191,7 +192,7 @@ def _token_at(database: Any, at: Any, server_time: Any) -> Any:
         with database.watch(start_at_operation_time=at, batch_size=0) as stream:
             token = stream.resume_token
     except OperationFailure as error:
-        if error.code == 286:  # ChangeStreamHistoryLost
+        if error.code == codes.CHANGE_STREAM_HISTORY_LOST:
             raise CommandError(
                 ExitCode.USAGE,
                 f"--to-time {when} is older than the oplog's oldest entry; what happened then can no "
@@ -204,7 +205,8 @@ def _token_at(database: Any, at: Any, server_time: Any) -> Any:
 
 
 def _parse_token(text: str) -> Any:
-    from flowwarden.events import InvalidTokenError, check_resume_token
+    from flowwarden.errors import InvalidTokenError
+    from flowwarden.events import check_resume_token
 
     try:
         token = json_util.loads(text)
@@ -323,7 +325,8 @@ def _show(store: Any, stream: str) -> ExitCode:
 
 def _with_cluster_time(value: Any) -> Any:
     """A stored token with what it means: its cluster time, as a Timestamp and as a UTC time."""
-    from flowwarden.events import InvalidTokenError, timestamp_datetime, token_cluster_time
+    from flowwarden.errors import InvalidTokenError
+    from flowwarden.events import timestamp_datetime, token_cluster_time
 
     if not isinstance(value, dict) or "_data" not in value:
         return value

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from flowwarden.errors import FlowWardenError
+from flowwarden.mongo import codes
 from flowwarden.mongo.redaction import quotes_secret, redact_uri
 
 if TYPE_CHECKING:
@@ -51,8 +52,8 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
 # by default) rather than wait PyMongo's default 30 s. A serverSelectionTimeoutMS in the URI wins.
 _URI_SETS_SERVER_SELECTION_TIMEOUT = re.compile(r"[?&;]serverSelectionTimeoutMS=", re.IGNORECASE)
 
-# OperationFailure codes meaning the credentials were refused: Unauthorized, AuthenticationFailed.
-_CREDENTIALS_REFUSED = frozenset({13, 18})
+# OperationFailure codes meaning the credentials were refused.
+_CREDENTIALS_REFUSED = frozenset({codes.UNAUTHORIZED, codes.AUTHENTICATION_FAILED})
 
 
 class CommandError(Exception):

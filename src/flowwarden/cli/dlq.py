@@ -250,13 +250,11 @@ async def _replay_all(
 ) -> tuple[int, int, int]:
     """Each entry's event through its method under the class's retry policy, once this replay
     claimed it; how many were replayed, failed again, and taken by another replay."""
-    import logging
 
     from flowwarden.runtime.invoke import Exhausted, Invoker
     from flowwarden.runtime.lease import instance_token
 
     instance = spec.handler_class()
-    logger = logging.getLogger("flowwarden.cli.dlq")
     stopping = asyncio.Event()
     claimant = instance_token()
     replayed = failed = taken = 0
@@ -283,7 +281,6 @@ async def _replay_all(
             wants_ctx=method.wants_ctx,
             # The entry's own stream: a bucket's name (orders[1/4]) for a partitioned class.
             stream=str(entry.get("stream") or spec.name),
-            logger=logger,
             policy=spec.retry,
             stopping=stopping,
             threaded=method.kind != "event",

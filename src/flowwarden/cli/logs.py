@@ -1,9 +1,10 @@
 """How flowwarden's log lines look when a command writes them: text for people, JSON for machines.
 
-Logger names are the module paths (``flowwarden.runtime.stream``, ``flowwarden.checkpoints``...).
-A stream's records carry the stream's name as ``stream``, and records about one change event carry
-its resume token as ``token``: :class:`~flowwarden.runtime.context.StreamLogger` adds both as record
-attributes, which the JSON format turns into fields of their own.
+Logger names are the module paths (``flowwarden.runtime.opening``,
+``flowwarden.checkpoints.committer``...). Every record about a stream carries the stream's name as
+``stream`` (each module logs through an adapter over its own logger:
+:func:`~flowwarden.runtime.context.stream_logger`), and records about one change event carry its
+resume token as ``token``; the JSON format turns both into fields of their own.
 
 Nothing here may print a secret: the runtime redacts URIs before they reach a log call
 (:mod:`flowwarden.mongo.redaction`), and this module adds only what the record already holds.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flowwarden.config.backoff import backoff_delay
 from flowwarden.config.base import OptionProblem, Options, validate_options
-from flowwarden.config.checkpoint import STORE_METHODS, CheckpointOptions
+from flowwarden.config.checkpoint import CheckpointOptions
 from flowwarden.config.choices import (
     Deployment,
     OnError,
@@ -37,7 +37,6 @@ __all__ = [
     "KEEP_ID_HINT",
     "OPERATION_TYPES",
     "STANDARD_OPERATION_TYPES",
-    "STORE_METHODS",
     "BatchOptions",
     "ChangeStreamOptions",
     "CheckpointOptions",

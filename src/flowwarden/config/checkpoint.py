@@ -9,11 +9,9 @@ from typing import Any, ClassVar
 from bson import Timestamp
 from pydantic import ValidationInfo, field_validator, model_validator
 
+from flowwarden.checkpoints.store import STORE_METHODS, store_problem
 from flowwarden.config.base import OptionProblem, Options, option
 from flowwarden.config.choices import OnHistoryLost, StartPosition, coerce_choice
-
-STORE_METHODS: tuple[str, ...] = ("load", "save", "save_seen", "save_batch_end", "delete", "list", "rewind")
-"""Methods a checkpoint store must have (sync or async), checked by duck typing."""
 
 
 class CheckpointOptions(Options):
@@ -82,24 +80,9 @@ class CheckpointOptions(Options):
     @field_validator("store")
     @classmethod
     def _store(cls, value: Any) -> Any:
-        if value is None:
-            return None
-        allowed = cls.allowed["store"]
-        if isinstance(value, type):
-            raise OptionProblem(
-                f"store is the class {value.__name__}; pass an instance, e.g. store={value.__name__}(...)",
-                option="store",
-                value=value,
-                allowed=allowed,
-            )
-        missing = [name for name in STORE_METHODS if not callable(getattr(value, name, None))]
-        if missing:
-            raise OptionProblem(
-                f"{type(value).__name__} is not a checkpoint store: it lacks {', '.join(missing)}",
-                option="store",
-                value=value,
-                allowed=allowed,
-            )
+        problem = None if value is None else store_problem(value)
+        if problem is not None:
+            raise OptionProblem(problem, option="store", value=value, allowed=cls.allowed["store"])
         return value
 
     @model_validator(mode="after")

@@ -42,6 +42,7 @@ from flowwarden.errors import (
     FlowWardenError,
     UnreadableCheckpointError,
 )
+from flowwarden.mongo import codes
 
 
 class Failure(enum.Enum):
@@ -52,49 +53,50 @@ class Failure(enum.Enum):
     UNKNOWN = "unknown"
 
 
-# Server error codes, one by one. PyMongo's own resume rule (any ConnectionFailure or
-# CursorNotFound, and the ResumableChangeStreamError label) comes first in classify().
+# Server error codes (named in flowwarden.mongo.codes), by what a re-open does for them. PyMongo's
+# own resume rule (any ConnectionFailure or CursorNotFound, and the ResumableChangeStreamError
+# label) comes first in classify().
 TRANSIENT_CODES = frozenset(
     {
-        6,  # HostUnreachable
-        7,  # HostNotFound
-        43,  # CursorNotFound: the cursor timed out on the server; a re-open resumes it
-        89,  # NetworkTimeout
-        91,  # ShutdownInProgress
-        134,  # ReadConcernMajorityNotAvailableYet
-        189,  # PrimarySteppedDown
-        262,  # ExceededTimeLimit
-        9001,  # SocketException
-        10058,  # LegacyNotPrimary
-        10107,  # NotWritablePrimary
-        11600,  # InterruptedAtShutdown
-        11602,  # InterruptedDueToReplStateChange
-        13435,  # NotPrimaryNoSecondaryOk
-        13436,  # NotPrimaryOrSecondary
+        codes.HOST_UNREACHABLE,
+        codes.HOST_NOT_FOUND,
+        codes.CURSOR_NOT_FOUND,  # the cursor timed out on the server; a re-open resumes it
+        codes.NETWORK_TIMEOUT,
+        codes.SHUTDOWN_IN_PROGRESS,
+        codes.READ_CONCERN_MAJORITY_NOT_AVAILABLE_YET,
+        codes.PRIMARY_STEPPED_DOWN,
+        codes.EXCEEDED_TIME_LIMIT,
+        codes.SOCKET_EXCEPTION,
+        codes.LEGACY_NOT_PRIMARY,
+        codes.NOT_WRITABLE_PRIMARY,
+        codes.INTERRUPTED_AT_SHUTDOWN,
+        codes.INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+        codes.NOT_PRIMARY_NO_SECONDARY_OK,
+        codes.NOT_PRIMARY_OR_SECONDARY,
     }
 )
 FATAL_CODES = frozenset(
     {
-        9,  # FailedToParse: e.g. a resume token whose _data is not hex
-        11,  # UserNotFound
-        13,  # Unauthorized
-        18,  # AuthenticationFailed
-        20,  # IllegalOperation: e.g. change streams on a deployment that has none
-        59,  # CommandNotFound
-        72,  # InvalidOptions: e.g. a read concern change streams refuse
-        73,  # InvalidNamespace
-        168,  # InvalidPipelineOperator
-        260,  # InvalidResumeToken (after the startAfter retry for invalidate tokens)
-        280,  # ChangeStreamFatalError: e.g. the resume token was not found in the stream
-        286,  # ChangeStreamHistoryLost, when the strategy is FAIL (the runner handles the others)
-        8000,  # AtlasError: Atlas refused the credentials or the operation
-        10334,  # BSONObjectTooLarge: a change event over 16 MiB (split large events to read it)
-        7182500,  # one field of an event too large for any $changeStreamSplitLargeEvent fragment
-        40324,  # unrecognized pipeline stage name
-        40415,  # unknown field in a command or stage
-        40573,  # $changeStream needs a replica set or a sharded cluster
-        40602,  # $changeStream must be the first stage
-        40649,  # a resume token that is too short or not of a known format
+        codes.FAILED_TO_PARSE,
+        codes.USER_NOT_FOUND,
+        codes.UNAUTHORIZED,
+        codes.AUTHENTICATION_FAILED,
+        codes.ILLEGAL_OPERATION,
+        codes.COMMAND_NOT_FOUND,
+        codes.INVALID_OPTIONS,
+        codes.INVALID_NAMESPACE,
+        codes.INVALID_PIPELINE_OPERATOR,
+        codes.INVALID_RESUME_TOKEN,  # after the startAfter retry for invalidate tokens
+        codes.CHANGE_STREAM_FATAL_ERROR,
+        codes.CHANGE_STREAM_HISTORY_LOST,  # when the strategy is FAIL (the runner handles the others)
+        codes.ATLAS_ERROR,
+        codes.BSON_OBJECT_TOO_LARGE,  # a change event over 16 MiB (split large events to read it)
+        codes.SPLIT_EVENT_FIELD_TOO_LARGE,
+        codes.UNRECOGNIZED_PIPELINE_STAGE,
+        codes.UNKNOWN_FIELD,
+        codes.CHANGE_STREAM_NEEDS_REPLICATION,
+        codes.CHANGE_STREAM_NOT_FIRST_STAGE,
+        codes.MALFORMED_RESUME_TOKEN,
     }
 )
 TRANSIENT_LABELS = ("ResumableChangeStreamError", "RetryableWriteError", "TransientTransactionError")

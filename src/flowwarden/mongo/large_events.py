@@ -35,10 +35,10 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 
 from flowwarden.errors import StreamError
+from flowwarden.mongo import codes
 
 __all__ = [
     "SPLIT_STAGE_NAME",
-    "TOO_LARGE",
     "AsyncJoinedChangeStream",
     "Fragments",
     "JoinedChangeStream",
@@ -49,8 +49,6 @@ __all__ = [
 ]
 
 SPLIT_STAGE_NAME = "$changeStreamSplitLargeEvent"
-TOO_LARGE = 10334
-"""BSONObjectTooLarge: what a change stream fails with on an event over 16 MB it may not split."""
 
 _INT32 = Struct("<i")
 # A fragment's first two elements, as the split stage (always a pipeline's last) writes them.
@@ -83,7 +81,7 @@ def with_split_stage(pipeline: Sequence[Mapping[str, Any]]) -> list[dict[str, An
 
 def is_too_large(error: BaseException) -> TypeGuard[OperationFailure]:
     """Whether a change stream failed on an event over 16 MB that it may not split."""
-    return isinstance(error, OperationFailure) and error.code == TOO_LARGE
+    return isinstance(error, OperationFailure) and error.code == codes.BSON_OBJECT_TOO_LARGE
 
 
 def too_large_error(error: OperationFailure, *, owner: str, stream: str, remedy: str) -> StreamError:
@@ -91,10 +89,10 @@ def too_large_error(error: OperationFailure, *, owner: str, stream: str, remedy:
     to read such events (``remedy``, the option as the reader's user writes it)."""
     return StreamError(
         f"{owner}: a change event is over MongoDB's 16 MB limit, so the server cannot return it "
-        f"(BSONObjectTooLarge, {TOO_LARGE}). Read such events with {remedy} (MongoDB 7.0+): the "
-        "server then splits them and flowwarden joins the fragments into one event again; or "
-        "leave the large fields out of the events with a $project stage. The stream's position "
-        f"stays before the event. The server said: {error}",
+        f"(BSONObjectTooLarge, {codes.BSON_OBJECT_TOO_LARGE}). Read such events with {remedy} "
+        "(MongoDB 7.0+): the server then splits them and flowwarden joins the fragments into one "
+        "event again; or leave the large fields out of the events with a $project stage. The "
+        f"stream's position stays before the event. The server said: {error}",
         stream=stream,
     )
 

@@ -14,15 +14,14 @@ deliver nothing, silently. Nothing here writes a checkpoint; the callers do.
 The oplog's edges (its oldest and newest entries) are read from ``local.oplog.rs``; through a
 mongos, which refuses the ``local`` database, they are read on each shard directly.
 
-The helpers accept PyMongo's sync and asyncio clients (and motor's) alike.
+The helpers accept PyMongo's sync and asyncio clients (and motor's) alike: the oplog's edges are
+read by one procedure that :mod:`flowwarden.mongo.calls` runs on either.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -33,17 +32,13 @@ from pymongo.errors import ConfigurationError, ConnectionFailure, OperationFailu
 from flowwarden.config import OnHistoryLost
 from flowwarden.errors import HistoryLostError
 from flowwarden.events import ResumeToken, check_resume_token, timestamp_datetime
+from flowwarden.mongo import codes
+from flowwarden.mongo.calls import Call, Procedure, call, maybe_await, run, run_async
 
 # Codes with which the server refuses a resume token it was given.
 REFUSED_TOKEN_CODES = frozenset(
-    {
-        9,  # FailedToParse: _data is not hex
-        260,  # InvalidResumeToken
-        40649,  # a token too short or of an unknown format
-    }
+    {codes.FAILED_TO_PARSE, codes.INVALID_RESUME_TOKEN, codes.MALFORMED_RESUME_TOKEN}
 )
-CHANGE_STREAM_FATAL = 280  # among others: "the resume token was not found"
-HISTORY_LOST = 286  # ChangeStreamHistoryLost: the resume point left the oplog
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +68,7 @@ def refused_position(error: OperationFailure) -> bool:
     history (after a startAfter retry for invalidate tokens, where that applies)."""
     if error.code in REFUSED_TOKEN_CODES:
         return True
-    return error.code == CHANGE_STREAM_FATAL and "resume token" in str(error).lower()
-
-
-async def maybe_await(value: Any) -> Any:
-    """``value``, awaited when it is awaitable (asyncio and motor clients return coroutines)."""
-    return await value if inspect.isawaitable(value) else value
+    return error.code == codes.CHANGE_STREAM_FATAL_ERROR and "resume token" in str(error).lower()
 
 
 async def open_change_stream(target: Any, **watch_options: Any) -> Any:
@@ -150,17 +140,7 @@ def ahead_of_server(token: ResumeToken, server_time: Timestamp | None) -> str | 
 def oplog_edge(client: Any, direction: int) -> Timestamp | None:
     """The ts of the oldest (1) or newest (-1) oplog entry; None when it cannot be read. PyMongo's
     sync client; :func:`oplog_edge_async` says how a mongos is handled."""
-    steps = _EdgeSteps(client, (direction,))
-    try:
-        while (step := steps.next()) is not None:
-            try:
-                steps.answer(step())
-            except Exception as error:  # handed to the steps, which catch what they expect
-                steps.fail(error)
-    finally:
-        for opened in steps.opened:
-            opened.close()
-    return steps.result[0]
+    return run(_read_edges(client, (direction,)))[0]
 
 
 async def oplog_edge_async(client: Any, direction: int) -> Timestamp | None:
@@ -177,28 +157,14 @@ async def oplog_edge_async(client: Any, direction: int) -> Timestamp | None:
     recent write, the newest of the shards' newest entries, so the window (newest minus oldest)
     is what a stream can still resume into. See :data:`SHARD_PRIVILEGES` for what that needs.
     """
-    return (await _read_edges_async(client, (direction,)))[0]
+    return (await run_async(_read_edges(client, (direction,))))[0]
 
 
 async def oplog_window_async(client: Any) -> tuple[Timestamp | None, Timestamp | None]:
     """The oldest and the newest oplog entry's ts, as :func:`oplog_edge_async` reads each, read
     together (through a mongos, with one client per shard for both)."""
-    oldest, newest = await _read_edges_async(client, (1, -1))
+    oldest, newest = await run_async(_read_edges(client, (1, -1)))
     return oldest, newest
-
-
-async def _read_edges_async(client: Any, directions: tuple[int, ...]) -> tuple[Timestamp | None, ...]:
-    steps = _EdgeSteps(client, directions)
-    try:
-        while (step := steps.next()) is not None:
-            try:
-                steps.answer(await maybe_await(step()))
-            except Exception as error:  # handed to the steps, which catch what they expect
-                steps.fail(error)
-    finally:
-        for opened in steps.opened:
-            await maybe_await(opened.close())
-    return steps.result
 
 
 SHARD_PRIVILEGES = (
@@ -209,57 +175,24 @@ SHARD_PRIVILEGES = (
 """What reading the oplog through a mongos needs, as the WARNING says it when it cannot."""
 
 
-class _EdgeSteps:
-    """The reading of an oplog edge as the calls it makes, so that one procedure serves the sync
-    and the asyncio clients: :meth:`next` gives a call to make, whose result (awaited, for an
-    asyncio client) goes back with :meth:`answer` and whose exception with :meth:`fail`. The
-    clients it opened on shards are in :attr:`opened`, for the caller to close."""
-
-    def __init__(self, client: Any, directions: tuple[int, ...]) -> None:
-        self.opened: list[Any] = []
-        self.result: tuple[Timestamp | None, ...] = (None,) * len(directions)
-        self._steps = _edge_steps(client, directions, self.opened)
-        self._reply: Any = None
-        self._error: Exception | None = None
-
-    def next(self) -> Callable[[], Any] | None:
-        """The next call to make; None once the edge is known (:attr:`result`)."""
-        try:
-            if self._error is not None:
-                step = self._steps.throw(self._error)
-            else:
-                step = self._steps.send(self._reply)
-        except StopIteration as done:
-            if done.value is not None:
-                self.result = done.value
-            return None
-        self._reply, self._error = None, None
-        return step
-
-    def answer(self, reply: Any) -> None:
-        self._reply = reply
-
-    def fail(self, error: Exception) -> None:
-        self._error = error
-
-
-def _edge_steps(
-    client: Any, directions: tuple[int, ...], opened: list[Any]
-) -> Generator[Callable[[], Any], Any, tuple[Timestamp | None, ...] | None]:
-    """The edge in each of ``directions`` (1: oldest, -1: newest); None when unreadable."""
-    hello = yield functools.partial(client.admin.command, "hello")
+def _read_edges(client: Any, directions: tuple[int, ...]) -> Procedure[tuple[Timestamp | None, ...]]:
+    """The edge in each of ``directions`` (1: oldest, -1: newest), each None when unreadable; the
+    clients it opens on shards are closed before it returns."""
+    unreadable = (None,) * len(directions)
+    hello = yield call(client.admin, "command", "hello")
     if hello.get("msg") != "isdbgrid":
         edges: list[Timestamp | None] = []
         for direction in directions:
             try:
-                entry = yield functools.partial(_find_edge, client, direction)
+                entry = yield _find_edge(client, direction)
             except OperationFailure:
-                return None
+                return unreadable
             edges.append(_edge(entry))
         return tuple(edges)
     try:
-        listed = yield functools.partial(
-            client["config"].command,
+        listed = yield call(
+            client["config"],
+            "command",
             {"find": "shards", "projection": {"host": 1}, "batchSize": 100_000, "singleBatch": True},
         )
     except OperationFailure as error:
@@ -267,9 +200,26 @@ def _edge_steps(
             f"config.shards {error.code}",
             f"cannot list the shards in config.shards: {_failure(error)}; {SHARD_PRIVILEGES}",
         )
-        return None
+        return unreadable
+    opened: list[Any] = []
+    try:
+        per_shard = yield from _shard_edges(client, listed["cursor"]["firstBatch"], directions, opened)
+    finally:
+        for shard_client in opened:
+            yield call(shard_client, "close")
+    if not per_shard:
+        return unreadable
+    # Per direction, the newest of the shards' edges (oplog_edge_async says why).
+    return tuple(max(edges) for edges in zip(*per_shard, strict=True))
+
+
+def _shard_edges(
+    client: Any, shards: list[Mapping[str, Any]], directions: tuple[int, ...], opened: list[Any]
+) -> Procedure[list[list[Timestamp]] | None]:
+    """Each shard's edges in ``directions``, read with a client of its own (kept in ``opened``);
+    None as soon as one shard's cannot be read."""
     per_shard: list[list[Timestamp]] = []
-    for doc in listed["cursor"]["firstBatch"]:
+    for doc in shards:
         shard, host = str(doc.get("_id")), str(doc.get("host", ""))
         try:
             shard_client = shard_client_for(client, host)
@@ -280,7 +230,7 @@ def _edge_steps(
         found: list[Timestamp] = []
         for direction in directions:
             try:
-                entry = yield functools.partial(_find_edge, shard_client, direction)
+                entry = yield _find_edge(shard_client, direction)
             except OperationFailure as error:
                 _unreadable(
                     f"{host} {error.code}",
@@ -301,14 +251,12 @@ def _edge_steps(
                 return None
             found.append(edge)
         per_shard.append(found)
-    # Per direction, the newest of the shards' edges (oplog_edge_async says why).
-    return tuple(max(edges, default=None) for edges in zip(*per_shard, strict=True)) if per_shard else None
+    return per_shard
 
 
-def _find_edge(client: Any, direction: int) -> Any:
-    return client["local"]["oplog.rs"].find_one(
-        filter={}, projection={"ts": 1}, sort=[("$natural", direction)]
-    )
+def _find_edge(client: Any, direction: int) -> Call:
+    oplog = client["local"]["oplog.rs"]
+    return call(oplog, "find_one", filter={}, projection={"ts": 1}, sort=[("$natural", direction)])
 
 
 def _failure(error: OperationFailure) -> str:
@@ -444,13 +392,11 @@ def recover_from_history_loss(
 
 __all__ = [
     "FUTURE_TOLERANCE_SECONDS",
-    "HISTORY_LOST",
     "REFUSED_TOKEN_CODES",
     "SHARD_PRIVILEGES",
     "Recovery",
     "ahead_of_server",
     "cluster_time_of",
-    "maybe_await",
     "open_change_stream",
     "opening_token",
     "oplog_edge",

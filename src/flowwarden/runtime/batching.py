@@ -38,9 +38,10 @@ from bson.raw_bson import RawBSONDocument
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import SchemaMode
 from flowwarden.config.spec import StreamSpec
+from flowwarden.errors import UndecodableEventError
 from flowwarden.events import ChangeEvent, ResumeToken, token_data
 from flowwarden.mongo.raw_events import lean
-from flowwarden.runtime.context import StreamContext, StreamLog
+from flowwarden.runtime.context import StreamContext, stream_logger
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
 from flowwarden.runtime.metrics import StreamMetrics
@@ -96,7 +97,6 @@ class BatchDelivery:
         invoker: Invoker,
         spark_provider: Callable[[], Any] | None,
         giving_up: GivingUp,
-        log: StreamLog,
         delivered: Callable[[int], None],
         failed: Callable[[], None],
         metrics: StreamMetrics | None = None,
@@ -118,7 +118,7 @@ class BatchDelivery:
         """The error the batch in flight ended with, once it did (the read loop raises it)."""
         self._replay_end: str | None = None
         self._giving_up = giving_up
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self._metrics = metrics
         self._name = spec.name
 
@@ -311,7 +311,6 @@ class BatchDelivery:
         if not self._dataframe:
             return await self._invoker([ChangeEvent(change) for change in changes], ctx), []
         from flowwarden.spark import events_to_dataframe
-        from flowwarden.spark.convert.arrow import UndecodableEventError
 
         assert self._spark_provider is not None
         raws = list(changes)

@@ -18,12 +18,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flowwarden.checkpoints.store import AwaitableStore
+from flowwarden.checkpoints.store import AwaitableStore, check_store
 from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
 from flowwarden.config.spec import partition_specs
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
-from flowwarden.mongo.positions import maybe_await, reachable
+from flowwarden.mongo.calls import maybe_await
+from flowwarden.mongo.positions import reachable
 from flowwarden.mongo.redaction import (
     redact_uri as redact_uri,  # re-exported: the runtime logs and exports it
 )
@@ -123,6 +124,8 @@ class Connector:
         self.instance_token = instance_token()
         """This connector's own name in leases and checkpoints (``host:pid:random``): unlike
         ``instance_id``, which is configured and may be shared, no other connector has it."""
+        if checkpoint_store is not None:
+            check_store(checkpoint_store, owner="Connector", option="checkpoint_store")
         self._checkpoint_store = checkpoint_store
         self._checkpoint_database = checkpoint_database
         self._spark = spark

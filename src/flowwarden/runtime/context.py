@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 StreamLog = logging.Logger | logging.LoggerAdapter[logging.Logger]
-"""A stream's logger: module loggers wrapped to put the stream's name on every record."""
+"""A logger for a stream's lines: a module's logger, wrapped to put the stream's name on every record."""
 
 
 class StreamLogger(logging.LoggerAdapter[logging.Logger]):
@@ -23,6 +23,12 @@ class StreamLogger(logging.LoggerAdapter[logging.Logger]):
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
         kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
         return msg, kwargs
+
+
+def stream_logger(module: str, stream: str) -> StreamLogger:
+    """The logger a module uses for one stream's lines: the module's own logger (named by its
+    path, ``module`` being its ``__name__``), each record carrying ``stream``."""
+    return StreamLogger(logging.getLogger(module), {"stream": stream})
 
 
 @dataclass(slots=True)
@@ -57,4 +63,4 @@ class StreamContext:
         """
         self.save_requested = True
 
-__all__ = ["StreamContext", "StreamLog", "StreamLogger"]
+__all__ = ["StreamContext", "StreamLog", "StreamLogger", "stream_logger"]

@@ -6,7 +6,9 @@ case and the hot path), concurrently per document key (``max_concurrency > 1``),
 once its handling finished, was skipped or was dead-lettered; a post-batch token reaches it (as
 lastSeen) only while nothing read is unfinished. The read loop checks one flag per event,
 :attr:`EventDispatch.halt`; whoever sets it leaves the reason elsewhere (a stop, a lost lease, a
-failed committer, a failed handler task).
+failed committer, a failed handler task), and the runner's ``halted()`` sorts it out. Reading
+ends with an outcome (:mod:`flowwarden.runtime.outcomes`): stopped, invalidated, re-open, or
+lost ownership; a failure is raised.
 """
 
 from __future__ import annotations
@@ -27,25 +29,14 @@ from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import StreamInvalidatedError
 from flowwarden.events import ChangeEvent, token_datetime
 from flowwarden.runtime.batching import BatchDelivery
-from flowwarden.runtime.context import StreamContext, StreamLog
+from flowwarden.runtime.context import StreamContext, stream_logger
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.invoke import Exhausted, Interrupted, Invoker
 from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener
+from flowwarden.runtime.outcomes import Invalidated, LostOwnership, ReadOutcome, Reopen, Stopped
 from flowwarden.runtime.read_ahead import EmptyRead, FailedRead, ReadAhead
 from flowwarden.runtime.scheduling import KeyedScheduler
-
-
-class Invalidated(Exception):
-    """The watched namespace was dropped or renamed and the stream stops (on_invalidate=stop)."""
-
-    def __init__(self, error: StreamInvalidatedError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class Reopen(Exception):
-    """Re-open the stream at once from its saved checkpoint (no backoff, not a failure)."""
 
 
 class EventDispatch:
@@ -59,13 +50,12 @@ class EventDispatch:
         giving_up: GivingUp,
         stopping: asyncio.Event,
         spark_provider: Callable[[], Any] | None,
-        log: StreamLog,
         metrics: StreamMetrics | None = None,
     ) -> None:
         self.spec = spec
         self.metrics = metrics
         self.name = spec.name
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self._opener = opener
         self._giving_up = giving_up
         self._stopping = stopping
@@ -80,7 +70,6 @@ class EventDispatch:
                 invoker=self._invoker(spec.batch or spec.dataframe),
                 spark_provider=spark_provider,
                 giving_up=giving_up,
-                log=log,
                 delivered=self._count_delivered,
                 failed=self._set_halt,
                 metrics=metrics,
@@ -105,7 +94,6 @@ class EventDispatch:
             is_async=method.is_async,
             wants_ctx=method.wants_ctx,
             stream=self.name,
-            logger=self.log,
             policy=self.spec.retry,
             stopping=self._stopping,
             # Batch methods may run for seconds (Spark jobs): keep the loop free for heartbeats.
@@ -139,11 +127,11 @@ class EventDispatch:
         position: Mapping[str, Any],
         *,
         first_read: Callable[[], None],
-        halted: Callable[[], None],
-    ) -> None:
-        """Read ``reader`` until the stream ends, halts or fails; ``first_read()`` is called once
-        the stream has read something, ``halted()`` raises the reason of a halt (or returns for a
-        stop)."""
+        halted: Callable[[], Stopped | LostOwnership],
+    ) -> ReadOutcome:
+        """Read ``reader`` until the stream ends or halts, and say how it ended; raise what it
+        failed with. ``first_read()`` is called once the stream has read something; ``halted()``
+        is the outcome of a halt (and raises the error of a failed handler or committer)."""
         self._sequence = 0
         self._scheduler = KeyedScheduler(self._concurrency, self._set_halt) if self._concurrency > 1 else None
         batch = self.batch
@@ -160,15 +148,15 @@ class EventDispatch:
         while True:
             if self.halt:
                 # One flag for the hot path; the reason is sorted out here.
-                halted()
-                return
+                return halted()
             change = items.popleft() if items else await reader.wait()
             kind = change.__class__
             if kind is FailedRead:
                 error = change.error
                 if isinstance(error, InvalidBSON):
-                    await self._poison(committer, position, error, halted)
-                    raise Reopen() from error  # from the checkpoint, now past the poison event
+                    ended = await self._poison(committer, position, error, halted)
+                    # From the checkpoint, now past the poison event (unless an invalidate ended it).
+                    return Reopen() if ended is None else ended
                 raise error
             if not read_once:
                 read_once = True
@@ -179,7 +167,7 @@ class EventDispatch:
                     await batch.deliver(committer)
                 if not change.alive:
                     # The server closed the stream after an invalidate event.
-                    return
+                    return Stopped()
                 if token is not None and self._idle():
                     position = token
                     committer.observe_seen(token)
@@ -209,8 +197,7 @@ class EventDispatch:
             else:
                 await self._dispatch(change, committer)
             if operation == "invalidate":
-                await self._on_invalidate(change, halted)
-                return
+                return await self._on_invalidate(change, halted)
 
     async def wait_in_flight(self) -> None:
         """Let handlers running concurrently, and the batch in flight, finish."""
@@ -243,17 +230,21 @@ class EventDispatch:
             return False
         return self.batch is None or self.batch.idle()
 
-    async def _on_invalidate(self, change: Mapping[str, Any], halted: Callable[[], None]) -> None:
+    async def _on_invalidate(
+        self, change: Mapping[str, Any], halted: Callable[[], Stopped | LostOwnership]
+    ) -> Invalidated | Reopen | LostOwnership:
         await self.wait_in_flight()
-        if self.halt:
-            halted()  # a handler of an event before the invalidate failed meanwhile: that wins
+        if self.halt and isinstance(lost := halted(), LostOwnership):
+            # A lost lease (or a handler of an event before the invalidate, failed meanwhile:
+            # halted() raises its error) wins over the invalidate; a stop does not.
+            return lost
         if self.spec.stream.on_invalidate == OnInvalidate.RESTART:
             self.log.warning("stream %s: invalidated; restarting after the invalidate event", self.name)
             self._opener.forced_start = {"start_after": change["_id"]}
-            return
+            return Reopen()
         error = StreamInvalidatedError(self.name, operation="drop or rename", token=change.get("_id"))
         self.log.warning("%s", error)
-        raise Invalidated(error)
+        return Invalidated(error)
 
     async def _handle_event(
         self,
@@ -332,15 +323,16 @@ class EventDispatch:
         committer: CheckpointCommitter,
         position: Mapping[str, Any] | None,
         error: InvalidBSON,
-        halted: Callable[[], None],
-    ) -> None:
+        halted: Callable[[], Stopped | LostOwnership],
+    ) -> Invalidated | Reopen | LostOwnership | None:
         """The driver could not decode a batch: find the event that cannot be decoded, give up on it.
 
         PyMongo decodes a whole batch at once, so the batch is read again as raw BSON and each
         event decoded on its own with the stream's codec options. Events that decode are handled
         as usual; the first that does not gets the retry policy's on_exhausted at once (decoding
         again cannot help): STOP leaves the checkpoint before it, SKIP and DEAD_LETTER move past
-        it. The outer loop then re-opens from the saved checkpoint.
+        it. The outer loop then re-opens from the saved checkpoint. Returns how an invalidate
+        event met on the way ended the reading, if one did.
         """
         target = self._opener.watch_target()
         if self._opener.watches_cluster:
@@ -363,13 +355,13 @@ class EventDispatch:
                     change = bson.decode(raw.raw, codec_options=strict)
                 except Exception as decode_error:  # whatever the codec raised: this event is poison
                     await self._give_up_undecodable(committer, raw.raw, decode_error)
-                    return
+                    return None
                 await self._dispatch(change, committer)
                 if change.get("operationType") == "invalidate":
-                    await self._on_invalidate(change, halted)
-                    return
+                    return await self._on_invalidate(change, halted)
         finally:
             await self._opener.close(stream)
+        return None
 
     async def _give_up_undecodable(
         self, committer: CheckpointCommitter, data: bytes, error: BaseException
@@ -383,4 +375,4 @@ class EventDispatch:
         await committer.flush()
 
 
-__all__ = ["EventDispatch", "Invalidated", "Reopen"]
+__all__ = ["EventDispatch"]

@@ -19,7 +19,7 @@ from pymongo.errors import PyMongoError
 
 from flowwarden.config import OnError
 from flowwarden.errors import HandlerError, SchemaMismatchError
-from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.metrics import StreamMetrics
 
@@ -32,13 +32,12 @@ class GivingUp:
         name: str,
         policy: OnError,
         dead_letters: DeadLetterWriter | None,
-        log: StreamLog,
         metrics: StreamMetrics | None = None,
     ) -> None:
         self.name = name
         self._policy = policy
         self._dead_letters = dead_letters
-        self.log = log
+        self.log = stream_logger(__name__, name)
         self.failed = 0
         self._metrics = metrics
 

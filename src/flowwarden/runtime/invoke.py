@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flowwarden.config import RetryPolicy
-from flowwarden.runtime.context import StreamContext, StreamLog
+from flowwarden.runtime.context import StreamContext, stream_logger
 
 
 class Exhausted(Exception):
@@ -47,7 +47,6 @@ class Invoker:
         is_async: bool,
         wants_ctx: bool,
         stream: str,
-        logger: StreamLog,
         policy: RetryPolicy,
         stopping: asyncio.Event,
         threaded: bool,
@@ -57,7 +56,7 @@ class Invoker:
         self._observe = observe
         self._wants_ctx = wants_ctx
         self._stream = stream
-        self._logger = logger
+        self._logger = stream_logger(__name__, stream)
         # For log lines: "OrdersHandler.created", also for classes defined inside a function.
         self._method = getattr(bound, "__qualname__", "the handler").rsplit("<locals>.", 1)[-1]
         self._policy = policy

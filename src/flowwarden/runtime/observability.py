@@ -27,6 +27,7 @@ from pymongo.errors import PyMongoError
 
 from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.positions import oplog_window_async
+from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.metrics import STALL_SECONDS, MetricsServer
 from flowwarden.runtime.status import StreamState
 
@@ -176,7 +177,7 @@ class Observability:
                     f"{status.lag_seconds:.1f} s behind" if status.lag_seconds is not None else "not running"
                 )
                 problem = status.save_problem
-                runner.log.log(
+                stream_logger(__name__, runner.name).log(
                     logging.INFO if problem is None else logging.WARNING,
                     "stream %s: %s, %.0f events/s, %d handled in all, %s; saved at %s%s",
                     runner.name,

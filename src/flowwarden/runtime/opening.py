@@ -34,6 +34,8 @@ from flowwarden.config import StartPosition
 from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import FlowWardenError, ResumePositionError, StreamError
 from flowwarden.events import timestamp_datetime, token_data, token_datetime
+from flowwarden.mongo import codes
+from flowwarden.mongo.calls import maybe_await
 from flowwarden.mongo.large_events import (
     AsyncJoinedChangeStream,
     is_too_large,
@@ -43,7 +45,6 @@ from flowwarden.mongo.large_events import (
 )
 from flowwarden.mongo.positions import (
     ahead_of_server,
-    maybe_await,
     open_change_stream,
     opening_token,
     oplog_edge_async,
@@ -52,9 +53,8 @@ from flowwarden.mongo.positions import (
     server_cluster_time,
 )
 from flowwarden.mongo.raw_events import RAW_EVENT_OPTIONS
-from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.context import stream_logger
 
-INVALID_RESUME_TOKEN = 260  # e.g. resumeAfter an invalidate token: use startAfter instead
 CLOSE_TIMEOUT_SECONDS = 2.0
 
 
@@ -72,14 +72,13 @@ class StreamOpener:
         *,
         client: Any,
         store: AwaitableStore,
-        log: StreamLog,
         batch_wait_seconds: float | None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self._client = client
         self._store = store
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self._batch_wait_seconds = batch_wait_seconds
         self.first_run = True
         self.forced_start: dict[str, Any] | None = None
@@ -270,7 +269,7 @@ class StreamOpener:
             try:
                 stream = await open_change_stream(target, **kwargs)
             except OperationFailure as error:
-                if error.code == INVALID_RESUME_TOKEN and "resume_after" in kwargs:
+                if error.code == codes.INVALID_RESUME_TOKEN and "resume_after" in kwargs:
                     # The token is an invalidate notification's: only startAfter may start after it.
                     kwargs["start_after"] = kwargs.pop("resume_after")
                     stream = await open_change_stream(target, **kwargs)

@@ -24,7 +24,7 @@ from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Deployment
 from flowwarden.config.spec import StreamSpec
-from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.lease import Holder, LeaseManager, Presence
 
 
@@ -39,14 +39,13 @@ class Ownership:
         store: AwaitableStore,
         instance_id: str,
         instance_token: str,
-        log: StreamLog,
         stopping: asyncio.Event,
     ) -> None:
         self.name = spec.name
         self._store = store
         self._instance_id = instance_id
         self._instance_token = instance_token
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self._stopping = stopping
         self._save_interval = spec.checkpoint.save_interval_seconds
         self.lease = (

@@ -15,18 +15,16 @@ from collections.abc import Callable
 from flowwarden.config import ChangeStreamOptions
 from flowwarden.errors import RestartsExhaustedError
 from flowwarden.mongo.failures import Failure, classify
-from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.context import stream_logger
 
 
 class Restarts:
     """One stream's restart rule and counters."""
 
-    def __init__(
-        self, name: str, options: ChangeStreamOptions, log: StreamLog, stopping: asyncio.Event
-    ) -> None:
+    def __init__(self, name: str, options: ChangeStreamOptions, stopping: asyncio.Event) -> None:
         self.name = name
         self._options = options
-        self.log = log
+        self.log = stream_logger(__name__, name)
         self._stopping = stopping
         self.count = 0
         """Re-opens after errors since the stream started."""

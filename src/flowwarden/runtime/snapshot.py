@@ -66,14 +66,10 @@ from flowwarden.mongo.initial_copy import (
     plain_id,
     snapshot_row,
 )
-from flowwarden.runtime.context import StreamLog
+from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
-
-
-class SnapshotStopped(Exception):
-    """The stream began stopping while the copy ran: the chunk in hand stays unfinished."""
 
 
 class SnapshotCopy:
@@ -89,7 +85,6 @@ class SnapshotCopy:
         dispatch: EventDispatch,
         giving_up: GivingUp,
         stopping: asyncio.Event,
-        log: StreamLog,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -100,7 +95,7 @@ class SnapshotCopy:
         self._dispatch = dispatch
         self._giving_up = giving_up
         self._stopping = stopping
-        self.log = log
+        self.log = stream_logger(__name__, spec.name)
         self.progress: SnapshotProgress | None = None
         """The newest progress, saved or loaded (status and metrics read it)."""
         self.anew = False
@@ -121,14 +116,16 @@ class SnapshotCopy:
         progress = checkpoint.snapshot
         return progress is not None and not progress.done
 
-    async def run(self, checkpoint: Checkpoint | None, epoch: int) -> SnapshotProgress:
+    async def run(self, checkpoint: Checkpoint | None, epoch: int) -> SnapshotProgress | None:
         """Copy (from the start, or on from the stored progress) until done; returns the final
-        progress, saved with ``done``. Raises :class:`SnapshotStopped` when a stop interrupts it."""
+        progress, saved with ``done``, or None when a halt (a stop, a lost lease) interrupted it:
+        the chunk in hand then stays unfinished."""
         if not self._store.keeps_snapshots:
             raise ConfigurationError(
                 f"the checkpoint store {self._store.store!r} cannot keep an initial snapshot's "
                 "progress (it has no save_snapshot method)",
                 owner=f"stream {self.name!r}",
+                stream=self.name,
                 option="snapshot",
                 value=self.mode,
                 allowed="a store with save_snapshot (every store flowwarden ships has it), or NEVER",
@@ -147,7 +144,7 @@ class SnapshotCopy:
         self.progress = progress
         while True:
             if self._stopping.is_set():
-                raise SnapshotStopped()
+                return None
             if progress.pending:
                 # Planned before a restart: the same _id range again.
                 planned_range = id_range(progress.last_id, progress.chunk_end)
@@ -157,7 +154,10 @@ class SnapshotCopy:
                 if planned is None:
                     break
                 progress, documents = planned
-            progress = await self._hand_over(progress, documents, epoch)
+            handed_over = await self._hand_over(progress, documents, epoch)
+            if handed_over is None:
+                return None
+            progress = handed_over
         progress = replace(progress, done=True)
         await self._store.save_snapshot(self.name, progress, epoch)
         self.progress = progress
@@ -225,14 +225,15 @@ class SnapshotCopy:
 
     async def _hand_over(
         self, progress: SnapshotProgress, documents: list[Any], epoch: int
-    ) -> SnapshotProgress:
-        """Hand the planned chunk over, then store it as finished."""
+    ) -> SnapshotProgress | None:
+        """Hand the planned chunk over, then store it as finished; None when a row was left
+        unfinished."""
         rows = await self._rows(documents, progress.namespace, token_cluster_time(progress.token))
         if rows:
             batch_id = f"snapshot:{progress.token['_data']}:{progress.chunk}"
             await self._dispatch.deliver_snapshot(rows, batch_id)
             if self._dispatch.halt:  # a row was left unfinished (a stop, a lost lease)
-                raise SnapshotStopped()
+                return None
         finished = replace(
             progress, last_id=progress.chunk_end, chunk_end=MinKey(), copied=progress.copied + len(documents)
         )
@@ -326,4 +327,4 @@ class SnapshotCopy:
         return total
 
 
-__all__ = ["SnapshotCopy", "SnapshotStopped"]
+__all__ = ["SnapshotCopy"]

@@ -13,7 +13,9 @@ The position rules this module keeps:
   the unsaved window; errors that a re-open cannot fix (flowwarden.mongo.failures) fail the stream
   instead, and the checkpoint is left as it was.
 
-Where a stream opens is :mod:`flowwarden.runtime.opening`'s job, who may run it
+Each open/read cycle returns how it ended (:mod:`flowwarden.runtime.outcomes`), and
+:meth:`StreamRunner.run` matches on that one value to decide what comes next; errors are raised
+only for failures. Where a stream opens is :mod:`flowwarden.runtime.opening`'s job, who may run it
 :mod:`~flowwarden.runtime.ownership`'s, concurrent handling :mod:`~flowwarden.runtime.scheduling`'s
 and what happens to events given up on :mod:`~flowwarden.runtime.exhausted`'s.
 """
@@ -21,7 +23,6 @@ and what happens to events given up on :mod:`~flowwarden.runtime.exhausted`'s.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
@@ -40,21 +41,33 @@ from flowwarden.errors import (
     ResumePositionError,
 )
 from flowwarden.events import token_datetime
+from flowwarden.mongo import codes
 from flowwarden.mongo.buckets import layout_conflict
 from flowwarden.mongo.failures import Failure, classify
-from flowwarden.mongo.positions import HISTORY_LOST, reachable, refused_position
+from flowwarden.mongo.positions import reachable, refused_position
 from flowwarden.runtime.connections import client_pool_size
-from flowwarden.runtime.context import StreamLogger
+from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dead_letter import DeadLetterWriter
-from flowwarden.runtime.dispatch import EventDispatch, Invalidated, Reopen
+from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener, describe_token
+from flowwarden.runtime.outcomes import (
+    HistoryLost,
+    Invalidated,
+    LostOwnership,
+    Outcome,
+    ReadOutcome,
+    Reopen,
+    Restart,
+    SnapshotOnly,
+    Stopped,
+)
 from flowwarden.runtime.ownership import Ownership
 from flowwarden.runtime.read_ahead import ReadAhead
 from flowwarden.runtime.restarts import Restarts
 from flowwarden.runtime.save_health import SaveHealth
-from flowwarden.runtime.snapshot import SnapshotCopy, SnapshotStopped
+from flowwarden.runtime.snapshot import SnapshotCopy
 from flowwarden.runtime.status import StreamState, StreamStatus
 
 _DEFAULT_READ_AHEAD_BATCH = 1000  # without a batch_size: the read-ahead bound counts this per batch
@@ -66,20 +79,6 @@ _STOP_IO_TIMEOUT_SECONDS = 2.0
 SLOW_OPEN_SECONDS = 30.0
 
 T = TypeVar("T")
-
-
-class _HistoryLost(Exception):
-    def __init__(self, error: OperationFailure) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _SnapshotOnly(Exception):
-    """A ``snapshot=INITIAL_ONLY`` stream copied what exists: it stops without streaming."""
-
-
-class _LostOwnership(Exception):
-    """The single-leader lease (or the checkpoint's epoch) says another instance owns the stream."""
 
 
 class StreamRunner:
@@ -96,7 +95,6 @@ class StreamRunner:
         locks_collection: Any,
         dead_letters: DeadLetterWriter | None,
         spark_provider: Callable[[], Any] | None = None,
-        logger: logging.Logger | None = None,
         metrics: StreamMetrics | None = None,
     ) -> None:
         self.spec = spec
@@ -107,7 +105,7 @@ class StreamRunner:
         self._instance_token = instance_token
         self._spark_provider = spark_provider
         # Log records carry the stream's name (the JSON log format shows it as a field of its own).
-        self.log = StreamLogger(logger or logging.getLogger(__name__), {"stream": spec.name})
+        self.log = stream_logger(__name__, spec.name)
         self.metrics = metrics
         self._stopping = asyncio.Event()
         self._ownership = Ownership(
@@ -116,16 +114,14 @@ class StreamRunner:
             store=store,
             instance_id=instance_id,
             instance_token=instance_token,
-            log=self.log,
             stopping=self._stopping,
         )
-        self._giving_up = GivingUp(self.name, spec.retry.on_exhausted, dead_letters, self.log, metrics)
+        self._giving_up = GivingUp(self.name, spec.retry.on_exhausted, dead_letters, metrics)
         batch_method = spec.batch or spec.dataframe
         self._opener = StreamOpener(
             spec,
             client=client,
             store=store,
-            log=self.log,
             batch_wait_seconds=batch_method.max_wait_seconds if batch_method is not None else None,
         )
         self._dispatch = EventDispatch(
@@ -134,10 +130,9 @@ class StreamRunner:
             giving_up=self._giving_up,
             stopping=self._stopping,
             spark_provider=spark_provider,
-            log=self.log,
             metrics=metrics,
         )
-        self._restarts = Restarts(self.name, spec.stream, self.log, self._stopping)
+        self._restarts = Restarts(self.name, spec.stream, self._stopping)
         self._reader: ReadAhead | None = None
         self._snapshot = SnapshotCopy(
             spec,
@@ -147,7 +142,6 @@ class StreamRunner:
             dispatch=self._dispatch,
             giving_up=self._giving_up,
             stopping=self._stopping,
-            log=self.log,
         )
 
         # Status, read from other threads through status(): plain attributes, replaced whole.
@@ -161,14 +155,6 @@ class StreamRunner:
         self.opened: tuple[float, int] | None = None
         self._slow_open_reason: str | None = None
         """When (``time.monotonic()``) the stream last opened, and its events count then."""
-        if self._dispatch.batch is not None and not hasattr(store.store, "save_batch_end"):
-            raise ConfigurationError(
-                f"{type(store.store).__name__} has no save_batch_end(stream_id, token, epoch), which "
-                "streams with @on_batch or @on_dataframe need to form the same batches after a crash; "
-                "implement it (docs/checkpoints.md: the rules every store keeps)",
-                owner=f"stream {spec.name!r}",
-                option="store",
-            )
 
     # ------------------------------------------------------------------------------------------
     # status and control
@@ -259,48 +245,9 @@ class StreamRunner:
                     break
                 keeper = asyncio.create_task(ownership.keep(lambda: self._committer, self._set_halt))
                 try:
-                    await self._run_once()
-                    if self._opener.forced_start is not None:
-                        continue  # history-lost strategy chosen: re-open at once
-                    break
-                except _SnapshotOnly:
-                    self.reason = "initial snapshot copied; snapshot=INITIAL_ONLY streams no changes"
-                    break
-                except Invalidated as invalidated:
-                    self.reason = str(invalidated.error)
-                    self.error = invalidated.error  # not a graceful stop: Connector.stream_errors() says
-                    self.last_error = f"{type(invalidated.error).__name__}: {invalidated.error}"
-                    self.state = StreamState.STOPPED
-                    break
-                except Reopen:
-                    continue
-                except _LostOwnership:
-                    self.log.warning("stream %s: lost ownership to another instance; standing by", self.name)
-                    self.state = StreamState.STANDBY
-                    continue
-                except _HistoryLost as lost:
-                    if self.spec.stream.snapshot is Snapshot.WHEN_NEEDED:
-                        # The snapshot is this stream's strategy: copy everything again from now.
-                        self.log.warning(
-                            "stream %s: its position fell out of the oplog (%s); snapshot=WHEN_NEEDED: "
-                            "copying the existing documents again",
-                            self.name,
-                            lost.error,
-                        )
-                        self._snapshot.anew = True
-                    else:
-                        await self._opener.history_lost(lost.error)
-                    continue
-                except BaseException as error:
-                    if isinstance(error, (asyncio.CancelledError, SystemExit, KeyboardInterrupt)):
-                        raise  # cancelled, or the process stops at once: no restart, no save
-                    if self._stopping.is_set() and classify(error) is not Failure.FATAL:
-                        # A stop was asked for: what a re-open would have handled does not matter.
-                        self.log.info(
-                            "stream %s: %s: %s while stopping", self.name, type(error).__name__, error
-                        )
+                    # The lease is kept while the outcome is acted on (a restart's backoff included).
+                    if not await self._go_on_after(await self._cycle()):
                         break
-                    await self._restarts.after(error, self._restarting)
                 finally:
                     keeper.cancel()
                     await asyncio.gather(keeper, return_exceptions=True)
@@ -315,6 +262,57 @@ class StreamRunner:
                 self.log.info(
                     "stream %s stopped gracefully; checkpoint saved at %s", self.name, self.saved_position()
                 )
+
+    async def _cycle(self) -> Outcome:
+        """One open/read cycle (:meth:`_run_once`), every error it ends with as :class:`Restart`."""
+        try:
+            return await self._run_once()
+        except (asyncio.CancelledError, SystemExit, KeyboardInterrupt):
+            raise  # cancelled, or the process stops at once: no restart, no save
+        except BaseException as error:
+            if self._stopping.is_set() and classify(error) is not Failure.FATAL:
+                # A stop was asked for: what a re-open would have handled does not matter.
+                self.log.info("stream %s: %s: %s while stopping", self.name, type(error).__name__, error)
+                return Stopped()
+            return Restart(error)
+
+    async def _go_on_after(self, outcome: Outcome) -> bool:
+        """Act on how a cycle ended; whether the stream opens again. Raises what fails the stream
+        (a fatal error, restarts exhausted, history lost under ``on_history_lost=FAIL``)."""
+        match outcome:
+            case Stopped():
+                return False
+            case SnapshotOnly():
+                self.reason = "initial snapshot copied; snapshot=INITIAL_ONLY streams no changes"
+                return False
+            case Invalidated(error):
+                self.reason = str(error)
+                self.error = error  # not a graceful stop: Connector.stream_errors() says
+                self.last_error = f"{type(error).__name__}: {error}"
+                self.state = StreamState.STOPPED
+                return False
+            case Reopen():
+                return True
+            case LostOwnership():
+                self.log.warning("stream %s: lost ownership to another instance; standing by", self.name)
+                self.state = StreamState.STANDBY
+                return True
+            case HistoryLost(error):
+                if self.spec.stream.snapshot is Snapshot.WHEN_NEEDED:
+                    # The snapshot is this stream's strategy: copy everything again from now.
+                    self.log.warning(
+                        "stream %s: its position fell out of the oplog (%s); snapshot=WHEN_NEEDED: "
+                        "copying the existing documents again",
+                        self.name,
+                        error,
+                    )
+                    self._snapshot.anew = True
+                else:
+                    await self._opener.history_lost(error)
+                return True
+            case Restart(error):
+                await self._restarts.after(error, self._restarting)
+                return True
 
     def _save_failed(self, error: BaseException, failures: int) -> None:
         committer = self._committer  # the one saving: a run's committer is closed before the next
@@ -374,56 +372,59 @@ class StreamRunner:
     # ------------------------------------------------------------------------------------------
     # one open stream
 
-    async def _run_once(self) -> None:
+    async def _run_once(self) -> Outcome:
+        """Copy what an initial snapshot needs, open the stream, read it, save; how that ended.
+        Raises what it failed with."""
         self._dispatch.halt = self._stopping.is_set() or self._ownership.lost
         try:
-            if self._snapshot.enabled and not await self._copy_existing():
-                return  # a stop came while copying; the chunk in hand stays unsaved
+            if self._snapshot.enabled and (copied := await self._copy_existing()) is not None:
+                return copied
             opened = await self._until_stopped(self._opening(), None)
         except OperationFailure as error:
-            if error.code == HISTORY_LOST:
-                raise _HistoryLost(error) from error
+            if error.code == codes.CHANGE_STREAM_HISTORY_LOST:
+                return HistoryLost(error)
             raise
-        except FencedError as error:
+        except FencedError:
             if self._ownership.fenced():
-                raise _LostOwnership() from error
+                return LostOwnership()
             raise
         if opened is None:
-            return  # a stop came while opening; nothing was read
+            return Stopped()  # a stop came while opening; nothing was read
         stream, committer, position = opened
         self.state = StreamState.STOPPING if self._stopping.is_set() else StreamState.RUNNING
         self._opener.first_run = False
         try:
             try:
-                await self._consume(stream, committer, position)
+                outcome = await self._consume(stream, committer, position)
             finally:
                 await self._opener.close(stream, self._stop_io_timeout())
         except OperationFailure as error:
             await self._drain_and_close(committer)
-            if error.code == HISTORY_LOST:
-                raise _HistoryLost(error) from error
+            if error.code == codes.CHANGE_STREAM_HISTORY_LOST:
+                return HistoryLost(error)
             if refused_position(error):
                 raise ResumePositionError(
                     self.name, token=position, reason=f"the server did not find it: {error}"
                 ) from error
             raise
-        except FencedError as error:
+        except FencedError:
             await self._drain_and_close(committer)
             if self._ownership.fenced():
-                raise _LostOwnership() from error
+                return LostOwnership()
             raise
         except (SystemExit, KeyboardInterrupt):
             raise  # the process stops at once (a second signal): nothing more is saved
         except BaseException:
             await self._drain_and_close(committer)
             raise
-        else:
-            await self._drain_and_close(committer)
+        await self._drain_and_close(committer)
+        return outcome
 
-    async def _copy_existing(self) -> bool:
+    async def _copy_existing(self) -> Stopped | SnapshotOnly | None:
         """The initial snapshot, when this run needs one (see :mod:`flowwarden.runtime.snapshot`);
-        False when a stop interrupted it. Raises :class:`_SnapshotOnly` once a
-        ``snapshot=INITIAL_ONLY`` stream has nothing left to copy."""
+        None when the stream goes on to open. Stopped when a halt (a stop, or a lost lease)
+        interrupted the copy; SnapshotOnly once a ``snapshot=INITIAL_ONLY`` stream has nothing
+        left to copy."""
         snapshot = self._snapshot
         checkpoint = await self._store.load(self.name)
         if checkpoint is not None and snapshot.progress is None:
@@ -435,13 +436,11 @@ class StreamRunner:
             if epoch is None:
                 epoch = checkpoint.epoch if checkpoint is not None else 0
             self.state = StreamState.RUNNING
-            try:
-                await snapshot.run(checkpoint, epoch)
-            except SnapshotStopped:
-                return False
+            if await snapshot.run(checkpoint, epoch) is None:
+                return Stopped()  # the chunk in hand stays unsaved
         if self.spec.stream.snapshot is Snapshot.INITIAL_ONLY:
-            raise _SnapshotOnly()
-        return True
+            return SnapshotOnly()
+        return None
 
     async def _check_layout(self) -> None:
         """Refuse to start a stream with no checkpoint of its own while checkpoints of it are
@@ -453,7 +452,11 @@ class StreamRunner:
         conflict = layout_conflict(stream.name, stream.partitions, stored)
         if conflict is not None:
             raise ConfigurationError(
-                conflict, owner=f"stream {self.name!r}", option="partitions", value=stream.partitions
+                conflict,
+                owner=f"stream {self.name!r}",
+                option="partitions",
+                value=stream.partitions,
+                stream=self.name,
             )
 
     async def _opening(self) -> tuple[Any, CheckpointCommitter, dict[str, Any]]:
@@ -548,7 +551,7 @@ class StreamRunner:
 
     async def _consume(
         self, stream: Any, committer: CheckpointCommitter, position: Mapping[str, Any]
-    ) -> None:
+    ) -> ReadOutcome:
         self._dispatch.halt = self._stopping.is_set() or self._ownership.lost
         # Two batches may wait for the handlers, so the reader has the next getMore in flight
         # while the handlers work through the batch before it.
@@ -560,12 +563,12 @@ class StreamRunner:
         )
         self._reader = reader
         try:
-            await self._dispatch.read(
+            return await self._dispatch.read(
                 reader,
                 committer,
                 position,
                 first_read=self._restarts.reset,
-                halted=lambda: self._raise_for_halt(committer),
+                halted=lambda: self._why_halted(committer),
             )
         finally:
             self._reader = None
@@ -574,12 +577,13 @@ class StreamRunner:
     def _set_halt(self) -> None:
         self._dispatch.halt = True
 
-    def _raise_for_halt(self, committer: CheckpointCommitter) -> None:
-        """Why the read loop must end: a failed handler task, a lost lease, a failed committer, or
-        a stop request (the only one that ends it without an error)."""
+    def _why_halted(self, committer: CheckpointCommitter) -> Stopped | LostOwnership:
+        """Why the read loop must end: a failed handler task or a failed committer (raised: they
+        are failures), a lost lease, or a stop request."""
         if self._dispatch.handler_error is not None:
             raise self._dispatch.handler_error
         if self._ownership.lost:
-            raise _LostOwnership()
+            return LostOwnership()
         if committer.failure is not None:
             raise committer.failure
+        return Stopped()

@@ -35,11 +35,10 @@ from bson.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowwarden.errors import FlowWardenError
+from flowwarden.errors import FlowWardenError, UndecodableEventError
 from flowwarden.events import ChangeEvent
 from flowwarden.spark import EVENT_COLUMNS, events_to_arrow
 from flowwarden.spark.convert import native
-from flowwarden.spark.convert.arrow import UndecodableEventError
 from flowwarden.spark.convert.extjson import JsonMode
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="flowwarden.spark.convert._native is not built")
@@ -530,7 +529,7 @@ def test_invalid_utf8_is_an_undecodable_event() -> None:
 
 
 def test_a_missing_resume_token_is_the_python_paths_error() -> None:
-    from flowwarden.events import InvalidTokenError
+    from flowwarden.errors import InvalidTokenError
 
     with pytest.raises(InvalidTokenError):
         events_to_arrow([RawBSONDocument(bson.encode({"operationType": "insert"}))])

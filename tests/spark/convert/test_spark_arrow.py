@@ -42,8 +42,8 @@ from pyspark.sql.types import (
 )
 
 from flowwarden.config import SchemaMode
-from flowwarden.errors import SchemaMismatchError
-from flowwarden.events import ChangeEvent, InvalidTokenError
+from flowwarden.errors import InvalidTokenError, SchemaMismatchError
+from flowwarden.events import ChangeEvent
 from flowwarden.spark import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, ObjectIdStr, events_to_arrow
 from flowwarden.spark.convert.extjson import JSON_OPTIONS, JsonMode, dumps
 

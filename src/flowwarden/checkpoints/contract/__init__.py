@@ -1,8 +1,9 @@
-"""The checkpoint store contract, as importable pytest suites.
+"""The checkpoint store contract, as an importable pytest suite.
 
-Subclass :class:`CheckpointStoreContract` (sync stores) or :class:`AsyncCheckpointStoreContract`
-(async stores) in a test module, name the subclass ``Test...`` and implement ``make_store()``;
-every rule of the store SPI then runs against your store::
+One suite holds every rule of the store SPI (:class:`StoreRules`); it runs on a blocking store as
+:class:`CheckpointStoreContract` and on an asyncio store as :class:`AsyncCheckpointStoreContract`,
+the same tests either way. Subclass the one for your store in a test module, name the subclass
+``Test...`` and implement ``make_store()``; every rule then runs against your store::
 
     from flowwarden.checkpoints.contract import CheckpointStoreContract
 
@@ -21,11 +22,18 @@ The async suite marks its tests with ``pytest.mark.asyncio``, so it needs pytest
 This package needs pytest and is for tests only; nothing in flowwarden imports it.
 """
 
-from flowwarden.checkpoints.contract.async_store import AsyncCheckpointStoreContract
 from flowwarden.checkpoints.contract.damaged import DAMAGED_RECORDS, UnreadableRecordContract, damaged_record
-from flowwarden.checkpoints.contract.snapshots import AsyncSnapshotStoreContract, SnapshotStoreContract
+from flowwarden.checkpoints.contract.snapshots import (
+    AsyncSnapshotStoreContract,
+    SnapshotRules,
+    SnapshotStoreContract,
+)
+from flowwarden.checkpoints.contract.store import (
+    AsyncCheckpointStoreContract,
+    CheckpointStoreContract,
+    StoreRules,
+)
 from flowwarden.checkpoints.contract.support import STREAM, sample_token
-from flowwarden.checkpoints.contract.sync_store import CheckpointStoreContract
 
 __all__ = [
     "DAMAGED_RECORDS",
@@ -33,7 +41,9 @@ __all__ = [
     "AsyncCheckpointStoreContract",
     "AsyncSnapshotStoreContract",
     "CheckpointStoreContract",
+    "SnapshotRules",
     "SnapshotStoreContract",
+    "StoreRules",
     "UnreadableRecordContract",
     "damaged_record",
     "sample_token",

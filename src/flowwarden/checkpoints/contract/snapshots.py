@@ -2,7 +2,8 @@
 
 Mix :class:`SnapshotStoreContract` (blocking stores) or :class:`AsyncSnapshotStoreContract`
 (asyncio stores) into a store's contract test class when the store has ``save_snapshot``; the
-mixins use the class's ``make_store()`` and ``store`` fixture.
+mixins use the class's ``make_store()`` and ``store`` fixture. Both run the same tests,
+:class:`SnapshotRules`, as the store suite does (:mod:`flowwarden.checkpoints.contract.store`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from bson import MinKey, ObjectId
 
-from flowwarden.checkpoints.contract.support import STREAM, sample_token
+from flowwarden.checkpoints.contract.support import STREAM, blocking_form, sample_token
 from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
 from flowwarden.errors import FencedError
 
@@ -50,89 +51,13 @@ def progress(
     )
 
 
-class SnapshotStoreContract(abc.ABC):
-    """Every rule of ``save_snapshot`` on a blocking store."""
+class SnapshotRules(abc.ABC):
+    """Every rule of ``save_snapshot``, written against the awaited store calls; run by
+    :class:`SnapshotStoreContract` and :class:`AsyncSnapshotStoreContract`."""
 
     @abc.abstractmethod
     def make_store(self) -> Any:
-        """A store on this test's data (see :class:`CheckpointStoreContract`)."""
-
-    def test_snapshot_progress_round_trips_and_creates_the_record(self, store: Any) -> None:
-        for index, last_id in enumerate(LAST_IDS):
-            saved = progress(index + 1, last_id=last_id)
-            assert store.save_snapshot(STREAM, saved, 0) is SaveResult.STORED
-            loaded = store.load(STREAM)
-            assert loaded is not None and loaded.snapshot == saved
-            # Progress is not a position: no token was written.
-            assert loaded.resume_token is None
-
-    def test_the_bound_and_the_planned_chunk_round_trip(self, store: Any) -> None:
-        chunk = 0
-        for bound in (*LAST_IDS, MinKey(), None):
-            for planned in (bound, MinKey()):
-                chunk += 1
-                saved = progress(chunk, end_id=bound, planned=planned)
-                assert store.save_snapshot(STREAM, saved, 0) is SaveResult.STORED
-                loaded = store.load(STREAM)
-                assert loaded is not None and loaded.snapshot is not None
-                assert isinstance(loaded.snapshot.end_id, MinKey) is isinstance(bound, MinKey)
-                assert loaded.snapshot.end_id == bound and loaded.snapshot.chunk_end == saved.chunk_end
-                assert loaded.snapshot.pending is not isinstance(planned, MinKey) and loaded.snapshot == saved
-
-    def test_a_chunk_is_planned_then_finished_and_never_planned_again(self, store: Any) -> None:
-        assert store.save_snapshot(STREAM, progress(2), 0) is SaveResult.STORED
-        assert store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.STORED
-        # The plan stays: a save of the finished chunk before it does not go back.
-        assert store.save_snapshot(STREAM, progress(2), 0) is SaveResult.IGNORED
-        assert store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.IGNORED
-        assert store.save_snapshot(STREAM, progress(3), 0) is SaveResult.STORED
-        assert store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.IGNORED
-        loaded = store.load(STREAM)
-        assert loaded is not None and loaded.snapshot == progress(3)
-
-    def test_snapshot_progress_never_goes_back(self, store: Any) -> None:
-        assert store.save_snapshot(STREAM, progress(10), 0) is SaveResult.STORED
-        assert store.save_snapshot(STREAM, progress(10), 0) is SaveResult.IGNORED
-        assert store.save_snapshot(STREAM, progress(4), 0) is SaveResult.IGNORED
-        assert store.save_snapshot(STREAM, progress(10, done=True), 0) is SaveResult.STORED
-        assert store.save_snapshot(STREAM, progress(10), 0) is SaveResult.IGNORED
-        loaded = store.load(STREAM)
-        assert loaded is not None and loaded.snapshot == progress(10, done=True)
-
-    def test_another_snapshot_replaces_the_progress(self, store: Any) -> None:
-        store.save_snapshot(STREAM, progress(500, done=True), 0)
-        later = progress(3, token=sample_token(1_700_000_900))
-        assert store.save_snapshot(STREAM, later, 0) is SaveResult.STORED
-        loaded = store.load(STREAM)
-        assert loaded is not None and loaded.snapshot == later
-
-    def test_snapshot_progress_is_fenced(self, store: Any) -> None:
-        store.save_snapshot(STREAM, progress(1), 3)
-        with pytest.raises(FencedError):
-            store.save_snapshot(STREAM, progress(2), 2)
-        loaded = store.load(STREAM)
-        assert loaded is not None and loaded.snapshot == progress(1) and loaded.epoch == 3
-
-    def test_positions_keep_the_progress_and_a_rewind_clears_it(self, store: Any) -> None:
-        store.save_snapshot(STREAM, progress(8), 0)
-        store.save_seen(STREAM, sample_token(1_700_000_000, 5), 0)
-        store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1_700_000_001)))
-        loaded = store.load(STREAM)
-        assert loaded is not None and loaded.snapshot == progress(8)
-        store.rewind(STREAM, sample_token(1_700_000_000, 9))
-        loaded = store.load(STREAM)
-        assert loaded is not None and loaded.snapshot is None
-        assert loaded.last_processed_token == sample_token(1_700_000_000, 9)
-
-
-class AsyncSnapshotStoreContract(abc.ABC):
-    """Every rule of ``save_snapshot`` on an asyncio store."""
-
-    pytestmark = [pytest.mark.asyncio]
-
-    @abc.abstractmethod
-    def make_store(self) -> Any:
-        """A store on this test's data (see :class:`AsyncCheckpointStoreContract`)."""
+        """A store on this test's data (see :class:`~flowwarden.checkpoints.contract.StoreRules`)."""
 
     async def test_snapshot_progress_round_trips_and_creates_the_record(self, store: Any) -> None:
         for index, last_id in enumerate(LAST_IDS):
@@ -140,6 +65,7 @@ class AsyncSnapshotStoreContract(abc.ABC):
             assert await store.save_snapshot(STREAM, saved, 0) is SaveResult.STORED
             loaded = await store.load(STREAM)
             assert loaded is not None and loaded.snapshot == saved
+            # Progress is not a position: no token was written.
             assert loaded.resume_token is None
 
     async def test_the_bound_and_the_planned_chunk_round_trip(self, store: Any) -> None:
@@ -154,19 +80,64 @@ class AsyncSnapshotStoreContract(abc.ABC):
                 assert isinstance(loaded.snapshot.end_id, MinKey) is isinstance(bound, MinKey)
                 assert loaded.snapshot.end_id == bound and loaded.snapshot.chunk_end == saved.chunk_end
                 assert loaded.snapshot.pending is not isinstance(planned, MinKey) and loaded.snapshot == saved
+        # A plan never goes back either, to a lower planned chunk of the same snapshot.
         assert await store.save_snapshot(STREAM, progress(chunk, planned=5), 0) is SaveResult.IGNORED
+
+    async def test_a_chunk_is_planned_then_finished_and_never_planned_again(self, store: Any) -> None:
+        assert await store.save_snapshot(STREAM, progress(2), 0) is SaveResult.STORED
+        assert await store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.STORED
+        # The plan stays: a save of the finished chunk before it does not go back.
+        assert await store.save_snapshot(STREAM, progress(2), 0) is SaveResult.IGNORED
+        assert await store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.IGNORED
+        assert await store.save_snapshot(STREAM, progress(3), 0) is SaveResult.STORED
+        assert await store.save_snapshot(STREAM, progress(3, last_id=20, planned=30), 0) is SaveResult.IGNORED
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(3)
 
     async def test_snapshot_progress_never_goes_back(self, store: Any) -> None:
         assert await store.save_snapshot(STREAM, progress(10), 0) is SaveResult.STORED
+        assert await store.save_snapshot(STREAM, progress(10), 0) is SaveResult.IGNORED
         assert await store.save_snapshot(STREAM, progress(4), 0) is SaveResult.IGNORED
         assert await store.save_snapshot(STREAM, progress(10, done=True), 0) is SaveResult.STORED
         assert await store.save_snapshot(STREAM, progress(10), 0) is SaveResult.IGNORED
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(10, done=True)
+
+    async def test_another_snapshot_replaces_the_progress(self, store: Any) -> None:
+        await store.save_snapshot(STREAM, progress(500, done=True), 0)
         later = progress(3, token=sample_token(1_700_000_900))
         assert await store.save_snapshot(STREAM, later, 0) is SaveResult.STORED
-        with pytest.raises(FencedError):
-            await store.save_snapshot(STREAM, progress(50, token=later.token), -1)
         loaded = await store.load(STREAM)
         assert loaded is not None and loaded.snapshot == later
 
+    async def test_snapshot_progress_is_fenced(self, store: Any) -> None:
+        await store.save_snapshot(STREAM, progress(1), 3)
+        with pytest.raises(FencedError):
+            await store.save_snapshot(STREAM, progress(2), 2)
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(1) and loaded.epoch == 3
 
-__all__ = ["AsyncSnapshotStoreContract", "SnapshotStoreContract", "progress"]
+    async def test_positions_keep_the_progress_and_a_rewind_clears_it(self, store: Any) -> None:
+        await store.save_snapshot(STREAM, progress(8), 0)
+        await store.save_seen(STREAM, sample_token(1_700_000_000, 5), 0)
+        await store.save(Checkpoint(stream_id=STREAM, last_processed_token=sample_token(1_700_000_001)))
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.snapshot == progress(8)
+        await store.rewind(STREAM, sample_token(1_700_000_000, 9))
+        loaded = await store.load(STREAM)
+        assert loaded is not None and loaded.snapshot is None
+        assert loaded.last_processed_token == sample_token(1_700_000_000, 9)
+
+
+@blocking_form
+class SnapshotStoreContract(SnapshotRules):
+    """Every rule of ``save_snapshot`` on a blocking store."""
+
+
+class AsyncSnapshotStoreContract(SnapshotRules):
+    """Every rule of ``save_snapshot`` on an asyncio store (the same tests). Needs pytest-asyncio."""
+
+    pytestmark = [pytest.mark.asyncio]
+
+
+__all__ = ["AsyncSnapshotStoreContract", "SnapshotRules", "SnapshotStoreContract", "progress"]

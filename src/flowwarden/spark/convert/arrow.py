@@ -35,12 +35,12 @@ from flowwarden.spark.convert import native
 from flowwarden.spark.convert.extjson import JsonMode
 from flowwarden.spark.convert.misfits import MalformedRow
 from flowwarden.spark.convert.plan import ConversionPlan, conversion_plan
-from flowwarden.spark.convert.python import UndecodableEventError, decode_events, python_table, unwrap_events
+from flowwarden.spark.convert.python import decode_events, python_table, unwrap_events
 from flowwarden.spark.convert.reinsert import reinsert_rows
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
 
-__all__ = ["ArrowBatch", "MalformedRow", "UndecodableEventError", "events_to_arrow"]
+__all__ = ["ArrowBatch", "MalformedRow", "events_to_arrow"]
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from flowwarden.errors import FlowWardenError
-from flowwarden.events import ChangeEvent, InvalidTokenError
+from flowwarden.errors import InvalidTokenError, UndecodableEventError
+from flowwarden.events import ChangeEvent
 from flowwarden.spark._extra import require
 from flowwarden.spark.convert import native
 from flowwarden.spark.convert.columns import columns_reader
@@ -39,7 +39,7 @@ from flowwarden.spark.schema import change_event_arrow_schema
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
 
-__all__ = ["UndecodableEventError", "decode_events", "python_table", "unwrap_events"]
+__all__ = ["decode_events", "python_table", "unwrap_events"]
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _TRUNCATIONS_TYPE = change_event_arrow_schema().field("truncated_arrays").type
@@ -55,19 +55,6 @@ _EVENT_KEYS = (
     "fullDocument",
     "fullDocumentBeforeChange",
 )
-
-
-class UndecodableEventError(FlowWardenError, ValueError):
-    """A raw event of the batch is not BSON that PyMongo can decode."""
-
-    def __init__(self, index: int, reason: str) -> None:
-        self.index = index
-        self.reason = reason
-        super().__init__(
-            f"event {index} of the batch is not valid BSON ({reason}); the bytes were damaged "
-            "between the server and here. Dead-letter that event's raw bytes or read the stream "
-            "with PyMongo's decoding to see which field is affected"
-        )
 
 
 def unwrap_events(events: Sequence[Mapping[str, Any] | ChangeEvent]) -> list[Mapping[str, Any]]:

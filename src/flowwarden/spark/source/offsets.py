@@ -281,7 +281,12 @@ def parse_offset(value: str | bytes | Mapping[str, Any], *, stream: str | None =
 
 
 def _message(value: Any, problem: _Unreadable, stream: str | None) -> str:
-    from flowwarden import __version__
+    import importlib.metadata
+
+    try:  # the installed release (the package root is not imported from here: no import cycle)
+        __version__ = importlib.metadata.version("flowwarden")
+    except importlib.metadata.PackageNotFoundError:
+        __version__ = "(not installed)"
 
     try:  # as the offsets log holds it
         shown = value if isinstance(value, str) else json.dumps(value)

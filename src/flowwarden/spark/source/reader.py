@@ -65,10 +65,11 @@ from pyspark.sql.types import StructType
 from flowwarden.config import SchemaMode, Snapshot, StartPosition
 from flowwarden.errors import ConfigurationError, StreamError
 from flowwarden.events import compare_tokens, token_datetime
+from flowwarden.mongo import codes
 from flowwarden.mongo.buckets import bucket_stage
 from flowwarden.mongo.initial_copy import copy_filter
 from flowwarden.mongo.large_events import JoinedChangeStream, splits_large_events
-from flowwarden.mongo.positions import HISTORY_LOST, oplog_edge, recover_from_history_loss
+from flowwarden.mongo.positions import oplog_edge, recover_from_history_loss
 from flowwarden.mongo.raw_events import RawEvent
 from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
 from flowwarden.spark.source import snapshot as source_snapshot
@@ -326,7 +327,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         try:
             return self._scan(start, self._resume_options(start), max_rows, bucket)
         except OperationFailure as error:
-            if error.code != HISTORY_LOST:
+            if error.code != codes.CHANGE_STREAM_HISTORY_LOST:
                 raise
             return self._after_history_lost(start, max_rows, error, bucket)
 
