@@ -156,3 +156,56 @@ def test_two_connectors_with_one_instance_id_hold_the_lease_one_at_a_time(
             wait_until(lambda: ("second", 29) in seen, what="events after the takeover")
     assert seen == [("first", i) for i in range(20)] + [("second", i) for i in range(20, 30)]
     assert locks.find_one({"_id": "orders"})["epoch"] == epoch + 1
+
+
+def test_a_lease_lost_during_the_initial_snapshot_stands_by_instead_of_stopping(mongodb_uri, client, db_name):
+    import threading
+
+    from flowwarden import Snapshot
+
+    orders = client[db_name]["orders"]
+    orders.insert_many([{"_id": i} for i in range(8)])
+    holding, release = threading.Event(), threading.Event()
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        deployment="single_leader",
+        lease_ttl_seconds=1.5,
+        snapshot=Snapshot.INITIAL,
+        snapshot_chunk_size=2,
+        max_await_time_ms=50,
+    )
+    class Copier:
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            if event.document_key["_id"] == 3 and not release.is_set():
+                holding.set()
+                release.wait(30)
+
+    locks = client[db_name]["_fw_locks"]
+    with running(mongodb_uri, [Copier]) as connector:
+        try:
+            assert holding.wait(20), "the copy never reached _id 3"
+            # Another instance takes the lease over while the copy runs (as after a long pause).
+            lease = locks.find_one({"_id": "orders"})
+            later = datetime.now(timezone.utc) + timedelta(hours=1)
+            locks.update_one(
+                {"_id": "orders"},
+                {
+                    "$set": {
+                        "owner": "b",
+                        "ownerToken": "b:1:0",
+                        "epoch": lease["epoch"] + 1,
+                        "expiresAt": later,
+                    }
+                },
+            )
+        finally:
+            release.set()
+        status = wait_until(
+            lambda: (s := connector.status()["orders"]).state == StreamState.STANDBY and s.reason and s,
+            what="the stream to stand by, saying why",
+        )
+    assert "instance 'b'" in status.reason

@@ -362,6 +362,8 @@ class MongoCheckpointStore:
     ``write_concern`` defaults to majority; pass ``None`` to use the database's own.
     """
 
+    in_mongodb = True
+
     def __init__(
         self,
         database: Database[Any],
@@ -407,6 +409,8 @@ class AsyncMongoCheckpointStore:
     ``database`` is a PyMongo ``AsyncDatabase`` or a motor ``AsyncIOMotorDatabase``: both have the
     same method names and return awaitables. ``write_concern`` defaults to majority.
     """
+
+    in_mongodb = True
 
     def __init__(
         self,

@@ -181,6 +181,8 @@ class AwaitableStore:
         self.store = store
         self._awaited = inspect.iscoroutinefunction(getattr(store, "save", None))
         self._inline = not self._awaited and getattr(store, "nonblocking", False) is True
+        self.in_mongodb = getattr(store, "in_mongodb", False) is True
+        """The store keeps its records in MongoDB (it says so with ``in_mongodb = True``)."""
 
     async def _call(self, name: str, *args: Any) -> Any:
         method = getattr(self.store, name)

@@ -55,9 +55,12 @@ class Ownership:
             if spec.stream.deployment == Deployment.SINGLE_LEADER
             else None
         )
+        # Without a lease, a connector records that it runs the stream where `flowwarden checkpoints`
+        # looks before moving a checkpoint by hand: only with a store in MongoDB (the command moves
+        # those only; a connector whose checkpoints live elsewhere writes nothing into MongoDB).
         self._presence = (
             Presence(locks_collection, spec.name, instance_id, instance_token, spec.stream.lease_ttl_seconds)
-            if self.lease is None
+            if self.lease is None and store.in_mongodb
             else None
         )
         self.lost = False
