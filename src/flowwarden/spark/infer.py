@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SAMPLE_SIZE",
     "MAP_MINIMUM_KEYS",
+    "HintsError",
     "apply_hints",
     "document_ddl",
     "infer_document_spec",
@@ -334,12 +335,15 @@ class _Tokens:
             self.fail(f"expected {punct!r}, found {token[1]!r}")
 
     def fail(self, why: str) -> NoReturn:
-        raise ConfigurationError(
-            f"cannot read the schema hints {self.text!r}: {why}",
-            option="schema_hints",
-            value=self.text,
-            allowed=_HINTS_ALLOWED,
-        )
+        raise HintsError(f"cannot read the schema hints {self.text!r}: {why}", self.text)
+
+
+class HintsError(ConfigurationError):
+    """Schema hints that are not a DDL field list; ``reason`` is the message without the option."""
+
+    def __init__(self, reason: str, text: str) -> None:
+        self.reason = reason
+        super().__init__(reason, option="schema_hints", value=text, allowed=_HINTS_ALLOWED)
 
 
 def parse_hints(text: str) -> list[tuple[tuple[str, ...], ValueSpec]]:
