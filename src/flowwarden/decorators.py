@@ -383,16 +383,20 @@ def on_dataframe(
     *,
     max_events: int = 10_000,
     max_wait_seconds: float = 2.0,
-    schema: type[BaseModel] | StructType | None = None,
+    schema: type[BaseModel] | StructType | Literal["infer"] | None = None,
     mode: SchemaMode | Literal["PERMISSIVE", "DROPMALFORMED", "FAILFAST"] = SchemaMode.PERMISSIVE,
+    sample_size: int = 1000,
+    schema_hints: str | StructType | None = None,
 ) -> Callable[[F], F]: ...
 @_options_decorator(DataFrameOptions)
 def on_dataframe(
     *,
     max_events: int = 10_000,
     max_wait_seconds: float = 2.0,
-    schema: type[BaseModel] | StructType | None = None,
+    schema: type[BaseModel] | StructType | Literal["infer"] | None = None,
     mode: SchemaMode | Literal["PERMISSIVE", "DROPMALFORMED", "FAILFAST"] = SchemaMode.PERMISSIVE,
+    sample_size: int = 1000,
+    schema_hints: str | StructType | None = None,
 ) -> Callable[[F], F]:
     """Handle batches as Spark DataFrames: ``(self, df[, ctx: StreamContext])``.
 
@@ -401,8 +405,12 @@ def on_dataframe(
 
     :param max_events: A batch is handed over once it holds this many events.
     :param max_wait_seconds: ...or once its first event has waited this long.
-    :param schema: Types full_document: a pydantic model class or a StructType; None: extended JSON strings.
+    :param schema: Types full_document: a pydantic model class or a StructType; 'infer': inferred from a
+        sample of the collection at start, with _rescued_data; None: extended JSON strings.
     :param mode: What a document that does not fit the schema does to its row.
+    :param sample_size: With schema='infer': how many documents $sample draws to infer the schema.
+    :param schema_hints: With schema='infer': types that override what sampling found, as a DDL field
+        list whose names may be dotted paths ('qty BIGINT, addr.zip STRING') or a StructType.
     """
     return _method_options(DataFrameOptions, "dataframe", locals())
 

@@ -68,7 +68,8 @@ DECLARED: dict[tuple[str, str], tuple[Any, Any]] = {
         tuple[type[Exception], ...],
         type[Exception] | Iterable[type[Exception]],
     ),
-    ("on_dataframe", "schema"): (Any, type[BaseModel] | StructType | None),
+    ("on_dataframe", "schema"): (Any, type[BaseModel] | StructType | Literal["infer"] | None),
+    ("on_dataframe", "schema_hints"): (Any, str | StructType | None),
 }
 
 

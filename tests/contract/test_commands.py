@@ -296,6 +296,39 @@ def test_mod_of_integers_is_exact_and_keeps_the_dividends_sign(
     assert isinstance(row["big"], Int64)  # a long operand gives a long
 
 
+def test_sample_draws_distinct_documents_up_to_its_size(client: pymongo.MongoClient, db_name: str) -> None:
+    coll = client[db_name].c
+    coll.insert_many([{"_id": i} for i in range(20)])
+    drawn = [doc["_id"] for doc in coll.aggregate([{"$sample": {"size": 5}}])]
+    assert len(drawn) == 5 and len(set(drawn)) == 5 and set(drawn) <= set(range(20))
+    assert sorted(doc["_id"] for doc in coll.aggregate([{"$sample": {"size": 500}}])) == list(range(20))
+    # A double's fraction is dropped, as for any size the server reads as a 64-bit integer.
+    assert len(list(coll.aggregate([{"$sample": {"size": 2.9}}]))) == 2
+    assert list(client[db_name].missing.aggregate([{"$sample": {"size": 3}}])) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "code", "message"),
+    [
+        (5, 28745, "the $sample stage specification must be an object"),
+        ({}, 28749, "$sample stage must specify a size"),
+        ({"size": "3"}, 28746, "size argument to $sample must be a number"),
+        ({"size": True}, 28746, "size argument to $sample must be a number"),
+        ({"size": -1}, 28747, "size argument to $sample must not be negative"),
+        ({"size": 3, "seed": 1}, 28748, "unrecognized option to $sample: seed"),
+    ],
+)
+def test_sample_refuses_bad_specs_with_mongodbs_errors(
+    client: pymongo.MongoClient, db_name: str, spec: Any, code: int, message: str
+) -> None:
+    coll = client[db_name].c
+    coll.insert_one({"_id": 1})
+    with pytest.raises(OperationFailure) as info:
+        list(coll.aggregate([{"$sample": spec}]))
+    assert info.value.code == code
+    assert info.value.details["errmsg"] == message
+
+
 def test_aggregate_requires_cursor_option(client: pymongo.MongoClient, db_name: str) -> None:
     with pytest.raises(OperationFailure) as info:
         client[db_name].command("aggregate", "c", pipeline=[])

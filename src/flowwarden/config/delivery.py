@@ -195,6 +195,10 @@ class BatchOptions(Options):
     )
 
 
+INFER = "infer"
+"""``@on_dataframe(schema=INFER)``: the schema is inferred from a sample of the collection."""
+
+
 def _is_struct_type(value: Any) -> bool:
     # A StructType instance can only exist once pyspark is imported, so looking in sys.modules
     # checks it exactly without importing pyspark here.
@@ -213,12 +217,22 @@ class DataFrameOptions(BatchOptions):
     )
     schema_: Any = option(
         None,
-        "Types full_document: a pydantic model class or a StructType; None: extended JSON strings.",
-        allowed="None, a pydantic BaseModel subclass, or a pyspark StructType instance",
+        "Types full_document: a pydantic model class or a StructType; 'infer': inferred from a "
+        "sample of the collection at start, with _rescued_data; None: extended JSON strings.",
+        allowed="None, 'infer', a pydantic BaseModel subclass, or a pyspark StructType instance",
         alias="schema",
     )
     mode: SchemaMode = option(
         SchemaMode.PERMISSIVE, "What a document that does not fit the schema does to its row."
+    )
+    sample_size: int = option(
+        1000, "With schema='infer': how many documents $sample draws to infer the schema.", ge=1
+    )
+    schema_hints: Any = option(
+        None,
+        "With schema='infer': types that override what sampling found, as a DDL field list "
+        "whose names may be dotted paths ('qty BIGINT, addr.zip STRING') or a StructType.",
+        allowed="None, a DDL field list, or a pyspark StructType instance",
     )
 
     @property
@@ -226,11 +240,23 @@ class DataFrameOptions(BatchOptions):
         """The declared full-document schema (None: extended-JSON strings)."""
         return self.schema_
 
+    @property
+    def infers_schema(self) -> bool:
+        """Whether the schema is inferred from a sample of the collection at start."""
+        return isinstance(self.schema_, str) and self.schema_ == INFER
+
     @field_validator("schema_")
     @classmethod
     def _schema(cls, value: Any) -> Any:
-        if value is None or _is_struct_type(value):
+        if value is None or _is_struct_type(value) or value == INFER:
             return value
+        if isinstance(value, str):
+            raise OptionProblem(
+                f"schema {value!r} is not known; a DDL schema is given as a StructType here",
+                option="schema",
+                value=value,
+                allowed=cls.allowed["schema"],
+            )
         if isinstance(value, type) and issubclass(value, BaseModel):
             return value
         if isinstance(value, BaseModel):
@@ -247,3 +273,39 @@ class DataFrameOptions(BatchOptions):
     @classmethod
     def _mode(cls, value: Any, info: ValidationInfo) -> Any:
         return coerce_choice(SchemaMode, value, info.field_name or "")
+
+    @field_validator("schema_hints")
+    @classmethod
+    def _schema_hints(cls, value: Any) -> Any:
+        if value is None or _is_struct_type(value):
+            return value
+        if isinstance(value, str):
+            from flowwarden.spark.infer import HintsError, parse_hints  # no pyspark, no pyarrow
+
+            try:
+                parse_hints(value)  # a DDL mistake fails at decoration time
+            except HintsError as error:
+                raise OptionProblem(
+                    error.reason,
+                    option="schema_hints",
+                    value=value,
+                    allowed=cls.allowed["schema_hints"],
+                ) from None
+            return value
+        raise OptionProblem(
+            f"schema_hints is a {type(value).__name__}",
+            option="schema_hints",
+            value=value,
+            allowed=cls.allowed["schema_hints"],
+        )
+
+    @model_validator(mode="after")
+    def _hints_need_inference(self) -> DataFrameOptions:
+        if self.schema_hints is not None and not self.infers_schema:
+            raise OptionProblem(
+                "schema_hints applies to an inferred schema only",
+                option="schema_hints",
+                value=self.schema_hints,
+                allowed="schema_hints together with schema='infer'",
+            )
+        return self

@@ -96,8 +96,12 @@ class DataFrameHandler(BatchHandler):
     """An ``@on_dataframe`` method: called with a Spark DataFrame of a batch."""
 
     schema: Any = None
-    """None, a pydantic model class or a pyspark StructType for ``full_document``."""
+    """None, a pydantic model class, a pyspark StructType or ``"infer"`` for ``full_document``."""
     mode: SchemaMode = SchemaMode.PERMISSIVE
+    sample_size: int = 1000
+    """With ``schema="infer"``: the documents ``$sample`` draws."""
+    schema_hints: Any = None
+    """With ``schema="infer"``: a DDL field list or StructType laid over what sampling found."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -282,6 +286,15 @@ def build_spec(cls: type) -> StreamSpec:
         options = mark.options
         assert options is not None
         if isinstance(options, DataFrameOptions):
+            if options.infers_schema and stream.collection is None:
+                raise ConfigurationError(
+                    "schema='infer' samples the watched collection, and a database or cluster "
+                    "stream watches none; give @change_stream a collection, or a schema",
+                    owner=owner,
+                    option="schema",
+                    value=options.schema,
+                    allowed="schema='infer' on collection streams",
+                )
             dataframe = DataFrameHandler(
                 name,
                 mark.is_async,
@@ -292,6 +305,8 @@ def build_spec(cls: type) -> StreamSpec:
                 options.max_wait_seconds,
                 options.schema,
                 options.mode,
+                options.sample_size,
+                options.schema_hints,
             )
         else:
             batch = BatchHandler(

@@ -33,10 +33,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
+from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.config import SchemaMode
+from flowwarden.config.delivery import INFER
 from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import UndecodableEventError
 from flowwarden.events import ChangeEvent, ResumeToken, token_data
@@ -100,12 +102,14 @@ class BatchDelivery:
         delivered: Callable[[int], None],
         failed: Callable[[], None],
         metrics: StreamMetrics | None = None,
+        collection: Callable[[CodecOptions[Any]], Any] | None = None,
     ) -> None:
         method = spec.dataframe or spec.batch
         assert method is not None
         self.max_events: int = method.max_events
         self.max_wait_seconds: float = method.max_wait_seconds
         self._dataframe = spec.dataframe is not None
+        self._method = spec.dataframe
         self._schema = spec.dataframe.schema if spec.dataframe is not None else None
         self._mode = spec.dataframe.mode if spec.dataframe is not None else SchemaMode.PERMISSIVE
         self._invoker = invoker
@@ -121,6 +125,11 @@ class BatchDelivery:
         self.log = stream_logger(__name__, spec.name)
         self._metrics = metrics
         self._name = spec.name
+        # schema="infer": the watched collection is sampled when the stream starts (see reset).
+        self._collection = collection
+        self._inferring: asyncio.Task[Any] | None = None
+        self.inferred_schema: str | None = None
+        """The inferred full-document schema as a DDL field list, once known (for the status)."""
 
     async def offer(
         self, sequence: int, change: MutableMapping[str, Any], committer: CheckpointCommitter
@@ -177,10 +186,47 @@ class BatchDelivery:
             await asyncio.gather(task, return_exceptions=True)
 
     def reset(self) -> None:
-        """Forget what an earlier run of the stream left: its events come again from the checkpoint."""
+        """Forget what an earlier run of the stream left: its events come again from the checkpoint.
+
+        A stream with ``schema="infer"`` starts sampling its collection here, once per process:
+        every batch of the stream then has the same schema. A failed sampling is tried again
+        when the stream re-opens (its first batch failed with the sampling's error)."""
         self.take()
         self._in_flight = None
         self.failure = None
+        task = self._inferring
+        failed = task is not None and task.done() and (task.cancelled() or task.exception() is not None)
+        if self._dataframe and self._schema == INFER and (task is None or failed):
+            self._inferring = asyncio.get_running_loop().create_task(
+                self._infer(), name=f"flowwarden-infer[{self._name}]"
+            )
+            self._inferring.add_done_callback(self._inferred)
+
+    async def _infer(self) -> Any:
+        from flowwarden.spark.infer import document_ddl, infer_document_spec_async
+
+        dataframe = self._method
+        assert self._collection is not None and dataframe is not None
+        spec = await infer_document_spec_async(
+            self._collection(CodecOptions()), sample_size=dataframe.sample_size, hints=dataframe.schema_hints
+        )
+        self.inferred_schema = document_ddl(spec)
+        self.log.info(
+            "stream %s: full_document schema inferred from a sample of up to %d documents: %s",
+            self._name,
+            dataframe.sample_size,
+            self.inferred_schema,
+        )
+        return spec
+
+    def _inferred(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.warning(
+                "stream %s: inferring the schema failed (%s); the first batch fails with it and the "
+                "stream samples again when it re-opens",
+                self._name,
+                task.exception(),
+            )
 
     def _ended(self, task: asyncio.Task[bool]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -318,10 +364,14 @@ class BatchDelivery:
             spark = await asyncio.to_thread(self._spark_provider)
         except Exception as error:  # no session: the batch fails as a handler would
             raise Exhausted(error, 1) from error
+        schema, rescued = self._schema, False
+        if schema == INFER:
+            assert self._inferring is not None, "reset() starts the sampling before any batch"
+            schema, rescued = await self._inferring, True  # its error fails the stream, not the batch
         while True:
             try:
                 frame, malformed = await asyncio.to_thread(
-                    events_to_dataframe, spark, raws, schema=self._schema, mode=self._mode
+                    events_to_dataframe, spark, raws, schema=schema, mode=self._mode, rescued_data=rescued
                 )
                 break
             except UndecodableEventError as error:

@@ -73,6 +73,7 @@ class EventDispatch:
                 delivered=self._count_delivered,
                 failed=self._set_halt,
                 metrics=metrics,
+                collection=opener.watch_target,
             )
         else:
             for operation, method in spec.event_handlers.items():

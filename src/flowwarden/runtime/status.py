@@ -74,6 +74,9 @@ class StreamStatus:
     unanswered write since the last successful one began. Set once that lasted
     ``SAVE_GRACE_SECONDS`` (10 s), None while writes get through; ``/readyz`` answers 503
     meanwhile."""
+    inferred_schema: str | None = None
+    """For ``@on_dataframe(schema="infer")``: the full-document schema the stream inferred when it
+    started, as a Spark DDL field list; None otherwise, and until the sample was read."""
 
     @property
     def save_problem(self) -> str | None:

@@ -219,6 +219,7 @@ class StreamRunner:
             reason=self.reason,
             events_waiting=self._dispatch.waiting() + (len(reader.items) if (reader := self._reader) else 0),
             snapshot=self._snapshot.progress,
+            inferred_schema=batch.inferred_schema if (batch := self._dispatch.batch) is not None else None,
             save_failures_in_row=saving.failures,
             last_save_error=saving.error,
             cannot_save_since=saving.cannot_save_since(

@@ -7,6 +7,9 @@ name below loads its module on first use, and a missing package fails with
 
 - :func:`events_to_arrow` / :func:`events_to_dataframe`: a batch of change events, column-wise.
 - :func:`model_to_struct_type`, :func:`change_event_struct_type` ...: the schemas involved.
+- :func:`infer_schema`: a collection's document schema, inferred from a ``$sample``.
+- :func:`latest_per_key` / :func:`latest_per_key_arrow`: the last change of each document in a
+  batch, ready for a MERGE into a Delta, Iceberg or Hudi table.
 - :func:`get_or_create_session`: a SparkSession whose Python workers can import flowwarden.
 - :func:`register`: make ``spark.readStream.format("flowwarden")`` available.
 """
@@ -26,8 +29,12 @@ if TYPE_CHECKING:
     from flowwarden.spark.convert.extjson import JsonMode as JsonMode
     from flowwarden.spark.dataframe import DataFrameBatch as DataFrameBatch
     from flowwarden.spark.dataframe import events_to_dataframe as events_to_dataframe
+    from flowwarden.spark.infer import infer_schema as infer_schema
+    from flowwarden.spark.latest import latest_per_key as latest_per_key
+    from flowwarden.spark.latest import latest_per_key_arrow as latest_per_key_arrow
     from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN as CORRUPT_RECORD_COLUMN
     from flowwarden.spark.schema import EVENT_COLUMNS as EVENT_COLUMNS
+    from flowwarden.spark.schema import RESCUED_DATA_COLUMN as RESCUED_DATA_COLUMN
     from flowwarden.spark.schema import ObjectIdStr as ObjectIdStr
     from flowwarden.spark.schema import change_event_arrow_schema as change_event_arrow_schema
     from flowwarden.spark.schema import change_event_struct_type as change_event_struct_type
@@ -44,6 +51,10 @@ _LAZY = {
     "DataFrameBatch": "flowwarden.spark.dataframe",
     "events_to_dataframe": "flowwarden.spark.dataframe",
     "JsonMode": "flowwarden.spark.convert.extjson",
+    "infer_schema": "flowwarden.spark.infer",
+    "latest_per_key": "flowwarden.spark.latest",
+    "latest_per_key_arrow": "flowwarden.spark.latest",
+    "RESCUED_DATA_COLUMN": "flowwarden.spark.schema",
     "CORRUPT_RECORD_COLUMN": "flowwarden.spark.schema",
     "EVENT_COLUMNS": "flowwarden.spark.schema",
     "ObjectIdStr": "flowwarden.spark.schema",

@@ -58,15 +58,18 @@ def events_to_dataframe(
     schema: Any = None,
     mode: SchemaMode | str = SchemaMode.PERMISSIVE,
     json_mode: JsonMode | str = JsonMode.CANONICAL,
+    rescued_data: bool = False,
 ) -> DataFrameBatch:
     """Convert a batch of change events into a DataFrame with the change-event columns.
 
     Same arguments and mode rules as :func:`~flowwarden.spark.convert.arrow.events_to_arrow`; ``schema``
     may also be a DDL string. The DataFrame's schema is
     :func:`~flowwarden.spark.schema.change_event_struct_type` of ``schema`` and ``mode``, also
-    for an empty batch, so every batch of a stream has the same columns.
+    for an empty batch, so every batch of a stream has the same columns. ``schema`` may also
+    be what :func:`~flowwarden.spark.infer.infer_schema` returns; ``rescued_data`` adds the
+    ``_rescued_data`` column (see :func:`~flowwarden.spark.convert.arrow.events_to_arrow`).
     """
     schema = parse_schema(schema)
-    batch = events_to_arrow(events, schema=schema, mode=mode, json_mode=json_mode)
-    struct = change_event_struct_type(schema, mode=mode)
+    batch = events_to_arrow(events, schema=schema, mode=mode, json_mode=json_mode, rescued_data=rescued_data)
+    struct = change_event_struct_type(schema, mode=mode, rescued_data=rescued_data and schema is not None)
     return DataFrameBatch(spark.createDataFrame(batch.table, schema=struct), batch.malformed)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CORRUPT_RECORD_COLUMN",
     "EVENT_COLUMNS",
+    "RESCUED_DATA_COLUMN",
     "FieldSpec",
     "Kind",
     "ObjectIdStr",
@@ -52,6 +53,7 @@ __all__ = [
     "change_event_arrow_schema",
     "change_event_ddl",
     "change_event_struct_type",
+    "document_fields_ddl",
     "document_spec",
     "model_to_arrow_schema",
     "model_to_struct_type",
@@ -105,6 +107,12 @@ EVENT_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _EVENT_FIELDS)
 CORRUPT_RECORD_COLUMN = "_corrupt_record"
 """Added after the event columns in PERMISSIVE mode with a typed schema: the Extended JSON of a
 document that did not fit the schema, null for rows that fit."""
+
+RESCUED_DATA_COLUMN = "_rescued_data"
+"""Added last with ``rescued_data=True`` (``schema="infer"``): the Extended JSON of what the typed
+document columns could not take, ``{"full_document": {...}, "full_document_before_change":
+{...}}`` (keys not in the schema, values that do not fit their field), null when nothing was
+(:mod:`flowwarden.spark.convert.rescue`)."""
 
 # ----------------------------------------------------------------------------------------------
 # Specs to Arrow and Spark types
@@ -208,13 +216,17 @@ def struct_type_to_arrow_schema(struct: StructType) -> pa.Schema:
 # The change-event table
 
 
-def _event_fields(document: ValueSpec | None, corrupt_record: bool) -> list[tuple[str, ValueSpec]]:
+def _event_fields(
+    document: ValueSpec | None, corrupt_record: bool, rescued_data: bool = False
+) -> list[tuple[str, ValueSpec]]:
     columns = [
         (name, document if document is not None and name in _DOCUMENT_COLUMNS else spec)
         for name, spec in _EVENT_FIELDS
     ]
     if corrupt_record:
         columns.append((CORRUPT_RECORD_COLUMN, ValueSpec(Kind.JSON)))
+    if rescued_data:
+        columns.append((RESCUED_DATA_COLUMN, ValueSpec(Kind.JSON)))
     return columns
 
 
@@ -224,29 +236,31 @@ def has_corrupt_record(schema: Any, mode: SchemaMode | str) -> bool:
 
 
 def change_event_arrow_schema(
-    schema: Any = None, *, mode: SchemaMode | str = SchemaMode.PERMISSIVE
+    schema: Any = None, *, mode: SchemaMode | str = SchemaMode.PERMISSIVE, rescued_data: bool = False
 ) -> pa.Schema:
-    """The Arrow schema of converted change events for a full-document ``schema`` and ``mode``."""
+    """The Arrow schema of converted change events for a full-document ``schema`` and ``mode``
+    (``rescued_data``: with ``_rescued_data`` last)."""
     pa = require("pyarrow", "change_event_arrow_schema")
     document = document_spec(schema) if schema is not None else None
     return pa.schema(
         [
             pa.field(name, arrow_type(spec), nullable=True)
-            for name, spec in _event_fields(document, has_corrupt_record(schema, mode))
+            for name, spec in _event_fields(document, has_corrupt_record(schema, mode), rescued_data)
         ]
     )
 
 
 def change_event_struct_type(
-    schema: Any = None, *, mode: SchemaMode | str = SchemaMode.PERMISSIVE
+    schema: Any = None, *, mode: SchemaMode | str = SchemaMode.PERMISSIVE, rescued_data: bool = False
 ) -> StructType:
-    """The Spark schema of change-event DataFrames for a full-document ``schema`` and ``mode``."""
+    """The Spark schema of change-event DataFrames for a full-document ``schema`` and ``mode``
+    (``rescued_data``: with ``_rescued_data`` last)."""
     t = require("pyspark.sql.types", "change_event_struct_type")
     document = document_spec(schema) if schema is not None else None
     return t.StructType(  # type: ignore[no-any-return]
         [
             t.StructField(name, spark_type(spec), nullable=True)
-            for name, spec in _event_fields(document, has_corrupt_record(schema, mode))
+            for name, spec in _event_fields(document, has_corrupt_record(schema, mode), rescued_data)
         ]
     )
 
@@ -272,17 +286,25 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def change_event_ddl(document_ddl: str | None = None, *, corrupt_record: bool = False) -> str:
+def change_event_ddl(
+    document_ddl: str | None = None, *, corrupt_record: bool = False, rescued_data: bool = False
+) -> str:
     """The change-event columns as a Spark DDL field list, what a Python data source's
     ``schema()`` returns: the same columns and types as :func:`change_event_struct_type`, without
     building pyspark types. ``document_ddl`` (a DDL field list such as ``"sku STRING, qty INT"``)
     types both document columns as ``STRUCT<document_ddl>``; None keeps them Extended JSON.
-    ``corrupt_record`` appends ``_corrupt_record``."""
+    ``corrupt_record`` appends ``_corrupt_record``, ``rescued_data`` then ``_rescued_data``."""
     document = f"STRUCT<{document_ddl}>" if document_ddl else None
     return ", ".join(
         f"{_quoted(name)} {document if document is not None and name in _DOCUMENT_COLUMNS else _ddl(spec)}"
-        for name, spec in _event_fields(None, corrupt_record)
+        for name, spec in _event_fields(None, corrupt_record, rescued_data)
     )
+
+
+def document_fields_ddl(spec: ValueSpec) -> str:
+    """A STRUCT spec's fields as a Spark DDL field list (``"sku STRING, qty BIGINT"``); Extended
+    JSON and UUID fields are STRING."""
+    return ", ".join(f"{_quoted(f.name)} {_ddl(f.value)}" for f in spec.fields)
 
 
 def non_nullable_paths(data_type: Any, path: str) -> list[str]:

@@ -732,8 +732,8 @@ def test_change_events_memoryviews_and_subclasses_take_the_native_path(
     calls: list[Any] = []
     convert = native.convert
 
-    def counting(*args: Any) -> Any:
-        result = convert(*args)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        result = convert(*args, **kwargs)
         calls.append(result)
         return result
 

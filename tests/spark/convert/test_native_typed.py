@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 import bson
+import bson.json_util
 import pyarrow as pa
 import pytest
 from bson.binary import Binary
@@ -188,13 +189,14 @@ def raw_events(draw: st.DrawFn) -> list[bytes]:
     return out
 
 
-def python_batch(data: list[bytes], schema: Any, mode: SchemaMode) -> Any:
+def python_batch(data: list[bytes], schema: Any, mode: SchemaMode, rescued_data: bool = False) -> Any:
     decoded = [bson.decode(item, codec_options=native.DECODE_OPTIONS) for item in data]
-    return events_to_arrow(decoded, schema=schema, mode=mode)
+    return events_to_arrow(decoded, schema=schema, mode=mode, rescued_data=rescued_data)
 
 
-def raw_batch(data: list[bytes], schema: Any, mode: SchemaMode) -> Any:
-    return events_to_arrow([RawBSONDocument(item) for item in data], schema=schema, mode=mode)
+def raw_batch(data: list[bytes], schema: Any, mode: SchemaMode, rescued_data: bool = False) -> Any:
+    events = [RawBSONDocument(item) for item in data]
+    return events_to_arrow(events, schema=schema, mode=mode, rescued_data=rescued_data)
 
 
 def comparable(value: Any) -> Any:
@@ -225,14 +227,51 @@ def comparable(value: Any) -> Any:
     ]
 )
 def test_typed_native_table_is_the_python_table(schema: Any, mode: SchemaMode, data: list[bytes]) -> None:
+    assert_same_tables(data, schema, mode, rescued_data=False)
+
+
+# Both schemas leave keys of the generated documents unnamed (the model has no "small" or
+# "raw", the StructType names six fields), so rescue sees unknown keys as well as misfits.
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["pydantic", "struct-type"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=raw_events())
+def test_rescued_data_is_the_same_on_both_paths(schema: Any, mode: SchemaMode, data: list[bytes]) -> None:
+    assert_same_tables(data, schema, mode, rescued_data=True)
+
+
+def test_rescue_takes_unknown_keys_and_misfits_on_the_compiled_path() -> None:
+    documents = [
+        {"_id": ObjectId(), "small": 7, "unknown": {"a": [1]}},  # fits but for a key not in the schema
+        {"_id": ObjectId(), "small": 1, "day": "Tuesday"},  # a value that does not fit
+        {"_id": ObjectId(), "small": 2},
+    ]
+    data = [
+        bson.encode({"_id": {"_data": f"820000000{i}"}, "operationType": "insert", "fullDocument": document})
+        for i, document in enumerate(documents)
+    ]
+    got = raw_batch(data, SPARK_SCHEMA, SchemaMode.FAILFAST, rescued_data=True)
+    assert got.malformed == ()
+    rescued = [bson.json_util.loads(r) if r else None for r in got.table["_rescued_data"].to_pylist()]
+    assert rescued == [
+        {"full_document": {"unknown": {"a": [1]}}},
+        {"full_document": {"day": "Tuesday"}},
+        None,
+    ]
+    typed = got.table["full_document"].to_pylist()
+    assert [row["small"] for row in typed] == [7, 1, 2]
+    assert typed[1]["day"] is None
+
+
+def assert_same_tables(data: list[bytes], schema: Any, mode: SchemaMode, *, rescued_data: bool) -> None:
     try:
-        expected = python_batch(data, schema, mode)
+        expected = python_batch(data, schema, mode, rescued_data)
     except SchemaMismatchError as error:
         with pytest.raises(SchemaMismatchError) as caught:
-            raw_batch(data, schema, mode)
+            raw_batch(data, schema, mode, rescued_data)
         assert str(caught.value) == str(error)
         return
-    got = raw_batch(data, schema, mode)
+    got = raw_batch(data, schema, mode, rescued_data)
     got.table.validate(full=True)
     assert got.malformed == expected.malformed
     for name in expected.table.column_names:
@@ -271,8 +310,8 @@ def test_a_fitting_batch_takes_the_native_path(monkeypatch: pytest.MonkeyPatch) 
     results: list[Any] = []
     convert = native.convert
 
-    def recording(*args: Any) -> Any:
-        results.append(convert(*args))
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        results.append(convert(*args, **kwargs))
         return results[-1]
 
     monkeypatch.setattr(native, "convert", recording)

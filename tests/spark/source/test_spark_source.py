@@ -898,6 +898,51 @@ def test_pipeline_update_lookup_and_typed_documents(
     ]
 
 
+def test_an_inferred_schema_types_documents_and_rescues_the_rest(
+    spark: SparkSession,
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+) -> None:
+    orders = client[db_name]["orders"]
+    orders.insert_many(
+        [{"_id": i, "sku": f"s{i}", "qty": i, "tag": i if i % 2 else "even"} for i in range(4)]
+    )
+    start_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    stream = source(
+        spark,
+        mongodb_uri,
+        db_name,
+        start_position="AT_TIME",
+        start_at=start_at,
+        schema="infer",
+        sample_size="100",
+        schema_hints="sku STRING, qty BIGINT",
+    )
+    # The sample was drawn when the source was created: this document is not in it.
+    orders.insert_one({"_id": 10, "sku": "new", "qty": "lots", "tag": 3, "added": True})
+    document = stream.schema["full_document"].dataType.simpleString()
+    assert document == "struct<_id:int,qty:bigint,sku:string,tag:string>"
+    assert stream.columns[-1] == "_rescued_data"
+    name = f"inferred_{db_name}"
+    query = stream.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    assert query.awaitTermination(120), "the availableNow query did not end"
+    # (AT_TIME starts at a whole second: the sampled inserts may be read too)
+    query_text = f"SELECT full_document, _rescued_data FROM {name} WHERE full_document._id = 10"
+    (row,) = spark.sql(query_text).collect()
+    # tag met an int and a string in the sample: Extended JSON; qty "lots" and the new key are rescued
+    assert row.full_document.asDict() == {"_id": 10, "qty": None, "sku": "new", "tag": '{"$numberInt":"3"}'}
+    assert json_util.loads(row._rescued_data) == {"full_document": {"qty": "lots", "added": True}}
+
+
+def test_schema_infer_needs_a_collection() -> None:
+    with pytest.raises(ConfigurationError, match="schema=infer samples the watched collection"):
+        SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/", "database": "shop", "schema": "infer"})
+    with pytest.raises(ConfigurationError, match="schema_hints applies to an inferred schema only"):
+        SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/", "database": "shop", "collection": "o",
+                             "schema_hints": "qty BIGINT"})
+
+
 def test_not_null_fields_are_refused_with_a_reason() -> None:
     from pyspark.sql.types import StringType, StructField, StructType
 

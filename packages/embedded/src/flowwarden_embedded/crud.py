@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from bson import ObjectId
+from bson import Decimal128, ObjectId
 
 from flowwarden_embedded import engine, views
 from flowwarden_embedded.document_updates import (
@@ -263,6 +263,19 @@ def run_pipeline(
 ) -> list[Document]:
     """An ordinary (non change-stream) aggregation over a collection or a view, or over nothing
     for ``aggregate: 1``. A view's own pipeline runs first."""
+    pipeline = _checked_stages(pipeline)
+    if coll_name is not None:
+        resolved = views.resolve(catalog, db, coll_name)
+        if resolved is not None:
+            coll_name, stages = resolved
+            pipeline = _checked_stages(stages) + pipeline
+    return _run_stages(catalog, db, coll_name, pipeline)
+
+
+def _checked_stages(pipeline: list[Document]) -> list[Document]:
+    """The stages of an ordinary aggregation, checked as MongoDB checks them; a ``$sample`` is
+    given to the engine as a copy holding its size as an int (the engine consumes its spec)."""
+    checked = []
     for stage in pipeline:
         if not isinstance(stage, dict) or len(stage) != 1:
             raise CommandError(40323, "A pipeline stage specification object must contain exactly one field.")
@@ -273,12 +286,31 @@ def run_pipeline(
             )
         if name in FIRST_STAGES:
             raise CommandError(40602, f"{name} is only valid as the first stage in a pipeline.")
-    if coll_name is not None:
-        resolved = views.resolve(catalog, db, coll_name)
-        if resolved is not None:
-            coll_name, stages = resolved
-            pipeline = stages + pipeline
-    return _run_stages(catalog, db, coll_name, pipeline)
+        if name == "$sample":
+            stage = {"$sample": {"size": _sample_size(stage["$sample"])}}
+        checked.append(stage)
+    return checked
+
+
+def _sample_size(spec: Any) -> int:
+    """The size of a ``$sample`` stage, with MongoDB's errors (a double's fraction is dropped)."""
+    if not isinstance(spec, dict):
+        raise CommandError(28745, "the $sample stage specification must be an object")
+    size: int | None = None
+    for field, value in spec.items():
+        if field != "size":
+            raise CommandError(28748, f"unrecognized option to $sample: {field}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, Decimal128)):
+            raise CommandError(28746, "size argument to $sample must be a number")
+        number = float(value.to_decimal()) if isinstance(value, Decimal128) else value
+        if number != number:  # NaN converts to 0, as numberLong() does
+            number = 0
+        size = int(max(min(number, 2**63 - 1), -(2**63)))
+        if size < 0:
+            raise CommandError(28747, "size argument to $sample must not be negative")
+    if size is None:
+        raise CommandError(28749, "$sample stage must specify a size")
+    return size
 
 
 def run_pipeline_over(
@@ -287,16 +319,7 @@ def run_pipeline_over(
     """The rest of a pipeline whose first stage made ``docs`` (``$collStats``, ``$currentOp``)."""
     if not pipeline:
         return docs
-    for stage in pipeline:
-        if not isinstance(stage, dict) or len(stage) != 1:
-            raise CommandError(40323, "A pipeline stage specification object must contain exactly one field.")
-        (name,) = stage
-        if name in ("$out", "$merge"):
-            raise CommandError(
-                2, f"{name} is not supported by the embedded replica set; read the results and write them"
-            )
-        if name in FIRST_STAGES:
-            raise CommandError(40602, f"{name} is only valid as the first stage in a pipeline.")
+    pipeline = _checked_stages(pipeline)
     try:
         return list(engine.run_stages(docs, catalog.engine[db], pipeline))
     except CommandError:

@@ -244,6 +244,7 @@ static inline uint64_t rd64(const uint8_t *p) {
 typedef struct {
     const char *reason; /* why the event is left to Python */
     int relaxed;
+    int closed; /* a typed document's key the plan does not name leaves the event to Python */
     const uint8_t *end; /* end of the event being read: eight bytes before it may be loaded */
 } Ctx;
 
@@ -2260,6 +2261,9 @@ static int struct_value(Writer *w, Node *n, const uint8_t *p, Py_ssize_t size, i
                 break;
             }
         }
+        if (index < 0 && ctx->closed) {
+            return fallback(ctx, "a field the schema does not name (rescued in Python)");
+        }
         q = nul + 1;
         Py_ssize_t used;
         /* a field's value is checked when it is converted; an earlier duplicate, here */
@@ -3159,20 +3163,21 @@ static PyObject *slice_result(Slice *c) {
 #define MIN_EVENTS_PER_THREAD 2048
 
 PyDoc_STRVAR(convert_doc,
-             "convert(events, relaxed, raw_type, raw_slot, plan, threads) -> list | str | None\n\n"
+             "convert(events, relaxed, raw_type, raw_slot, plan, threads, closed=False) -> list | str | None\n\n"
              "The Arrow buffers of the change-event columns of a list of RawBSONDocument events, as a\n"
              "list of (rows, columns, left) slices in event order, converted by up to `threads` threads\n"
              "without the GIL; `left` holds the (index, reason) of each event of the slice left to\n"
              "Python, which are not in its columns. A str naming the first event and the reason when\n"
              "every event is left to Python; None when not every event is a raw_type instance.\n"
              "raw_slot is the member descriptor of the document's bytes slot, or None to read the\n"
-             "`raw` property. plan types full_document (see flowwarden.spark.convert.native), None: Extended JSON.");
+             "`raw` property. plan types full_document (see flowwarden.spark.convert.native), None: Extended JSON.\n"
+             "closed: an event whose typed document has a key the plan does not name is left to Python.");
 
 static PyObject *convert(PyObject *module, PyObject *args) {
     PyObject *events, *raw_type, *raw_slot, *plan;
-    int relaxed, threads;
-    if (!PyArg_ParseTuple(args, "O!pO!OOi:convert", &PyList_Type, &events, &relaxed, &PyType_Type, &raw_type,
-                          &raw_slot, &plan, &threads)) {
+    int relaxed, threads, closed = 0;
+    if (!PyArg_ParseTuple(args, "O!pO!OOi|p:convert", &PyList_Type, &events, &relaxed, &PyType_Type, &raw_type,
+                          &raw_slot, &plan, &threads, &closed)) {
         return NULL;
     }
     Py_ssize_t slot = -1;
@@ -3247,6 +3252,7 @@ static PyObject *convert(PyObject *module, PyObject *args) {
         c->sources = sources;
         c->stop = &stop;
         c->ctx.relaxed = relaxed;
+        c->ctx.closed = closed;
         c->w.ctx = &c->ctx;
         s_done = k + 1;
         if (table_init(&c->table, c->end - c->start) < 0) {

@@ -68,13 +68,17 @@ def _native_table(
     not built, not every event is raw, or it leaves every event to Python."""
     if not native.AVAILABLE or (plan.full_document is not None and plan.native_document is None):
         return None
+    # With rescued data, an event with a key its schema does not name is left to Python too.
+    closed = plan.rescue is not None
     # A list of RawBSONDocuments, what a raw-reading stream delivers, goes as it is; ChangeEvents
     # are unwrapped first, which costs a pass in Python.
-    converted = native.convert(events, json_mode, plan.native_document) if type(events) is list else None
+    converted = None
+    if type(events) is list:
+        converted = native.convert(events, json_mode, plan.native_document, closed=closed)
     if converted is None:
         if type(events) is list and not any(isinstance(event, ChangeEvent) for event in events):
             return None  # not every event is raw: nothing to convert here
-        converted = native.convert(unwrap_events(events), json_mode, plan.native_document)
+        converted = native.convert(unwrap_events(events), json_mode, plan.native_document, closed=closed)
     if isinstance(converted, str):
         log.debug("%d raw events converted in Python: %s", len(events), converted)
         return None
@@ -88,6 +92,8 @@ def _native_table(
         )
     if plan.corrupt_record:
         columns.append(pa.nulls(len(events) - len(left), type=pa.string()))
+    if plan.rescue is not None:  # nothing to rescue in the events converted here
+        columns.append(pa.nulls(len(events) - len(left), type=pa.string()))
     return pa.Table.from_arrays(columns, schema=plan.schema), tuple(index for index, _ in left)
 
 
@@ -97,6 +103,7 @@ def events_to_arrow(
     schema: Any = None,
     mode: SchemaMode | str = SchemaMode.PERMISSIVE,
     json_mode: JsonMode | str = JsonMode.CANONICAL,
+    rescued_data: bool = False,
 ) -> ArrowBatch:
     """Convert a batch of change events into an Arrow table with the change-event columns.
 
@@ -118,10 +125,15 @@ def events_to_arrow(
     :class:`~flowwarden.errors.SchemaMismatchError` naming the field and the event's token,
     for the first such event in batch order. Both other modes report the rows in
     :attr:`ArrowBatch.malformed`. Table rows keep the order of ``events``.
+
+    ``rescued_data`` (with a typed ``schema``) adds ``_rescued_data``: a key the schema does not
+    name and a value that does not fit its field go there as Extended JSON instead of making
+    the row malformed (:mod:`flowwarden.spark.convert.rescue`); the mode then decides only rows
+    rescue cannot help (a missing required field, a document that is not a document).
     """
     mode = SchemaMode(mode)
     json_mode = JsonMode(json_mode)
-    plan = conversion_plan(schema, mode, json_mode)
+    plan = conversion_plan(schema, mode, json_mode, rescued_data)
     converted = _native_table(events, plan, json_mode)
     if converted is None:
         table, malformed = python_table(decode_events(unwrap_events(events)), plan, json_mode)

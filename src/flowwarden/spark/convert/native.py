@@ -207,20 +207,22 @@ class Converted(NamedTuple):
 
 
 def convert(
-    events: list[Any], json_mode: JsonMode, document: Document | None = None
+    events: list[Any], json_mode: JsonMode, document: Document | None = None, *, closed: bool = False
 ) -> Converted | str | None:
     """The change-event columns of ``events``, when every event is a ``RawBSONDocument``: None
     when one is not (nothing converted). An event the compiled converter leaves to Python (any
     event with a value that does not fit ``document`` is one: the Python path reports misfits)
     is not in the columns but in :attr:`Converted.left`; when every event is, the result is a
     str naming the first and why. ``document`` types both full-document columns
-    (:func:`compile_document`); None writes them as Extended JSON. Large batches are converted
+    (:func:`compile_document`); None writes them as Extended JSON. ``closed``: an event whose
+    typed document has a key the plan does not name is left to Python too (which rescues it,
+    see :mod:`flowwarden.spark.convert.rescue`). Large batches are converted
     in :data:`THREADS` slices at once (the GIL is released), and their columns are chunked
     arrays with one chunk per slice. Never call it when :data:`AVAILABLE` is false."""
     assert _native is not None, "flowwarden.spark.convert._native is not built"
     program = document[0] if document is not None else None
     result = _native.convert(
-        events, json_mode is JsonMode.RELAXED, RawBSONDocument, _RAW_SLOT, program, THREADS
+        events, json_mode is JsonMode.RELAXED, RawBSONDocument, _RAW_SLOT, program, THREADS, closed
     )
     if result is None or isinstance(result, str):
         return result

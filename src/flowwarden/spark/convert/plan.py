@@ -4,8 +4,8 @@ Owns what both conversion paths follow for one ``(schema, mode, json_mode)``: th
 Arrow schema, the Python path's column builders of ``full_document`` and
 ``full_document_before_change`` (:mod:`flowwarden.spark.convert.columns`), the compiled converter's
 program of the same document (:func:`flowwarden.spark.convert.native.compile_document`), and whether
-the table carries ``_corrupt_record``. Plans are cached per hashable schema, so a stream pays
-for compiling its schema once.
+the table carries ``_corrupt_record`` and ``_rescued_data`` (with the splitter that fills it).
+Plans are cached per hashable schema, so a stream pays for compiling its schema once.
 
 Hard rule: nothing here runs per event or per batch beyond the cache lookup; a schema that
 cannot be compiled fails here, with the :class:`~flowwarden.errors.ConfigurationError` of
@@ -22,6 +22,7 @@ from flowwarden.config import SchemaMode
 from flowwarden.spark.convert import native
 from flowwarden.spark.convert.columns import Column, compile_column
 from flowwarden.spark.convert.extjson import JsonMode, encoder_for
+from flowwarden.spark.convert.rescue import Rescuer
 from flowwarden.spark.convert.spec_compiler import document_spec
 from flowwarden.spark.schema import arrow_type, change_event_arrow_schema, has_corrupt_record
 
@@ -36,24 +37,29 @@ class ConversionPlan(NamedTuple):
     before_change: Column | None
     native_document: native.Document | None  # the compiled converter's plan of a typed document
     corrupt_record: bool
+    rescue: Rescuer | None = None  # rescued_data: splits documents into typed and rescued parts
 
 
-def conversion_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode) -> ConversionPlan:
-    """The plan of ``schema`` (a full-document schema or None) in ``mode`` and ``json_mode``,
-    from the cache when the schema is hashable."""
+def conversion_plan(
+    schema: Any, mode: SchemaMode, json_mode: JsonMode, rescued_data: bool = False
+) -> ConversionPlan:
+    """The plan of ``schema`` (a full-document schema or None) in ``mode`` and ``json_mode``
+    (with ``rescued_data``, a typed schema's table also has ``_rescued_data``), from the cache
+    when the schema is hashable."""
+    rescued_data = rescued_data and schema is not None
     try:
-        return _cached_plan(schema, mode, json_mode)
+        return _cached_plan(schema, mode, json_mode, rescued_data)
     except TypeError:  # an unhashable schema object: compile it for this batch only
-        return _make_plan(schema, mode, json_mode)
+        return _make_plan(schema, mode, json_mode, rescued_data)
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode) -> ConversionPlan:
-    return _make_plan(schema, mode, json_mode)
+def _cached_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode, rescued_data: bool) -> ConversionPlan:
+    return _make_plan(schema, mode, json_mode, rescued_data)
 
 
-def _make_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode) -> ConversionPlan:
-    table_schema = change_event_arrow_schema(schema, mode=mode)
+def _make_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode, rescued_data: bool) -> ConversionPlan:
+    table_schema = change_event_arrow_schema(schema, mode=mode, rescued_data=rescued_data)
     if schema is None:
         return ConversionPlan(table_schema, None, None, None, False)
     spec = document_spec(schema)
@@ -64,4 +70,5 @@ def _make_plan(schema: Any, mode: SchemaMode, json_mode: JsonMode) -> Conversion
         compile_column(spec, "full_document_before_change", json),
         native.compile_document(spec, arrow_type(spec)) if native.AVAILABLE else None,
         has_corrupt_record(schema, mode),
+        Rescuer(spec, json) if rescued_data else None,
     )

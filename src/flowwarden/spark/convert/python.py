@@ -35,6 +35,7 @@ from flowwarden.spark.convert.columns import columns_reader
 from flowwarden.spark.convert.extjson import Encoder, JsonMode, encoder_for
 from flowwarden.spark.convert.misfits import FirstMisfits, MalformedRow
 from flowwarden.spark.convert.plan import ConversionPlan
+from flowwarden.spark.convert.rescue import NOTHING
 from flowwarden.spark.schema import change_event_arrow_schema
 
 pa = require("pyarrow", "flowwarden.spark (change events to Arrow)")
@@ -180,7 +181,8 @@ def python_table(
 ) -> tuple[Any, tuple[MalformedRow, ...]]:
     """The table of decoded events, with every row (the malformed ones with nulls where values
     did not fit and, when the plan has one, their Extended JSON in ``_corrupt_record``), and
-    the malformed rows in event order."""
+    the malformed rows in event order. With the plan's ``rescue``, what the document columns
+    cannot take goes to ``_rescued_data`` instead of making its row malformed."""
     json = encoder_for(json_mode)
     count = len(raws)
 
@@ -192,6 +194,11 @@ def python_table(
 
     misfits = FirstMisfits()
     owners = range(count)
+    rescued: list[str | None] | None = None
+    if plan.rescue is not None:
+        full, rescued_full = plan.rescue.split(full)
+        before, rescued_before = plan.rescue.split(before)
+        rescued = [_rescued(a, b, json) for a, b in zip(rescued_full, rescued_before, strict=True)]
     if plan.full_document is None or plan.before_change is None:
         full_array = pa.array([json(d) if d is not None else None for d in full], type=pa.string())
         before_array = pa.array([json(d) if d is not None else None for d in before], type=pa.string())
@@ -238,4 +245,18 @@ def python_table(
             document = full[row.index] if row.index in full_misfits else before[row.index]
             corrupt[row.index] = json(document)
         arrays.append(pa.array(corrupt, type=pa.string()))
+    if rescued is not None:
+        arrays.append(pa.array(rescued, type=pa.string()))
     return pa.Table.from_arrays(arrays, schema=plan.schema), malformed
+
+
+def _rescued(full: Any, before: Any, json: Encoder) -> str | None:
+    """The ``_rescued_data`` of one row: what each document column could not take."""
+    if full is NOTHING and before is NOTHING:
+        return None
+    parts = {}
+    if full is not NOTHING:
+        parts["full_document"] = full
+    if before is not NOTHING:
+        parts["full_document_before_change"] = before
+    return json(parts)

@@ -23,6 +23,7 @@ already loaded, and read through it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import sys
@@ -41,10 +42,16 @@ from flowwarden.errors import ConfigurationError
 from flowwarden.spark._extra import require
 from flowwarden.spark.convert.valuespec import NO_DEFAULT, FieldSpec, Kind, ValueSpec
 
-__all__ = ["DEFAULT_DECIMAL", "document_spec"]
+__all__ = ["DEFAULT_DECIMAL", "EXTENDED_JSON_METADATA", "document_spec"]
 
 DEFAULT_DECIMAL = (38, 18)
 """(precision, scale) of a ``Decimal`` annotated without ``max_digits`` / ``decimal_places``."""
+
+EXTENDED_JSON_METADATA = "flowwarden.extended_json"
+"""The StructField metadata key naming where in a string field's type the values are Extended
+JSON of any BSON value rather than strings: ``""`` the field itself, ``"[]"`` its array's
+elements, ``"{}"`` its map's values (``"[][]"``...). :func:`~flowwarden.spark.infer.infer_schema`
+marks the fields whose sampled types conflicted this way."""
 
 
 def document_spec(schema: Any) -> ValueSpec:
@@ -303,7 +310,38 @@ def _struct_spec(
 
 def _spark_spec(struct: Any, where: str) -> ValueSpec:
     fields = ((field.name, field.dataType, field.nullable) for field in struct.fields)
-    return _struct_spec(fields, where, _spark_value_spec)
+    spec = _struct_spec(fields, where, _spark_value_spec)
+    marked = {f.name: f.metadata.get(EXTENDED_JSON_METADATA) for f in struct.fields if f.metadata}
+    if not any(marked.values()):
+        return spec
+    fields_ = []
+    for field in spec.fields:
+        value = field.value
+        for position in marked.get(field.name) or ():
+            value = _json_at(value, str(position), f"{where}.{field.name}")
+        fields_.append(dataclasses.replace(field, value=value))
+    return dataclasses.replace(spec, fields=tuple(fields_))
+
+
+def _json_at(spec: ValueSpec, position: str, where: str) -> ValueSpec:
+    """``spec`` with the string at ``position`` ("", "[]", "{}", "[]{}"...) read as Extended JSON."""
+    if not position:
+        if spec.kind is not Kind.STRING:
+            raise ConfigurationError(
+                f"field {where}: metadata {EXTENDED_JSON_METADATA} marks a {spec.describe()} as "
+                "Extended JSON; only string fields hold it",
+                option="schema",
+            )
+        return ValueSpec(Kind.JSON)
+    step, rest = position[:2], position[2:]
+    wanted = {"[]": Kind.LIST, "{}": Kind.MAP}.get(step)
+    if wanted is None or spec.kind is not wanted or spec.element is None:
+        raise ConfigurationError(
+            f"field {where}: metadata {EXTENDED_JSON_METADATA} names position {position!r}, which "
+            f"a {spec.describe()} does not have",
+            option="schema",
+        )
+    return dataclasses.replace(spec, element=_json_at(spec.element, rest, where + step))
 
 
 def _spark_value_spec(data_type: Any, where: str) -> ValueSpec:

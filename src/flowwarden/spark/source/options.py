@@ -5,7 +5,8 @@ An option the decorators also have (``database``, ``full_document``, ``split_lar
 the same model: each string is turned into the field's type and validated by the option model
 that declares it (:data:`SHARED`). The source's own options (``uri``, ``pipeline``,
 ``max_events_per_trigger``, ``schema``, ``json_mode``, ``partitions``) are declared in
-:class:`SourceOnlyOptions`.
+:class:`SourceOnlyOptions`. ``schema=infer`` samples the collection once, when Spark asks the
+source for its schema (:meth:`SourceOptions.with_inferred_schema`).
 A query keeps its offsets itself, so ``RESUME`` (the
 default) and ``LATEST`` both start a new query at the stream's current position. Every problem
 is a ConfigurationError naming the option and what it accepts.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -34,10 +36,14 @@ from flowwarden.config import (
     validate_options,
 )
 from flowwarden.config.base import OptionProblem, OptionsT, option
+from flowwarden.config.delivery import INFER
 from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.buckets import MAX_PARTITIONS
 from flowwarden.mongo.large_events import with_split_stage
 from flowwarden.spark.convert.extjson import JsonMode
+from flowwarden.spark.convert.valuespec import ValueSpec
+
+log = logging.getLogger(__name__)
 
 OWNER = "flowwarden streaming source"
 LABEL = ""  # the owner names the source and the option
@@ -55,6 +61,8 @@ SHARED: dict[str, type[Options]] = {
     "start_at": CheckpointOptions,
     "on_history_lost": CheckpointOptions,
     "mode": DataFrameOptions,
+    "sample_size": DataFrameOptions,
+    "schema_hints": DataFrameOptions,
 }
 """Options shared with a decorator, and the model that declares them."""
 
@@ -78,8 +86,9 @@ class SourceOnlyOptions(Options):
     )
     schema_: str | None = option(
         None,
-        "A DDL field list typing full_document (no NOT NULL); without it, Extended JSON strings.",
-        allowed="a DDL field list such as 'sku STRING, qty INT'",
+        "A DDL field list typing full_document (no NOT NULL); 'infer': inferred from a sample of "
+        "the collection when the query starts, with _rescued_data; without it, Extended JSON strings.",
+        allowed="a DDL field list such as 'sku STRING, qty INT', or infer",
         alias="schema",
     )
     json_mode: JsonMode = option(JsonMode.CANONICAL, "How documents are written as Extended JSON.")
@@ -132,6 +141,13 @@ class SourceOptions:
     partitions: int = 1
     split_large_events: bool = False
     snapshot: Snapshot = Snapshot.NEVER
+    infer_schema: bool = False
+    """schema=infer: the document schema is sampled when the source is created."""
+    sample_size: int = 1000
+    schema_hints: str | None = None
+    document_spec: ValueSpec | None = None
+    """The inferred document schema (set by :meth:`with_inferred_schema`), which also keeps
+    where values are Extended JSON, which a DDL string cannot say."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -149,8 +165,17 @@ class SourceOptions:
         shared = {name: _typed(name, SHARED[name], lowered[name]) for name in SHARED if name in lowered}
         stream = _validated(ChangeStreamOptions, shared)
         start = _validated(CheckpointOptions, shared)
-        mode = _validated(DataFrameOptions, shared).mode
+        infer = (own.schema_ or "").strip().lower() == INFER
+        frame = _validated(DataFrameOptions, shared, {"schema": INFER} if infer else {})
         _check_snapshot(stream.snapshot, start.start_position, own.partitions)
+        if infer and stream.collection is None:
+            raise ConfigurationError(
+                "schema=infer samples the watched collection; give the collection option",
+                owner=OWNER,
+                option="schema",
+                value=own.schema_,
+                allowed="schema=infer with database and collection",
+            )
         return cls(
             uri=own.uri,
             database=stream.database,
@@ -162,14 +187,38 @@ class SourceOptions:
             start_at=start.start_at_operation_time,
             max_events_per_trigger=own.max_events_per_trigger,
             on_history_lost=start.on_history_lost,
-            schema_ddl=own.schema_,
-            mode=mode,
+            schema_ddl=None if infer else own.schema_,
+            mode=frame.mode,
             json_mode=own.json_mode,
             max_await_time_ms=stream.max_await_time_ms,
             partitions=own.partitions,
             split_large_events=stream.split_large_events,
             snapshot=stream.snapshot,
+            infer_schema=infer,
+            sample_size=frame.sample_size,
+            schema_hints=frame.schema_hints,
         )
+
+    def with_inferred_schema(self) -> SourceOptions:
+        """These options with the document schema sampled from the collection (schema=infer),
+        or as they are. Runs once, when the query's source is created."""
+        if not self.infer_schema or self.document_spec is not None:
+            return self
+        from flowwarden.spark.infer import document_ddl, infer_document_spec
+
+        assert self.database is not None and self.collection is not None
+        spec = infer_document_spec(
+            self.uri, self.database, self.collection, sample_size=self.sample_size, hints=self.schema_hints
+        )
+        ddl = document_ddl(spec)
+        log.info(
+            "%s %s: full_document schema inferred from a sample of up to %d documents: %s",
+            OWNER,
+            self.namespace,
+            self.sample_size,
+            ddl,
+        )
+        return dataclasses.replace(self, schema_ddl=ddl, document_spec=spec)
 
     @property
     def stream_pipeline(self) -> tuple[dict[str, Any], ...]:
@@ -193,7 +242,9 @@ class SourceOptions:
         from flowwarden.spark.schema import change_event_ddl
 
         return change_event_ddl(
-            self.schema_ddl, corrupt_record=bool(self.schema_ddl) and self.mode is SchemaMode.PERMISSIVE
+            self.schema_ddl,
+            corrupt_record=bool(self.schema_ddl) and self.mode is SchemaMode.PERMISSIVE,
+            rescued_data=self.infer_schema,
         )
 
 
@@ -227,10 +278,13 @@ def _check_snapshot(snapshot: Snapshot, start: StartPosition, partitions: int) -
         )
 
 
-def _validated(model: type[OptionsT], shared: Mapping[str, Any]) -> OptionsT:
-    """The shared options ``model`` declares, checked by ``model`` itself."""
+def _validated(
+    model: type[OptionsT], shared: Mapping[str, Any], extra: Mapping[str, Any] | None = None
+) -> OptionsT:
+    """The shared options ``model`` declares (and ``extra`` values of its own), checked by
+    ``model`` itself."""
     mine = {name: value for name, value in shared.items() if SHARED[name] is model}
-    return validate_options(model, OWNER, mine, label=LABEL)
+    return validate_options(model, OWNER, {**mine, **(extra or {})}, label=LABEL)
 
 
 def _source_only(options: Mapping[str, str]) -> SourceOnlyOptions:

@@ -71,7 +71,12 @@ from flowwarden.mongo.initial_copy import copy_filter
 from flowwarden.mongo.large_events import JoinedChangeStream, splits_large_events
 from flowwarden.mongo.positions import oplog_edge, recover_from_history_loss
 from flowwarden.mongo.raw_events import RawEvent
-from flowwarden.spark.schema import CORRUPT_RECORD_COLUMN, EVENT_COLUMNS, non_nullable_paths
+from flowwarden.spark.schema import (
+    CORRUPT_RECORD_COLUMN,
+    EVENT_COLUMNS,
+    RESCUED_DATA_COLUMN,
+    non_nullable_paths,
+)
 from flowwarden.spark.source import snapshot as source_snapshot
 from flowwarden.spark.source.offsets import (
     Offset,
@@ -128,7 +133,9 @@ class FlowWardenDataSource(DataSource):
     in the oplog; timestamp: from ``start_at``, an ISO-8601 date-time), ``max_events_per_trigger``
     (default 10000; ``none`` for no limit), ``on_history_lost`` (fail, resume_from_oplog_start,
     resume_from_now), ``schema`` (a DDL field list typing ``full_document``, e.g.
-    ``"sku STRING, qty INT"``; without it the document is Extended JSON), ``mode`` (permissive,
+    ``"sku STRING, qty INT"``; ``infer``: sampled from the collection when the query starts,
+    ``sample_size`` documents (default 1000) with ``schema_hints`` laid over them, and a
+    ``_rescued_data`` column; without it the document is Extended JSON), ``mode`` (permissive,
     dropmalformed, failfast: what a document that does not fit ``schema`` does), ``json_mode``
     (canonical, relaxed), ``split_large_events`` (true: events over 16 MB are split by the
     server and read as one row each; false, the default: such an event fails the query),
@@ -148,10 +155,12 @@ class FlowWardenDataSource(DataSource):
         return "flowwarden"
 
     def schema(self) -> str:
+        # Spark pickles this object after asking, so the inferred schema reaches streamReader.
+        self.source_options = self.source_options.with_inferred_schema()
         return self.source_options.schema_ddl_of_events()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return FlowWardenStreamReader(self.source_options, schema)
+        return FlowWardenStreamReader(self.source_options.with_inferred_schema(), schema)
 
 
 class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -168,6 +177,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         expected = list(EVENT_COLUMNS)
         if options.schema_ddl and options.mode is SchemaMode.PERMISSIVE:
             expected.append(CORRUPT_RECORD_COLUMN)
+        if options.infer_schema:
+            expected.append(RESCUED_DATA_COLUMN)
         if names != expected:
             raise ConfigurationError(
                 f"the schema's columns {names} are not the change-event columns",
@@ -177,7 +188,10 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 + " (type full_document with the schema option rather than readStream.schema())",
             )
         document = schema["full_document"].dataType
-        self.document_schema = document if isinstance(document, StructType) else None
+        self.document_schema: Any = document if isinstance(document, StructType) else None
+        if options.document_spec is not None:
+            # The spec also knows which strings hold Extended JSON, which Spark's schema cannot say.
+            self.document_schema = options.document_spec
         required = non_nullable_paths(document, "full_document")
         if required:
             raise ConfigurationError(
@@ -571,7 +585,11 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         iterator = iter(events)
         while chunk := list(itertools.islice(iterator, ARROW_BATCH_ROWS)):
             batch = events_to_arrow(
-                chunk, schema=self.document_schema, mode=self.options.mode, json_mode=self.options.json_mode
+                chunk,
+                schema=self.document_schema,
+                mode=self.options.mode,
+                json_mode=self.options.json_mode,
+                rescued_data=self.options.infer_schema,
             )
             yield from batch.table.cast(expected).to_batches()
 
