@@ -23,7 +23,8 @@ from flowwarden.errors import ConfigurationError
 from flowwarden.spark import infer_schema
 from flowwarden.spark.convert.spec_compiler import EXTENDED_JSON_METADATA, document_spec
 from flowwarden.spark.convert.valuespec import Kind
-from flowwarden.spark.infer import MAP_MINIMUM_KEYS, document_ddl, parse_hints, spec_of_documents
+from flowwarden.spark.hints import parse_hints
+from flowwarden.spark.infer import MAP_MINIMUM_KEYS, document_ddl, spec_of_documents
 
 
 def ddl(*documents: dict[str, Any], hints: Any = None) -> str:

@@ -280,7 +280,7 @@ class DataFrameOptions(BatchOptions):
         if value is None or _is_struct_type(value):
             return value
         if isinstance(value, str):
-            from flowwarden.spark.infer import HintsError, parse_hints  # no pyspark, no pyarrow
+            from flowwarden.spark.hints import HintsError, parse_hints  # no pyspark, no pyarrow
 
             try:
                 parse_hints(value)  # a DDL mistake fails at decoration time
