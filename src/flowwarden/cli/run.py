@@ -181,7 +181,8 @@ class _CopyBars(threading.Thread):
                         TaskProgressColumn(),
                         Rate(),
                         TimeRemainingColumn(),
-                        console=Console(stderr=True),
+                        # Log lines print above the bars whole, as they would without them.
+                        console=Console(stderr=True, soft_wrap=True),
                         transient=True,
                         redirect_stderr=True,
                     )
