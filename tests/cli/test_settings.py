@@ -111,8 +111,8 @@ def test_spark_settings_come_from_every_source_and_spark_conf_merges_key_by_key(
     }
     assert settings.spark_master == "local[2]" and str(settings.spark_log) == "logs/spark.log"
     line = settings.in_effect("orders-1")
-    assert "spark_master=local[2], spark_conf={spark.executor.memory=4g, " in line
-    assert "spark.hadoop.fs.s3a.secret.key=***, spark.sql.shuffle" in line
+    assert "spark_master=local[2], spark_conf={spark.executor.memory=4g," in line
+    assert "spark.hadoop.fs.s3a.secret.key=***,spark.sql.shuffle" in line
     assert "spark_log=logs/spark.log" in line and "abc==" not in line
     assert load({}).in_effect("x").count("spark_log=log,") == 1  # unset: Spark's lines go to the log
 

@@ -194,7 +194,8 @@ class Settings(BaseSettings):
         ``instance_id`` as the connector uses it (generated when not set), the URI with its
         password hidden, and the TOML file they were read from."""
         generated = " (generated)" if self.instance_id is None else ""
-        spark_conf = ", ".join(f"{key}={_shown(key, text)}" for key, text in sorted(self.spark_conf.items()))
+        # Commas without a space: the line's settings stay apart at ", ".
+        spark_conf = ",".join(f"{key}={_shown(key, text)}" for key, text in sorted(self.spark_conf.items()))
         values = {
             "instance_id": f"{instance_id}{generated}",
             "checkpoint_database": self.checkpoint_database,
