@@ -303,9 +303,13 @@ class MetricsServer:
         self._loop = asyncio.new_event_loop()
         self._stopped: asyncio.Event | None = None
         self._serving = threading.Event()
+        self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="flowwarden-metrics", daemon=True)
         self._thread.start()
-        self._serving.wait(5)
+        self._serving.wait()
+        if self._failed is not None:
+            self._socket.close()
+            raise self._failed
 
     def close(self) -> None:
         if self._thread.is_alive() and self._stopped is not None:
@@ -317,7 +321,10 @@ class MetricsServer:
     def _run(self) -> None:
         try:
             self._loop.run_until_complete(self._serve())
+        except BaseException as error:  # before serving: the constructor raises it
+            self._failed = error
         finally:
+            self._serving.set()
             self._loop.close()
 
     async def _serve(self) -> None:
