@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from flowwarden.checkpoints.store import AwaitableStore, check_store
@@ -71,6 +72,11 @@ class Connector:
     default checkpoints live in ``_fw_checkpoints`` of the stream's database
     (``checkpoint_database`` for cluster streams).
 
+    ``spark_master``, ``spark_app_name``, ``spark_conf`` and ``spark_log`` (where the JVM's
+    output goes: a file, a logger, or None for this process's stderr; see
+    :func:`~flowwarden.spark.session.get_or_create_session`) apply when the connector starts Spark
+    for ``@on_dataframe`` handlers, which it does when ``spark`` is not given.
+
     ``metrics_port`` serves ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` on
     ``metrics_host`` (127.0.0.1 by default; 0 picks a free port, see :attr:`metrics_address`).
     ``progress_interval`` (seconds, 0 for none) logs one INFO progress line per stream.
@@ -88,6 +94,7 @@ class Connector:
         spark_master: str = "local[*]",
         spark_app_name: str = "flowwarden",
         spark_conf: Mapping[str, str] | None = None,
+        spark_log: str | Path | logging.Logger | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         progress_interval: float = 30.0,
@@ -132,6 +139,7 @@ class Connector:
         self._spark_master = spark_master
         self._spark_app_name = spark_app_name
         self._spark_conf = dict(spark_conf or {})
+        self._spark_log = spark_log
         self._spark_lock = threading.Lock()
         self._runners: list[StreamRunner] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -383,7 +391,10 @@ class Connector:
                 from flowwarden.spark import get_or_create_session
 
                 self._spark = get_or_create_session(
-                    master=self._spark_master, app_name=self._spark_app_name, conf=self._spark_conf
+                    master=self._spark_master,
+                    app_name=self._spark_app_name,
+                    conf=self._spark_conf,
+                    jvm_log=self._spark_log,
                 )
             return self._spark
 
