@@ -9,7 +9,10 @@ writes anything; a bucket's share of it is the documents whose ``_id`` hashes th
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import Any
 
 import pymongo
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import wait_until
 
@@ -52,6 +56,31 @@ def holders(client: pymongo.MongoClient[Any], db: str) -> dict[str, int]:
 def shares(client: pymongo.MongoClient[Any], db: str) -> Counter[int]:
     """How many buckets each process holds."""
     return Counter(holders(client, db).values())
+
+
+def probe(child: Child, path: str) -> tuple[int, str]:
+    """GET ``path`` from the metrics server of ``child`` (run with FLOWWARDEN_METRICS_PORT=0: the
+    port it picked is in its log)."""
+    child.log.wait_for("/readyz served on http://")
+    found = re.search(r"/readyz served on (http://\S+)", child.log.text())
+    assert found is not None
+    try:
+        with urllib.request.urlopen(found[1] + path, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def leases_held(child: Child) -> set[str]:
+    """The buckets whose ``flowwarden_lease_held`` is 1 in ``child``'s metrics."""
+    code, body = probe(child, "/metrics")
+    assert code == 200, body
+    return {
+        sample.labels["stream"]
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "flowwarden_lease_held" and sample.value == 1
+    }
 
 
 def segments(lines: list[list[str]], bucket: str) -> list[tuple[int, int, list[str]]]:
@@ -94,10 +123,12 @@ def test_a_fleet_of_processes_shares_the_buckets_through_joins_and_a_sigkill(
         "FW_TEST_SAVE_EVERY_N": str(SAVE_EVERY_N),
         "FW_TEST_SAVE_INTERVAL": "0.3",
         "FW_TEST_LEASE_TTL": str(LEASE_TTL),
+        "FLOWWARDEN_METRICS_PORT": "0",
     }
     bucket_of = buckets_of(client, db_name, PARTITIONS)
     checkpoints = client[db_name]["_fw_checkpoints"]
     children: list[Child] = []
+    killed = None
 
     def start(name: str) -> Child:
         child = Child(mongodb_uri, db_name, log, "FleetOrders", FLOWWARDEN_INSTANCE_ID=name, **env)
@@ -164,6 +195,13 @@ def test_a_fleet_of_processes_shares_the_buckets_through_joins_and_a_sigkill(
                 wait_until(lambda: handled_since(since, fourth_pid, 20), timeout=60, what="its events")
                 final_holders = holders(client, db_name)
                 status = json.loads(cli(mongodb_uri, "status", "--database", db_name, "--json"))
+                # Each live process's metrics say which buckets it holds, and it is ready (the
+                # buckets it stands by for run elsewhere).
+                for child in (first, third, fourth):
+                    pid = child.process.pid
+                    assert leases_held(child) == {n for n, p in final_holders.items() if p == pid}
+                    code, body = probe(child, "/readyz")
+                    assert code == 200, body
             truth = Truth(read_events(truth_stream, writer.writes), bucket_of)
         # Each bucket handles its events in order: once the last of every bucket was handled, the
         # fleet is done (what it skipped, if anything, the checks below name).

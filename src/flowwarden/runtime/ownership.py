@@ -77,6 +77,8 @@ class Ownership:
         self.handing_over = False
         """The fleet gives the held bucket to another member: the stream stops reading, saves, and
         :meth:`hand_over` releases the lease."""
+        self.given_to: str | None = None
+        """The member the bucket is handed over to, while :attr:`handing_over`."""
         self._holder: Holder | None = None  # who held the lease when last read (non-fleet streams)
         self._warned: set[tuple[str, str | None]] = set()
 
@@ -146,6 +148,7 @@ class Ownership:
             return False
         self.lost = False
         self.handing_over = False
+        self.given_to = None
         self.log.info("stream %s: lease acquired (epoch %s)", self.name, self.epoch)
         return True
 
@@ -235,6 +238,7 @@ class Ownership:
         while fleet.mine(self.name) or fleet.view is None:
             await fleet.next_view(self.lease.renew_interval)
         view = fleet.view
+        assert view is not None
         self.log.info(
             "stream %s: the fleet of %d member(s) gives this bucket to %s; handing it over (handlers in "
             "flight finish, the checkpoint is saved, then the lease is released)",
@@ -243,6 +247,7 @@ class Ownership:
             view.describe(view.assignment.get(self.name)),
         )
         self.handing_over = True
+        self.given_to = view.describe(view.assignment.get(self.name))
         on_lost()
 
     async def _renew(self, on_lost: Callable[[], None]) -> None:
@@ -279,6 +284,7 @@ class Ownership:
         """Release the lease of a bucket handed over (its checkpoint saved): the member it is given
         to takes it at its next read of the fleet."""
         self.handing_over = False
+        self.given_to = None
         await self.release(timeout)
 
     async def release(self, timeout: float) -> None:

@@ -56,8 +56,8 @@ class StreamStatus:
     last_error: str | None
     """The last error the stream met, as ``"Type: message"``; None if there was none."""
     reason: str | None
-    """Why the stream stopped, failed or stands by (who holds its lease), or what a stream still
-    opening after 30 seconds waits for; None otherwise."""
+    """Why the stream stopped, failed or stands by (who holds its lease), what a stream still
+    opening after 30 seconds waits for, or to whom a bucket is being handed over; None otherwise."""
     events_waiting: int = 0
     """Events read from the stream and not yet handed to a method: read ahead, and gathered in
     the batch being formed while the one before it is in flight."""

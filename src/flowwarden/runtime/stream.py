@@ -602,6 +602,11 @@ class StreamRunner:
     def _set_halt(self) -> None:
         """The lease is lost, or the bucket handed over: stop reading at once."""
         self._dispatch.halt = True
+        if self._ownership.handing_over:
+            self.reason = (
+                f"handing over to {self._ownership.given_to}: handlers in flight finish and the "
+                "checkpoint is saved, then the lease is released"
+            )
         if self._reader is not None:
             self._reader.interrupt()
 
