@@ -34,7 +34,6 @@ from .conftest import get
 from .test_partition_crashes import (
     bucket_names,
     buckets_of,
-    needs_hashed_index_key,  # noqa: F401  (a fixture)
     read_events,
 )
 

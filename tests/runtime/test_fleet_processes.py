@@ -33,7 +33,6 @@ from .test_partition_crashes import (
     cli,
     count_through,
     log_lines,
-    needs_hashed_index_key,  # noqa: F401  (a fixture)
     read_events,
     resume_position,
 )
