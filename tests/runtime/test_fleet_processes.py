@@ -165,12 +165,14 @@ def test_a_fleet_of_processes_shares_the_buckets_through_joins_and_a_sigkill(
                 killed = second.process.pid
                 held_at_kill = {name for name, pid in holders(client, db_name).items() if pid == killed}
                 second.kill()
+                killed_at = time.monotonic()
                 kill_line = len(log_lines(log))
                 # The killed process's leases are still live: nobody else writes its buckets'
                 # checkpoints until they expire, so these are what it left.
                 stored = {name: resume_position(client, db_name, name) for name in held_at_kill}
                 survivors = [first.process.pid, third.process.pid]
                 wait_until(lambda: balanced(survivors, 3), timeout=60, what="the survivors taking over")
+                takeover_seconds = time.monotonic() - killed_at
 
                 spawned = time.monotonic()
                 fourth = start("d")
@@ -186,6 +188,7 @@ def test_a_fleet_of_processes_shares_the_buckets_through_joins_and_a_sigkill(
                 wait_until(lambda: balanced(live, 2), timeout=60, what="the fourth to get its buckets")
                 balanced_at = time.monotonic()
                 print(
+                    f"\ntakeover after SIGKILL (lease_ttl_seconds={LEASE_TTL:g}): {takeover_seconds:.2f} s; "
                     f"join: {joined - spawned:.2f} s from spawn to member record, "
                     f"{balanced_at - joined:.2f} s from member record to holding its 2 buckets"
                 )

@@ -167,7 +167,10 @@ class Ownership:
                         return True
             except PyMongoError as failure:
                 error = f"lease: {type(failure).__name__}: {failure}"
-            standing_by(error, fleet.standing_by_reason(self.name))
+            if fleet.view is not None:
+                # Until the first read of the fleet the stream is still STARTING: a connector alone
+                # takes every bucket then, and opens them before Connector.start() returns.
+                standing_by(error, fleet.standing_by_reason(self.name))
             waits = {
                 asyncio.ensure_future(self._stopping.wait()),
                 asyncio.ensure_future(fleet.next_view(lease.renew_interval)),
