@@ -269,3 +269,76 @@ def test_three_connectors_hold_two_buckets_each_and_say_so_and_a_stopped_ones_ar
     # The stopped connector left the fleet at once: its member record is gone.
     members = client[db_name]["_fw_locks"].find({"kind": "member", "stream": "orders"})
     assert sorted(json.dumps(m["owner"]) for m in members) == ['"b"', '"c"']
+
+
+@pytest.mark.usefixtures("needs_hashed_index_key")
+def test_a_bucket_handed_over_during_its_initial_snapshot_is_copied_on_by_the_member_taking_it(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, connectors: list[Connector]
+) -> None:
+    """snapshot=INITIAL in chunks of 2: the first connector copies both buckets and holds the 5th
+    document of each in its handler when a second one joins. The bucket handed over finishes that
+    document (and its chunk, unless halted before its end), then the second connector copies on
+    from the last finished chunk: every document is copied, and only the handed-over bucket's
+    unfinished chunk twice."""
+    from flowwarden import Snapshot
+
+    orders = client[db_name]["orders"]
+    bucket_of = buckets_of(client, db_name, 2)
+    orders.insert_many([{"_id": key} for key in sorted(bucket_of)])
+    order = {name: sorted(k for k, b in bucket_of.items() if b == name) for name in bucket_names(2)}
+    hold = Hold({keys[4] for keys in order.values()})
+    copied: list[tuple[str, str, Any]] = []
+
+    def copier(tag: str, held: Hold | None) -> type:
+        @change_stream(
+            "orders",
+            db_name,
+            name="orders",
+            partitions=2,
+            deployment="single_leader",
+            lease_ttl_seconds=3,
+            snapshot=Snapshot.INITIAL,
+            snapshot_chunk_size=2,
+            max_await_time_ms=50,
+        )
+        class Orders:
+            @on_change
+            async def handle(self, event: ChangeEvent, ctx: StreamContext) -> None:
+                assert event.document_key is not None
+                key = event.document_key["_id"]
+                if held is not None and key in held.keys and not held.released.is_set():
+                    held.entered.append(ctx.stream)
+                    await asyncio.to_thread(held.released.wait, 30)
+                copied.append((tag, ctx.stream, key))
+
+        return Orders
+
+    first = start(connectors, mongodb_uri, copier("a", hold), "a")
+    wait_until(lambda: len(hold.entered) == 2, what="both buckets holding a document in their handler")
+    second = start(connectors, mongodb_uri, copier("b", None), "b")
+    given = wait_until(
+        lambda: next(
+            (n for n, s in first.status().items() if s.reason and s.reason.startswith("handing over")), None
+        ),
+        what="the first connector handing a bucket over",
+    )
+    hold.released.set()
+    wait_until(lambda: {c[2] for c in copied} == set(bucket_of), what="every document copied")
+    wait_until(lambda: running(second) == [given], what="the second connector to run the bucket")
+    # The giver stands by for the bucket (it would take it again were the second to leave).
+    giver = wait_until(lambda: (s := first.status()[given]).lease_holder == "b" and s, what="it to see b")
+    assert giver.state is StreamState.STANDBY and giver.runs_elsewhere
+
+    given_copies = [(tag, key) for tag, stream, key in copied if stream == given]
+    by_first = [key for tag, key in given_copies if tag == "a"]
+    by_second = [key for tag, key in given_copies if tag == "b"]
+    # The first copied the bucket up to some document past the held one, in _id order; the second
+    # from the start of the chunk that was not finished then, at most one chunk (2) back.
+    assert by_first == order[given][: len(by_first)] and len(by_first) >= 5, by_first
+    went_on = len(order[given]) - len(by_second)
+    assert by_second == order[given][went_on:], by_second
+    assert 0 <= len(by_first) - went_on <= 2, (by_first, by_second)
+    counts = Counter(key for _, _, key in copied)
+    twice = sorted(key for key, count in counts.items() if count > 1)
+    assert twice == sorted(order[given][went_on : len(by_first)]), "copied twice outside the unfinished chunk"
+    assert max(counts.values()) <= 2

@@ -100,9 +100,10 @@ class Ownership:
             return None
         if self.lease.lease is not None and not self.lost:
             return Holder(self._instance_id, self._instance_token)
-        if self.fleet is not None:
-            return self.fleet.holder(self.name)
-        return self._holder
+        holder = self.fleet.holder(self.name) if self.fleet is not None else self._holder
+        if holder is not None and holder.token == self._instance_token:
+            return None  # read while this connector held it, since released
+        return holder
 
     def fenced(self) -> bool:
         """A checkpoint write was fenced: with a lease, it is lost (True); without, the error

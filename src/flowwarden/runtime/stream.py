@@ -459,8 +459,7 @@ class StreamRunner:
             self.state = StreamState.RUNNING
             if await snapshot.run(checkpoint, epoch) is None:
                 # The chunk in hand stays unsaved.
-                ownership = self._ownership
-                if (ownership.lost or ownership.handing_over) and not self._stopping.is_set():
+                if self._ownership.leaving and not self._stopping.is_set():
                     return LostOwnership()
                 return Stopped()
         if self.spec.stream.snapshot is Snapshot.INITIAL_ONLY:
