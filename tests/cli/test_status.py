@@ -94,7 +94,7 @@ def test_status_shows_the_holder_of_each_bucket_and_the_members_sharing_them(
 ):
     """Two connectors share a stream of 4 buckets: each bucket's row names the connector holding
     it, and the members table lists each connector with the 2 buckets it holds."""
-    handler = orders_handler(db_name, deployment="single_leader", partitions=4, lease_ttl_seconds=3)
+    handler = orders_handler(db_name, deployment="single_leader", partitions=4, lease_ttl_seconds=10)
     names = [f"orders[{i}/4]" for i in range(4)]
     with running(mongodb_uri, [handler], instance_id="east-1") as east:
         with running(mongodb_uri, [handler], instance_id="west-1") as west:

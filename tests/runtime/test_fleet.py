@@ -86,7 +86,7 @@ Handled = list[tuple[str, str, Any, str]]
 
 
 def fleet_class(db: str, tag: str, handled: Handled, hold: Hold | None = None) -> type:
-    """A class running ``orders`` in 2 buckets under a 3-second lease, recording each event it
+    """A class running ``orders`` in 2 buckets under a 10-second lease, recording each event it
     handled in ``handled`` under ``tag``; the events of ``hold``'s keys wait in its handler until
     ``hold`` lets go."""
 
@@ -96,7 +96,7 @@ def fleet_class(db: str, tag: str, handled: Handled, hold: Hold | None = None) -
         name="orders",
         partitions=2,
         deployment="single_leader",
-        lease_ttl_seconds=3,
+        lease_ttl_seconds=10,
         max_await_time_ms=50,
     )
     @checkpoint(save_every_n=1)
@@ -223,7 +223,7 @@ def test_three_connectors_hold_two_buckets_each_and_say_so_and_a_stopped_ones_ar
         name="orders",
         partitions=6,
         deployment="single_leader",
-        lease_ttl_seconds=3,
+        lease_ttl_seconds=10,
         max_await_time_ms=50,
     )
     @checkpoint(save_every_n=1)
@@ -296,7 +296,7 @@ def test_a_bucket_handed_over_during_its_initial_snapshot_is_copied_on_by_the_me
             name="orders",
             partitions=2,
             deployment="single_leader",
-            lease_ttl_seconds=3,
+            lease_ttl_seconds=10,
             snapshot=Snapshot.INITIAL,
             snapshot_chunk_size=2,
             max_await_time_ms=50,

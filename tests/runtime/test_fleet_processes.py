@@ -39,7 +39,7 @@ from .test_partition_crashes import (
 
 PARTITIONS = 6
 SAVE_EVERY_N = 10
-LEASE_TTL = 3.0
+LEASE_TTL = 5.0
 
 
 def holders(client: pymongo.MongoClient[Any], db: str) -> dict[str, int]:
