@@ -134,6 +134,7 @@ class Fleet:
         return view.assignment.get(bucket, self.token) != self.token
 
     def standing_by_reason(self, bucket: str) -> str:
+        """Why ``bucket`` stands by here, for its status: whom the fleet gives it, who holds it."""
         view = self.view
         if view is None:
             return "standing by: reading the members of the stream's fleet"
@@ -147,7 +148,7 @@ class Fleet:
         else:
             text = f"standing by: the fleet of {count} member(s) gives this bucket to this instance"
         if held is not None and held.token != self.token:
-            text += f", and {view.describe(held.token)} holds its lease"
+            text += f", and instance {held.owner!r} ({held.token}) holds its lease"
             if held.token not in view.members:
                 text += " (not a member now: it hands over or its lease expires)"
         return text
