@@ -5,6 +5,10 @@ or :meth:`Connector.stop`) stops reading, lets in-flight handlers finish, flushe
 releases leases before returning. Under :meth:`Connector.run`, a second SIGINT/SIGTERM stops at
 once (:class:`ForcedStop`): handlers still running are abandoned and their events stay
 unprocessed, so the stored checkpoints remain before them and a restart handles them again.
+
+The buckets of a partitioned ``single_leader`` stream are shared by every connector running it:
+each connector is a member of the stream's fleet (:mod:`flowwarden.runtime.fleet`) for as long as
+it runs, and leaves it when it stops.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from flowwarden.checkpoints.store import AwaitableStore, check_store
-from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
+from flowwarden.config import DeadLetterOptions, Deployment, OnError, SchemaMode
 from flowwarden.config.spec import partition_specs
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
@@ -31,6 +35,7 @@ from flowwarden.mongo.redaction import (
 )
 from flowwarden.runtime.connections import check_pool_size, client_pool_size, make_client, uri_pool_size
 from flowwarden.runtime.dead_letter import DeadLetterWriter
+from flowwarden.runtime.fleet import Fleet
 from flowwarden.runtime.lease import LOCKS_COLLECTION, instance_token
 from flowwarden.runtime.metrics import COLLECTOR, StreamMetrics
 from flowwarden.runtime.observability import Observability
@@ -202,8 +207,10 @@ class Connector:
             assert self._uri is not None
             client = make_client(self._uri, len(self.specs))
         watching = asyncio.create_task(observability.run(client), name="flowwarden-observability")
+        fleets = self._fleets(client)
+        membership = [asyncio.create_task(f.run(), name=f"flowwarden-fleet:{n}") for n, f in fleets.items()]
         try:
-            self._runners = [self._runner(spec, client) for spec in self.specs]
+            self._runners = [self._runner(spec, client, fleets) for spec in self.specs]
             log.info(
                 "flowwarden connector %s starting %d stream(s) on %s",
                 self.instance_id,
@@ -220,11 +227,14 @@ class Connector:
                 if stopper in done:
                     for runner in self._runners:
                         runner.request_stop()
-                    await asyncio.gather(*pending, return_exceptions=True)
+                    # Leaving the fleets at once: the other members are ready to take the buckets
+                    # as soon as their streams, finishing meanwhile, release the leases.
+                    await asyncio.gather(*pending, self._leave(fleets, membership), return_exceptions=True)
                     break
             stopper.cancel()
         finally:
             self._started.set()
+            await self._leave(fleets, membership)
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
             COLLECTOR.discard(self)
@@ -361,7 +371,38 @@ class Connector:
     def _database_for(self, spec: StreamSpec) -> str:
         return spec.stream.database or self._checkpoint_database
 
-    def _runner(self, spec: StreamSpec, client: Any) -> StreamRunner:
+    def _fleets(self, client: Any) -> dict[str, Fleet]:
+        """One fleet per partitioned single_leader stream, by the stream's name."""
+        buckets: dict[str, list[StreamSpec]] = {}
+        for spec in self.specs:
+            stream = spec.stream
+            if stream.partitions > 1 and stream.deployment == Deployment.SINGLE_LEADER:
+                assert stream.name is not None  # filled in by stream_spec
+                buckets.setdefault(stream.name, []).append(spec)
+        return {
+            name: Fleet(
+                client[self._database_for(specs[0])][LOCKS_COLLECTION],
+                name,
+                [spec.name for spec in specs],
+                owner=self.instance_id,
+                token=self.instance_token,
+                ttl_seconds=specs[0].stream.lease_ttl_seconds,
+            )
+            for name, specs in buckets.items()
+        }
+
+    async def _leave(self, fleets: Mapping[str, Fleet], membership: list[asyncio.Task[None]]) -> None:
+        """Stop renewing this connector's fleet memberships and withdraw them (once)."""
+        tasks = list(membership)
+        membership.clear()
+        if not tasks:
+            return
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(fleet.leave(_CLOSE_TIMEOUT_SECONDS) for fleet in fleets.values()))
+
+    def _runner(self, spec: StreamSpec, client: Any, fleets: Mapping[str, Fleet]) -> StreamRunner:
         from flowwarden.checkpoints import AsyncMongoCheckpointStore
 
         db = client[self._database_for(spec)]
@@ -382,6 +423,7 @@ class Connector:
             dead_letters=dead_letters,
             spark_provider=self._spark_session if spec.dataframe is not None else None,
             metrics=StreamMetrics() if self._observability.exports_metrics else None,
+            fleet=fleets.get(spec.stream.name or ""),
         )
 
     def _spark_session(self) -> Any:

@@ -14,7 +14,9 @@ Started by :class:`~flowwarden.runtime.connector.Connector` when it runs:
   line is measured from the re-open (its count restarts from its checkpoint's).
 
 A stream is ready when it is RUNNING and its checkpoint saves get through (see
-:mod:`~flowwarden.runtime.save_health`): a stream that handles events it cannot save is not.
+:mod:`~flowwarden.runtime.save_health`): a stream that handles events it cannot save is not. A
+bucket standing by because another member of its fleet runs it is ready too: it is not this
+instance's to run.
 """
 
 from __future__ import annotations
@@ -121,8 +123,9 @@ class Observability:
         return time.monotonic() - self._beat < STALL_SECONDS
 
     def not_ready(self) -> dict[str, str]:
-        """Each stream that is not RUNNING, or cannot save its checkpoint, with its state and why
-        it cannot save (called from the server's thread)."""
+        """Each stream that is not RUNNING (unless another member of its fleet runs it), or cannot
+        save its checkpoint, with its state and why it cannot save (called from the server's
+        thread)."""
         runners = self._runners()
         if not runners:
             return {"connector": "STARTING"}
@@ -132,7 +135,7 @@ class Observability:
             problem = status.save_problem
             if problem is not None:
                 waiting[runner.name] = f"{status.state.value}: {problem}"
-            elif status.state != StreamState.RUNNING:
+            elif status.state != StreamState.RUNNING and not status.runs_elsewhere:
                 waiting[runner.name] = status.state.value
         return waiting
 
