@@ -38,6 +38,12 @@ with _stderr_to(logging.getLogger("spark")):
     logging.getLogger("flowwarden.runtime.stream").info("a line of flowwarden's while the JVM starts")
     print("a print to stderr while the JVM starts", file=sys.stderr)
 print("a print to stderr afterwards", file=sys.stderr)
+# The stand-in JVM has exited: its pipe ends, and the thread forwarding it finishes (a real JVM
+# keeps it open for the process's life).
+import threading
+for thread in threading.enumerate():
+    if thread.name == "flowwarden-spark-log":
+        thread.join(30)
 """
 
 

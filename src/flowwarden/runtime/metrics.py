@@ -366,7 +366,7 @@ class MetricsServer:
             f"Content-Type: {content_type}",
             f"Content-Length: {len(body)}",
             "Connection: close",
-            *(["Allow: GET, HEAD"] if code == 405 else []),
+            *(["Allow: GET, HEAD"] if code == HTTPStatus.METHOD_NOT_ALLOWED else []),
         ]
         writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("latin-1"))
         if method != "HEAD":
