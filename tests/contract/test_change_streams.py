@@ -329,6 +329,7 @@ def test_expressions_reshape_events_field_by_field(client: pymongo.MongoClient, 
     updated = "$updateDescription.updatedFields"
     pairs = {"$objectToArray": updated}
     secret = {"$regexMatch": {"input": "$$entry.k", "regex": r"^secret(?:\.|$)"}}
+    public = {"$filter": {"input": pairs, "as": "entry", "cond": {"$not": [secret]}}}
     pipeline = [
         {
             "$set": {
@@ -341,11 +342,7 @@ def test_expressions_reshape_events_field_by_field(client: pymongo.MongoClient, 
                             "$mergeObjects": [
                                 "$updateDescription",
                                 {
-                                    "updatedFields": {
-                                        "$arrayToObject": {
-                                            "$filter": {"input": pairs, "as": "entry", "cond": {"$not": [secret]}}
-                                        }
-                                    },
+                                    "updatedFields": {"$arrayToObject": public},
                                     "none": "$$REMOVE",
                                 },
                             ]
