@@ -212,6 +212,9 @@ class EventDispatch:
                     if not kept:
                         if operation == "invalidate" and not self.halt:
                             return await self._on_invalidate(change, halted)
+                        if batch is not None and not self.halt and batch.due():
+                            # A run of left-out events must not hold the batch past its wait.
+                            await batch.deliver(committer)
                         continue
             if inline:
                 # The common case inline: one event at a time, a sync handler on the loop.
