@@ -194,6 +194,22 @@ async def test_completions_1_2_4_then_3() -> None:
     await c.close()
 
 
+async def test_a_batch_commit_joins_completions_committed_past_it() -> None:
+    """Events after a batch (left out by a filter) complete before the batch does: once the
+    batch is committed through its end, the frontier moves on over them."""
+    store = RecordingStore()
+    c = committer(store)
+    await c.commit(4, tok(4))  # inside the batch: covered by its commit
+    await c.commit(6, tok(6))
+    await c.commit(7, tok(7))
+    await c.commit(9, tok(9))  # past a gap: stays pending
+    assert store.saved == []
+    await c.commit_through(5, tok(5))
+    assert (c.frontier_sequence, c.pending) == (7, 1)
+    assert store.saved == [7] and c.last_saved_token == tok(7)
+    await c.close()
+
+
 async def test_duplicate_commits_are_harmless() -> None:
     store = RecordingStore()
     c = committer(store)

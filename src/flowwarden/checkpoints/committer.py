@@ -220,8 +220,9 @@ class CheckpointCommitter:
         For a batch, committed as one: the frontier moves to the batch's end in one step, so no
         count save ever stores a position inside the batch (a batch is re-formed from where it
         starts). Only for streams with nothing else in flight: every sequence up to ``sequence``
-        must be finished. Waits for a save when the move reaches the save count, as
-        :meth:`commit` does.
+        must be finished. Completions committed past it already (events a filter left out
+        after the batch) then join the frontier too. Waits for a save when the move reaches the
+        save count, as :meth:`commit` does.
         """
         if self._refusal is not None:
             raise self._refusal.with_traceback(None)
@@ -231,6 +232,11 @@ class CheckpointCommitter:
         if completed:
             for done in [s for s in completed if s <= sequence]:
                 del completed[done]
+            following = sequence + 1
+            while following in completed:
+                token = completed.pop(following)
+                sequence = following
+                following += 1
         self._frontier = sequence
         self._frontier_token = token
         if sequence >= self._save_at:

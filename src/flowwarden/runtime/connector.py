@@ -39,7 +39,7 @@ from flowwarden.runtime.fleet import Fleet
 from flowwarden.runtime.lease import LOCKS_COLLECTION, instance_token
 from flowwarden.runtime.metrics import COLLECTOR, StreamMetrics
 from flowwarden.runtime.observability import Observability
-from flowwarden.runtime.preflight import check_dataframe_needs, check_handlers, check_names
+from flowwarden.runtime.preflight import check_dataframe_needs, check_handlers, check_hash_salts, check_names
 from flowwarden.runtime.status import StreamState, StreamStatus
 from flowwarden.runtime.stream import StreamRunner
 
@@ -126,6 +126,7 @@ class Connector:
                 option="handlers",
             )
         check_handlers(classes)
+        check_hash_salts(classes)
         check_names(instance_id, checkpoint_database)
         check_dataframe_needs(classes, spark_given=spark is not None, spark_master=spark_master)
         if self._given_client is not None:

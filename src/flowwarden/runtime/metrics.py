@@ -43,7 +43,7 @@ from flowwarden.runtime.status import StreamState, StreamStatus
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 BATCH_BUCKETS = (1, 10, 100, 1000, 10_000, 100_000)
 SAVE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
-OUTCOMES = ("ok", "retried", "skipped", "dead_lettered", "failed")
+OUTCOMES = ("ok", "retried", "skipped", "dead_lettered", "failed", "filtered")
 # /healthz fails when the event loop has not turned for this long.
 STALL_SECONDS = 10.0
 # The metrics server's bounds (see MetricsServer): connects waiting to be accepted, seconds a
@@ -162,7 +162,8 @@ class MeasuredStream(Protocol):
 def _families(runners: list[MeasuredStream]) -> Iterator[Metric]:
     events = CounterMetricFamily(
         "flowwarden_events",
-        "Events handled, by operation type and outcome (ok, retried, skipped, dead_lettered, failed).",
+        "Events handled, by operation type and outcome (ok, retried, skipped, dead_lettered, failed, "
+        "filtered: left out by the @event_filter).",
         labels=["stream", "operation", "outcome"],
     )
     durations = HistogramMetricFamily(

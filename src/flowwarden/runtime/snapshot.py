@@ -30,7 +30,11 @@ The rules this module keeps:
 - the stream's ``$match`` stages that read only the document (``fullDocument.*``,
   ``documentKey._id``) filter the copy too, so a partitioned stream's
   bucket, or a filter on a document field, copies what its changes would deliver
-  (:func:`flowwarden.mongo.initial_copy.copy_filter`);
+  (:func:`flowwarden.mongo.initial_copy.copy_filter`); a database or cluster stream copies the
+  collections its ``collections`` and ``exclude_collections`` select, and ``exclude_fields`` are
+  left out of the documents by the server (a projection);
+- rows are screened as events are: hashed fields hashed, and the ``@event_filter`` asked
+  (:meth:`~flowwarden.runtime.dispatch.EventDispatch.deliver_snapshot`);
 - rows are ChangeEvents with ``operation_type == "snapshot"``, the document as
   ``full_document``, its ``_id`` as ``document_key``, the namespace as ``ns`` and ``T``'s cluster
   time as ``cluster_time``; they carry no resume token (``_id``): they are not positions.
@@ -66,6 +70,7 @@ from flowwarden.mongo.initial_copy import (
     plain_id,
     snapshot_row,
 )
+from flowwarden.mongo.sensitive_fields import snapshot_projection
 from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
@@ -265,7 +270,11 @@ class SnapshotCopy:
         matches, in ``_id`` order (at most ``limit``; 0: all)."""
         query = all_of(copy_filter(self.spec.pipeline), ids)
         cursor = self._collection(namespace).find(
-            query, sort=[("_id", 1)], limit=limit, batch_size=limit or self.spec.stream.snapshot_chunk_size
+            query,
+            projection=snapshot_projection(self.spec.stream.exclude_fields),
+            sort=[("_id", 1)],
+            limit=limit,
+            batch_size=limit or self.spec.stream.snapshot_chunk_size,
         )
         documents: list[Any] = await cursor.to_list(None)
         return documents
@@ -304,15 +313,21 @@ class SnapshotCopy:
         return rows
 
     async def _namespaces(self) -> list[str]:
-        """The collections the stream covers, in name order."""
+        """The collections the stream covers (those ``collections`` and ``exclude_collections``
+        select, as for its changes), in name order."""
         options = self.spec.stream
         if options.collection is not None:
             return [f"{options.database}.{options.collection}"]
         databases = [options.database] if options.database is not None else await self._databases()
+        selection = options.selection
         namespaces: list[str] = []
         for database in databases:
             names = await self._client[database].list_collection_names(filter={"type": "collection"})
-            namespaces.extend(f"{database}.{name}" for name in sorted(names) if copied_collection(name))
+            namespaces.extend(
+                f"{database}.{name}"
+                for name in sorted(names)
+                if copied_collection(name) and selection.selects(database, name)
+            )
         return namespaces
 
     async def _databases(self) -> list[str]:

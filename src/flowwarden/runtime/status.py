@@ -47,7 +47,8 @@ class StreamStatus:
     lag_seconds: float | None
     """Seconds from the newer of the two times above to now, while RUNNING; None otherwise."""
     events_processed: int
-    """Events whose handling finished since the stream started."""
+    """Events whose handling finished since the stream started (events the ``@event_filter``
+    left out included: their position moves on the same way)."""
     events_failed: int
     """Events whose handler used up its retries (stopped, skipped or dead-lettered) since the
     stream started."""
@@ -74,6 +75,10 @@ class StreamStatus:
     unanswered write since the last successful one began. Set once that lasted
     ``SAVE_GRACE_SECONDS`` (10 s), None while writes get through; ``/readyz`` answers 503
     meanwhile."""
+    events_filtered: int = 0
+    """Events (and initial-snapshot rows) the ``@event_filter`` left out since the stream
+    started; their positions moved on as handled events' do, and ``events_processed`` counts
+    the events among them."""
     inferred_schema: str | None = None
     """For ``@on_dataframe(schema="infer")``: the full-document schema the stream inferred when it
     started, as a Spark DDL field list; None otherwise, and until the sample was read."""

@@ -220,6 +220,7 @@ class StreamRunner:
             lag_seconds=lag,
             events_processed=self.events_processed,
             events_failed=self.events_failed,
+            events_filtered=self._dispatch.events_filtered,
             restarts=self.restarts,
             last_error=self.last_error,
             reason=self.reason,

@@ -140,7 +140,12 @@ class FlowWardenDataSource(DataSource):
     (canonical, relaxed), ``split_large_events`` (true: events over 16 MB are split by the
     server and read as one row each; false, the default: such an event fails the query),
     ``snapshot`` (never; initial: the existing documents first, then the changes; initial_only:
-    the documents only; see :mod:`~flowwarden.spark.source.snapshot`).
+    the documents only; see :mod:`~flowwarden.spark.source.snapshot`), ``collections`` and
+    ``exclude_collections`` (database and cluster sources: names or ``re:`` patterns matching the
+    whole name, ``db.coll`` for a cluster), ``exclude_fields`` (dotted paths the server removes
+    from events and copied documents), ``hash_fields`` with ``hash_salt_env`` (dotted paths whose
+    values become the hex SHA-256 of the salt and the value, in the events' BSON before they are
+    converted); lists are JSON arrays or names separated by commas.
 
     The start position only matters for a new query: a query restarted from its
     checkpointLocation continues after its last committed offset.
@@ -235,7 +240,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             # is read after the position was taken (see source_snapshot).
             options = self.options
             names = self._retrying(
-                lambda: source_snapshot.namespaces(self._client_for(), options.database, options.collection),
+                lambda: source_snapshot.namespaces(
+                    self._client_for(), options.database, options.collection, options.stream.selection
+                ),
                 None,
             )
             first = names[0] if names else None
@@ -358,6 +365,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             min(max_rows or MAX_BATCH_EVENTS, MAX_BATCH_EVENTS),
             PREFETCH_BYTES,
             copy_filter(self.options.pipeline),
+            self.options.snapshot_projection,
         )
         if chunk is None:
             return Plan(start, source_snapshot.done_offset(start), None, drained=False)
@@ -506,7 +514,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if end.done:
                 events = ()
             else:
-                events = source_snapshot.replay_chunk(self._raw_client_for(), start, end, query)
+                events = source_snapshot.replay_chunk(
+                    self._raw_client_for(), start, end, query, self.options.snapshot_projection
+                )
         else:
             if isinstance(end, ReadFromOffset):
                 resume: dict[str, Any] = {"start_at_operation_time": end.read_from}
@@ -582,7 +592,9 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # query should not spend a quarter of a second importing pyarrow it never uses.
         from flowwarden.spark.convert.arrow import events_to_arrow
 
-        iterator = iter(events)
+        hasher = self.options.hasher
+        # Hashed fields are hashed in the events' BSON, before either converter reads them.
+        iterator = iter(events) if hasher is None else map(hasher, events)
         while chunk := list(itertools.islice(iterator, ARROW_BATCH_ROWS)):
             batch = events_to_arrow(
                 chunk,
@@ -660,6 +672,8 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             kwargs["batch_size"] = batch_size
         stages = options.stream_pipeline
         splits = splits_large_events(stages)
+        if counting and not splits:
+            stages = options.counting_pipeline
         documents = not counting or counting_needs_documents(stages)
         if options.full_document != "default" and documents:
             kwargs["full_document"] = options.full_document
