@@ -248,6 +248,8 @@ def test_snapshot_rows_are_filtered_too(
         wait_until(lambda: len(seen) == 3, what="the copy")
         client[db_name].orders.insert_many([{"_id": 6}, {"_id": 7}])
         wait_until(lambda: len(seen) == 4, what="the change after the copy")
+        # The insert of 7, left out, comes after the one of 6.
+        wait_until(lambda: connector.status()["orders"].events_filtered == 4, what="4 left out")
         status = connector.status()["orders"]
     assert seen == [("snapshot", 0), ("snapshot", 2), ("snapshot", 4), ("insert", 6)]
     assert status.events_filtered == 4 and status.snapshot is not None and status.snapshot.copied == 6

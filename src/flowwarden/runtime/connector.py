@@ -465,12 +465,22 @@ async def _close_client(client: Any) -> None:
 
 
 def _finish_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """What ``asyncio.run`` does after its coroutine: cancel what is left, close generators and
-    the default executor."""
+    """What ``asyncio.run`` does after its coroutine (cancel what is left, close generators and
+    the default executor), each step waiting at most ``_CLOSE_TIMEOUT_SECONDS``: a save the
+    driver holds on to through its cancellation, or a handler hung in a worker thread, is
+    abandoned rather than waited for."""
     pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
     for task in pending:
         task.cancel()
     if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_TIMEOUT_SECONDS))
+        for task in pending:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved, so that asyncio does not warn
     loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.run_until_complete(loop.shutdown_default_executor())
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), _CLOSE_TIMEOUT_SECONDS))
+    except asyncio.TimeoutError:
+        log.warning(
+            "a worker thread (a handler or a blocking store call) was still busy when the connector stopped"
+        )
