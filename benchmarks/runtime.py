@@ -120,7 +120,7 @@ def child_connector(
     baseline = _rss_mb()
     connector = Connector(uri, [NoOp], metrics_port=0 if metrics else None)
     began = time.perf_counter()
-    asyncio.run(connector.run_async())
+    connector.run()
     status = connector.status()[name]
     if not finished:
         raise RuntimeError(f"the connector stopped before the last event: {status.state} {status.last_error}")
