@@ -60,18 +60,44 @@ class RawEvent(RawBSONDocument):
     """A ``RawBSONDocument`` whose ``_id`` and ``operationType`` are read without decoding the rest.
 
     ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event; every other
-    field reads as it does from a ``RawBSONDocument``.
+    field reads as it does from a ``RawBSONDocument``. Each of the two is looked up once and kept
+    (the driver, the read loop and the batch each read them): a token as its ``_data`` string,
+    handed out as a new dict every time, so no reader can change what the next one gets.
     """
 
-    __slots__ = ()
+    __slots__ = ("_operation", "_token_data")
+
+    def __init__(self, bson_bytes: bytes | memoryview, codec_options: Any = None) -> None:
+        super().__init__(bson_bytes, codec_options)
+        self._token_data: str | None = None  # None: not looked up yet
+        self._operation: str | None = None
 
     def __getitem__(self, key: str) -> Any:
-        if key == "_id" or key == "operationType":
-            value = _lookup(self.raw, key)
-            if value is _MISSING:
-                raise KeyError(key)
-            if value is not _UNKNOWN:
-                return value
+        if key == "_id":
+            data = self._token_data
+            if data is None:
+                token = _lookup(self.raw, key)
+                if token is _MISSING:
+                    raise KeyError(key)
+                if token is _UNKNOWN:
+                    return super().__getitem__(key)
+                data = token.get("_data") if isinstance(token, dict) and len(token) == 1 else None
+                if not isinstance(data, str):
+                    return token  # not a resume token: read again each time
+                self._token_data = data
+            return {"_data": data}
+        if key == "operationType":
+            operation = self._operation
+            if operation is None:
+                operation = _lookup(self.raw, key)
+                if operation is _MISSING:
+                    raise KeyError(key)
+                if operation is _UNKNOWN:
+                    return super().__getitem__(key)
+                if not isinstance(operation, str):
+                    return operation
+                self._operation = operation
+            return operation
         return super().__getitem__(key)
 
     def get(self, key: str, default: Any = None) -> Any:

@@ -401,7 +401,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     # Once the stream's postBatchResumeToken (after a batch's last event, or of
                     # an empty first batch) covers every event the availableNow run is to read,
                     # a getMore would only wait max_await_time_ms for nothing.
-                    reached = stream.resume_token
+                    reached = _position(stream)
                     if reached is not None and reached != (last or begin) and covers(reached, target):
                         caught_up = True
                         break
@@ -572,7 +572,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 # After a batch's last event the resume token is the batch's postBatchResumeToken:
                 # once it reaches the end, no event is left in the range, and a getMore would only
                 # wait max_await_time_ms to say so.
-                reached = stream.resume_token
+                reached = _position(stream)
                 if reached is not None and compare_tokens(reached, end) >= 0:
                     return
                 deadline = time.monotonic() + READ_STALL_SECONDS
@@ -690,6 +690,18 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if splits and not position_only:
             return JoinedChangeStream(stream, f"{_OWNER} {options.namespace}", options.namespace)
         return stream
+
+
+def _position(stream: Any) -> Any:
+    """``stream.resume_token``, for a look after every event: PyMongo's ``resume_token`` hands
+    out a deep copy of the token it keeps, which cost a plan of 10,000 events a fifth of its
+    time; its own token (``_resume_token``, read and never changed here) is taken where a stream
+    has one."""
+    token = getattr(stream, "_resume_token", _NO_TOKEN)
+    return stream.resume_token if token is _NO_TOKEN else token
+
+
+_NO_TOKEN = object()
 
 
 def _planned_events(data: bytes) -> Iterator[RawBSONDocument]:
