@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from typing import Any
 
 import pytest
 from test_committer import STREAM, GatedAsyncStore, RecordingStore, committer, tok
 
-from flowwarden.checkpoints import Checkpoint, CheckpointCommitter, InMemoryCheckpointStore
+from flowwarden.checkpoints import Checkpoint, InMemoryCheckpointStore
 from flowwarden.errors import CommitterClosedError, ConfigurationError, FencedError
 
 LOGGER = "flowwarden.checkpoints"
@@ -65,8 +64,21 @@ def test_created_outside_an_event_loop_it_says_why_it_needs_one() -> None:
     )
 
 
-def test_close_gives_up_on_a_silent_store_after_10_seconds_by_default() -> None:
-    assert inspect.signature(CheckpointCommitter.close).parameters["timeout"].default == 10.0
+async def test_close_gives_up_on_a_silent_store_after_10_seconds_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Waiting 10 s to see it would prove nothing more: the wait close() makes says it.
+    timeouts: list[float | None] = []
+    wait = asyncio.wait
+
+    async def recorded(tasks: Any, *, timeout: float | None = None, **options: Any) -> Any:
+        timeouts.append(timeout)
+        return await wait(tasks, timeout=timeout, **options)
+
+    c = committer(RecordingStore())
+    monkeypatch.setattr(asyncio, "wait", recorded)
+    assert await c.close() is True
+    assert 10.0 in timeouts
 
 
 # -- failures --------------------------------------------------------------------------------------
