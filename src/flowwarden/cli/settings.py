@@ -156,7 +156,8 @@ class _UriFromFile(PydanticBaseSettingsSource):
                 f"uri_file in {self._where} must be the name of a file, got {type(path).__name__} {path!r}",
             )
         try:
-            values["uri"] = Path(path).read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
+            # Bytes, not text: one trailing "\n" or "\r\n" is stripped, and nothing else changes.
+            values["uri"] = Path(path).read_bytes().decode("utf-8").removesuffix("\n").removesuffix("\r")
         except (OSError, UnicodeDecodeError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
             raise CommandError(
