@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -174,3 +175,34 @@ async def test_the_holder_trusts_its_lease_for_the_ttl_after_the_last_renewal_on
 
 async def test_no_lease_document_means_no_holder(locks: Any) -> None:
     assert await manager(locks, "token-a").holder() is None
+
+
+async def test_a_manager_that_never_held_the_lease_renews_and_releases_nothing(locks: Any) -> None:
+    a, b = manager(locks, "token-a"), manager(locks, "token-b")
+    await b.try_acquire()
+    assert await a.renew() is False
+    await a.release()
+    assert await b.holder() == Holder("orders-1", "token-b")
+
+
+async def test_lease_times_are_written_in_utc_whatever_the_local_zone(
+    locks: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        a = manager(locks, "token-a")
+        before = datetime.now(timezone.utc)
+        await a.try_acquire()
+        acquired = await locks.find_one({"_id": "orders"})
+        await a.renew()
+        renewed = await locks.find_one({"_id": "orders"})
+        after = datetime.now(timezone.utc)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    slack = timedelta(milliseconds=1)
+    assert before - slack <= acquired["acquiredAt"] <= after
+    for document in (acquired, renewed):
+        expires = document["expiresAt"] - timedelta(seconds=TTL)
+        assert before - slack <= expires <= after
