@@ -198,6 +198,8 @@ async def test_lease_times_are_written_in_utc_whatever_the_local_zone(
         await a.renew()
         renewed = await locks.find_one({"_id": "orders"})
         after = datetime.now(timezone.utc)
+        await a.release()
+        released = await locks.find_one({"_id": "orders"})
     finally:
         monkeypatch.undo()
         time.tzset()
@@ -206,3 +208,13 @@ async def test_lease_times_are_written_in_utc_whatever_the_local_zone(
     for document in (acquired, renewed):
         expires = document["expiresAt"] - timedelta(seconds=TTL)
         assert before - slack <= expires <= after
+    assert released["expiresAt"] == EPOCH_START
+
+
+async def test_each_stream_has_a_lease_of_its_own(locks: Any, clock: Clock) -> None:
+    payments = LeaseManager(locks, "payments", "payments-1", "token-p", TTL)
+    await payments.try_acquire()
+    orders = manager(locks, "token-a")
+    assert await orders.holder() is None
+    assert await orders.try_acquire() == Lease("orders", "orders-1", "token-a", 1)
+    assert await payments.holder() == Holder("payments-1", "token-p")
