@@ -479,3 +479,251 @@ def test_a_batch_method_gets_the_event_as_a_batch_of_one_in_a_worker_thread(
     dlq.insert_one(entry(1))
     assert main(replay(mongodb_uri, db_name, "Batches")) == ExitCode.CLEAN_STOP
     assert handlers.SEEN == [("batch", ["ChangeEvent"], [1], False)]
+
+
+# -- ties, edges and the command line --------------------------------------------------------------
+
+
+def test_entries_that_failed_at_the_same_time_are_listed_shown_and_replayed_in_id_order(
+    capsys: pytest.CaptureFixture[str], dlq: Any, handlers: Any, mongodb_uri: str, db_name: str
+) -> None:
+    first, second = entry(1), entry(2)  # the same failedAt; second's id is the higher
+    dlq.insert_many([second, first])  # stored in the other order
+    assert [e["documentKey"] for e in listed(capsys, mongodb_uri, db_name)] == [1, 2]
+    assert main(dlq_command(mongodb_uri, db_name, "show", str(second["_id"]), str(first["_id"]))) == 0
+    shown = capsys.readouterr().out
+    assert shown.index(str(first["_id"])) < shown.index(str(second["_id"]))
+    assert main(replay(mongodb_uri, db_name, "Orders")) == ExitCode.CLEAN_STOP
+    assert [key for _, key, *_ in handlers.SEEN] == [1, 2]
+
+
+def test_the_table_shows_an_error_type_without_a_module_and_one_with_none(
+    capsys: pytest.CaptureFixture[str], dlq: Any, mongodb_uri: str, db_name: str
+) -> None:
+    dlq.insert_many(
+        [entry(1, errorType="Refused", message="no"), entry(2, minutes=1, errorType=None, message="no")]
+    )
+    assert main(dlq_command(mongodb_uri, db_name, "list")) == ExitCode.CLEAN_STOP
+    cells = [line.split("│")[6].strip() for line in capsys.readouterr().out.splitlines() if "│" in line]
+    assert cells == ["Refused: no", ": no"]
+
+
+@pytest.mark.parametrize(("length", "shown"), [(60, 60), (61, 60)])
+def test_an_error_of_more_than_60_characters_is_cut_to_60(
+    capsys: pytest.CaptureFixture[str], dlq: Any, mongodb_uri: str, db_name: str, length: int, shown: int
+) -> None:
+    message = "m" * (length - len("Refused: "))
+    dlq.insert_one(entry(1, errorType="Refused", message=message))
+    assert main(dlq_command(mongodb_uri, db_name, "list")) == ExitCode.CLEAN_STOP
+    (cell,) = [line.split("│")[6].strip() for line in capsys.readouterr().out.splitlines() if "│" in line]
+    whole = "Refused: " + message
+    assert cell == (whole if length <= 60 else whole[:57] + "...") and len(cell) == shown
+
+
+def test_list_shows_50_entries_unless_told(
+    capsys: pytest.CaptureFixture[str], dlq: Any, mongodb_uri: str, db_name: str
+) -> None:
+    dlq.insert_many([entry(key, minutes=key) for key in range(51)])
+    assert len(listed(capsys, mongodb_uri, db_name)) == 50
+
+
+def test_the_failed_count_counts_every_kind_of_failure(
+    capsys: pytest.CaptureFixture[str], dlq: Any, handlers: Any, mongodb_uri: str, db_name: str
+) -> None:
+    dlq.insert_many(
+        [
+            entry(1, minutes=1, document={"fail": "always"}),
+            {**entry(2, minutes=2), "event": None},
+            {**entry(3, minutes=3), "event": None},
+        ]
+    )
+    assert main(replay(mongodb_uri, db_name, "Orders")) == ExitCode.FAILED
+    assert capsys.readouterr().out.splitlines()[-1] == "replayed 0, failed 3"
+
+
+def test_an_event_whose_token_has_no_data_replays_without_a_batch_id(
+    capsys: pytest.CaptureFixture[str], dlq: Any, handlers: Any, mongodb_uri: str, db_name: str
+) -> None:
+    odd = entry(1)
+    odd["event"]["_id"] = {"not": "a token"}
+    plain = entry(2, minutes=1)
+    plain["event"]["_id"] = "82AB"
+    dlq.insert_many([odd, plain])
+    assert main(replay(mongodb_uri, db_name, "Orders")) == ExitCode.CLEAN_STOP
+    assert [(key, batch_id) for _, key, _, batch_id, *_ in handlers.SEEN] == [(1, None), (2, None)]
+
+
+def test_replay_of_one_bucket_of_a_partitioned_class(
+    capsys: pytest.CaptureFixture[str], dlq: Any, handlers: Any, mongodb_uri: str, db_name: str
+) -> None:
+    dlq.insert_many([entry(1, stream="orders[0/2]"), entry(2, stream="orders[1/2]", minutes=1)])
+    assert main(replay(mongodb_uri, db_name, "Buckets", "--stream", "orders[1/2]")) == ExitCode.CLEAN_STOP
+    assert handlers.SEEN == [("bucket", 2, "orders[1/2]")]
+
+
+def test_a_failed_replay_writes_its_time_in_utc_whatever_the_local_zone(
+    capsys: pytest.CaptureFixture[str],
+    dlq: Any,
+    handlers: Any,
+    mongodb_uri: str,
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        dlq.insert_one({**entry(1), "event": None})
+        before = datetime.now(timezone.utc)
+        assert main(replay(mongodb_uri, db_name, "Orders")) == ExitCode.FAILED
+        after = datetime.now(timezone.utc)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    attempted_at = dlq.find_one({})["lastReplayAttemptAt"].replace(tzinfo=timezone.utc)
+    assert before - timedelta(milliseconds=1) <= attempted_at <= after
+
+
+class Converter:
+    """flowwarden.spark's events_to_dataframe and session, without Spark: what replay asks of
+    them; an event whose document's qty is not a number comes back as malformed."""
+
+    def __init__(self, unfit: Any) -> None:
+        self.unfit = unfit
+        self.calls: list[tuple[Any, list[Any], Any, Any]] = []
+
+    def session(self) -> str:
+        return "session"
+
+    def events_to_dataframe(
+        self, spark: Any, events: list[Any], *, schema: Any, mode: Any
+    ) -> tuple[Any, Any]:
+        self.calls.append((spark, events, schema, mode))
+        fits = all(isinstance(e["fullDocument"].get("qty", 0), int) for e in events)
+        return f"a frame of {len(events)}", [] if fits else [self.unfit]
+
+
+FRAMES = """
+    from pydantic import BaseModel
+
+    from flowwarden import change_stream, on_dataframe
+
+    SEEN = []
+
+
+    class Item(BaseModel):
+        qty: int
+
+
+    def frames(mode):
+        @change_stream("orders", "shop", name="orders")
+        class Frames:
+            @on_dataframe(schema=Item, mode=mode)
+            def write(self, df):
+                SEEN.append(df)
+
+        return Frames
+
+
+    Dropping = frames("DROPMALFORMED")
+    Keeping = frames("PERMISSIVE")
+"""
+
+
+@pytest.fixture
+def frame_handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    (tmp_path / "dlq_fake_frames.py").write_text(textwrap.dedent(FRAMES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import dlq_fake_frames  # type: ignore[import-not-found]
+
+    yield dlq_fake_frames
+    sys.modules.pop("dlq_fake_frames", None)
+
+
+@pytest.mark.parametrize(("handler", "refused"), [("Dropping", True), ("Keeping", False)])
+def test_a_dataframe_class_gets_the_event_converted_with_its_schema_and_mode(
+    capsys: pytest.CaptureFixture[str],
+    dlq: Any,
+    frame_handlers: Any,
+    mongodb_uri: str,
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    handler: str,
+    refused: bool,
+) -> None:
+    import flowwarden.spark
+    from flowwarden.config import SchemaMode
+    from flowwarden.spark.convert.misfits import MalformedRow
+
+    unfit = MalformedRow(
+        index=0, token={"_data": "82"}, field="full_document.qty", error="expected int, got str"
+    )
+    converter = Converter(unfit)
+    monkeypatch.setattr(flowwarden.spark, "events_to_dataframe", converter.events_to_dataframe)
+    monkeypatch.setattr(flowwarden.spark, "get_or_create_session", converter.session)
+    stored = entry(1, document={"qty": "lots"})
+    dlq.insert_many([stored, entry(2, minutes=1)])
+    code = main(dlq_command(mongodb_uri, db_name, "replay", "--handler", f"dlq_fake_frames:{handler}"))
+    assert code == (ExitCode.FAILED if refused else ExitCode.CLEAN_STOP)
+    mode = SchemaMode.DROPMALFORMED if refused else SchemaMode.PERMISSIVE
+    asked = [
+        (spark, [e["documentKey"]["_id"] for e in events], schema, m)
+        for spark, events, schema, m in converter.calls
+    ]
+    assert asked == [
+        ("session", [1], frame_handlers.Item, mode),
+        ("session", [2], frame_handlers.Item, mode),
+    ]
+    if refused:
+        assert frame_handlers.SEEN == ["a frame of 1"]
+        assert capsys.readouterr().out.splitlines()[1:] == [
+            f"  {stored['_id']}: failed: field 'full_document.qty' does not fit the schema: expected "
+            "int, got str; under mode=DROPMALFORMED the method would get no row for it. Fix the "
+            "schema (or the document) and replay again",
+            f"  {dlq.find_one({'event.documentKey._id': 2})['_id']}: replayed",
+            "replayed 1, failed 1",
+        ]
+    else:
+        assert frame_handlers.SEEN == ["a frame of 1", "a frame of 1"]
+
+
+def test_an_entry_that_cannot_be_converted_is_marked_failed_and_the_rest_go_on(
+    capsys: pytest.CaptureFixture[str],
+    dlq: Any,
+    frame_handlers: Any,
+    mongodb_uri: str,
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import flowwarden.spark
+
+    def no_session() -> Any:
+        raise RuntimeError("no Spark session can start here")
+
+    monkeypatch.setattr(flowwarden.spark, "get_or_create_session", no_session)
+    first, second = entry(1), entry(2, minutes=1)
+    dlq.insert_many([first, second])
+    code = main(dlq_command(mongodb_uri, db_name, "replay", "--handler", "dlq_fake_frames:Keeping"))
+    assert code == ExitCode.FAILED
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        f"  {first['_id']}: failed: no Spark session can start here",
+        f"  {second['_id']}: failed: no Spark session can start here",
+        "replayed 0, failed 2",
+    ]
+    assert dlq.find_one({"_id": second["_id"]})["lastReplayError"] == "no Spark session can start here"
+
+
+def test_the_command_line_refuses_an_unknown_action_and_a_missing_database(
+    capsys: pytest.CaptureFixture[str], mongodb_uri: str
+) -> None:
+    assert main(["dlq", "frobnicate", "--uri", mongodb_uri, "--database", "shop"]) == ExitCode.USAGE
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+    assert main(["dlq", "list", "--uri", mongodb_uri]) == ExitCode.USAGE
+    assert "the following arguments are required: --database" in capsys.readouterr().err
+
+
+def test_the_dlq_command_is_listed_in_the_help_with_what_it_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--help"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("dlq ")]
+    assert line.split(None, 1)[1] == "list, show, replay or purge dead-lettered events"
