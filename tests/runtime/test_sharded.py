@@ -37,6 +37,7 @@ from flowwarden import OnHistoryLost, StartPosition, StreamError, StreamState
 from flowwarden.checkpoints import InMemoryCheckpointStore
 from flowwarden.cli import ExitCode, main
 from flowwarden.events import token_cluster_time
+from flowwarden.mongo import positions
 from flowwarden.mongo.positions import oplog_edge, oplog_edge_async, oplog_window_async, shard_client_for
 from flowwarden.testing import EmbeddedReplicaSet
 from helpers import checkpoint_doc, running, wait_until
@@ -146,8 +147,10 @@ def test_earliest_without_read_on_the_shard_fails_naming_the_shard_and_the_privi
 
 @pytest.mark.embedded_only
 def test_without_read_on_config_shards_the_edge_is_unknown_and_the_warning_says_why(
-    mongos: pymongo.MongoClient, caplog: pytest.LogCaptureFixture
+    mongos: pymongo.MongoClient, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The warning comes once per process and reason: forget any earlier test's.
+    monkeypatch.setattr(positions, "_REPORTED", set())
     caplog.set_level(logging.WARNING, logger="flowwarden.mongo.positions")
     mongos.admin.command(
         "configureFailPoint",

@@ -121,7 +121,6 @@ class CheckpointCommitter:
         self.instance_id = instance_id
         self.instance_token = instance_token
         self.max_consecutive_failures = max_consecutive_failures
-        self._store = store
         self._on_save_error = on_save_error
         self._on_saved = on_saved
         self._calls = AwaitableStore(store)
@@ -427,20 +426,15 @@ class CheckpointCommitter:
         """The one long-lived save task: the heartbeat (close wakes it to end it)."""
         interval = self.save_interval_seconds or None
         while True:
-            ticked = False
-            if interval is None:
-                await self._wake.wait()
-            else:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), interval)
-                except asyncio.TimeoutError:
-                    ticked = True
-            self._wake.clear()
+            # Only close() and a failure set _wake: it ends the task. Without an interval the task
+            # has nothing else to do.
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval)
+            except asyncio.TimeoutError:
+                pass  # the heartbeat
             if self._stopping or self._failure is not None:
                 return
-            if not ticked and self._frontier < self._save_at:
-                continue  # a trigger already covered by the save that just finished
-            if ticked and self._frontier == self._saved_sequence:
+            if self._frontier == self._saved_sequence:
                 self.log.debug(
                     "stream %r: heartbeat; no event finished since the last save (%d events processed)",
                     self.stream_id,
@@ -479,7 +473,7 @@ class CheckpointCommitter:
             save.result()
             return
         if self._closed and self._refusal is not None:
-            raise self._refusal.with_traceback(None) from None
+            raise self._refusal.with_traceback(None) from self._refusal.__cause__
         if self._interrupted:
             if interrupted_returns:
                 return
@@ -499,7 +493,8 @@ class CheckpointCommitter:
             except Exception:
                 if self._failure is None:
                     return  # counted and reported; the next commit retries
-                raise self._failure.with_traceback(None) from None
+                # Its own cause kept: the save error that made the committer fail.
+                raise self._failure.with_traceback(None) from self._failure.__cause__
 
     async def _save_pending_raising(self) -> None:
         if self._failure is not None:
@@ -539,8 +534,6 @@ class CheckpointCommitter:
             self._saved_token = token
             if self.save_every_n:
                 self._save_at = frontier + self.save_every_n
-            elif self._every_commit:
-                self._save_at = frontier + 1
             self._record_success()
             if result is SaveResult.IGNORED:
                 self.log.debug(

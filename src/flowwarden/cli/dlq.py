@@ -289,7 +289,12 @@ async def _replay_all(
         batch_id = f"dlq-{token['_data']}" if isinstance(token, dict) and "_data" in token else None
         ctx = invoker.context(batch_id)
         try:
-            await invoker(_payload(spec, method, event), ctx)
+            payload = _payload(spec, method, event)
+        except Exception as error:  # a document that does not fit the schema: the batch's failure
+            failed += _mark_failed(collection, entry, str(error))
+            continue
+        try:
+            await invoker(payload, ctx)
         except Exhausted as exhausted:
             failed += _mark_failed(collection, entry, str(exhausted))
             continue
@@ -307,18 +312,30 @@ async def _replay_all(
 
 
 def _payload(spec: Any, method: Any, event: dict[str, Any]) -> Any:
-    """What the method takes: the event, a list of it (``@on_batch``) or a DataFrame of it."""
+    """What the method takes: the event, a list of it (``@on_batch``) or a DataFrame of it.
+
+    Raises when the event's document does not fit the ``@on_dataframe`` schema under FAILFAST or
+    DROPMALFORMED: the method would not see the event, so the entry must not be marked replayed.
+    """
     from flowwarden.events import ChangeEvent
 
     if method.kind == "event":
         return ChangeEvent(event)
     if method.kind == "batch":
         return [ChangeEvent(event)]
+    from flowwarden.config import SchemaMode
     from flowwarden.spark import events_to_dataframe, get_or_create_session
 
-    frame, _ = events_to_dataframe(
-        get_or_create_session(), [event], schema=spec.dataframe.schema, mode=spec.dataframe.mode
+    mode = spec.dataframe.mode
+    frame, malformed = events_to_dataframe(
+        get_or_create_session(), [event], schema=spec.dataframe.schema, mode=mode
     )
+    if malformed and mode is SchemaMode.DROPMALFORMED:
+        unfit = malformed[0]
+        raise ValueError(
+            f"field {unfit.field!r} does not fit the schema: {unfit.error}; under mode=DROPMALFORMED "
+            "the method would get no row for it. Fix the schema (or the document) and replay again"
+        )
     return frame
 
 

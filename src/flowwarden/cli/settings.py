@@ -260,7 +260,14 @@ class _UriFromFile(PydanticBaseSettingsSource):
             raise CommandError(
                 ExitCode.USAGE, f"{self._where} sets both the URI and a URI file; keep one of them"
             )
+        if not isinstance(path, (str, os.PathLike)):
+            # A TOML file can give any value; the environment only strings.
+            raise CommandError(
+                ExitCode.USAGE,
+                f"uri_file in {self._where} must be the name of a file, got {type(path).__name__} {path!r}",
+            )
         try:
+            # Bytes, not text: one trailing "\n" or "\r\n" is stripped, and nothing else changes.
             data = read_bounded(Path(path), MAX_URI_FILE_BYTES)
             values["uri"] = data.decode("utf-8").removesuffix("\n").removesuffix("\r")
         except (OSError, UnicodeDecodeError, ValueError) as error:
