@@ -168,7 +168,7 @@ async def test_after_interrupt_flush_and_save_batch_end_refuse_to_pretend_they_s
     for call in (c.flush, lambda: c.save_batch_end(tok(1))):
         with pytest.raises(CommitterClosedError) as raised:
             await call()
-        assert raised.value.stream_id == STREAM
+        assert raised.value.stream == STREAM
         assert str(raised.value) == (
             "stream 'orders': the checkpoint save was abandoned because the stream is stopping"
         )

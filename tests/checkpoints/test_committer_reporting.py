@@ -12,11 +12,14 @@ from test_committer import STREAM, GatedAsyncStore, RecordingStore, committer, t
 from flowwarden.checkpoints import Checkpoint, InMemoryCheckpointStore
 from flowwarden.errors import CommitterClosedError, ConfigurationError, FencedError
 
-LOGGER = "flowwarden.checkpoints"
+LOGGER = "flowwarden.checkpoints.committer"
 
 
 def logged(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == level]
+    records = [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
+    # Each record carries the stream's name as a field (the JSON log format's "stream").
+    assert [getattr(r, "stream", None) for r in records] == [STREAM] * len(records)
+    return [r.getMessage() for r in records]
 
 
 # -- construction --------------------------------------------------------------------------------
@@ -112,7 +115,7 @@ async def test_the_failure_that_stops_the_committer_names_the_stream_and_keeps_i
         await c.commit(1, tok(1))
     error = raised.value
     assert error is c.failure is c.failed.result()
-    assert (error.stream_id, error.__cause__) == (STREAM, failure)  # type: ignore[attr-defined]
+    assert (error.stream, error.__cause__) == (STREAM, failure)  # type: ignore[attr-defined]
     assert logged(caplog, logging.ERROR) == [
         "stream 'orders': checkpoint committer failed: stream 'orders': 1 consecutive checkpoint saves "
         "failed (last: OSError: connection reset). The stream stops so it does not run without a "
@@ -186,7 +189,7 @@ async def test_a_commit_after_close_is_refused_naming_the_stream() -> None:
     await c.close()
     with pytest.raises(CommitterClosedError) as raised:
         await c.commit(1, tok(1))
-    assert raised.value.stream_id == STREAM
+    assert raised.value.stream == STREAM
     assert str(raised.value) == "stream 'orders': commit after the checkpoint committer was closed"
 
 

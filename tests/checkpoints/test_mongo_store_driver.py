@@ -127,7 +127,7 @@ def test_a_driver_failure_is_a_checkpoint_error_naming_the_stream_and_the_operat
         stores(collection)[store](operation, *args)
     error = raised.value
     assert type(error) is CheckpointError
-    assert (error.stream_id, error.__cause__) == (STREAM, DOWN)
+    assert (error.stream, error.__cause__) == (STREAM, DOWN)
     assert str(error) == (
         f"stream 'orders': checkpoint {action} failed: AutoReconnect: connection refused. {HINT}"
     )
@@ -137,7 +137,7 @@ def test_a_driver_failure_is_a_checkpoint_error_naming_the_stream_and_the_operat
 def test_a_failed_list_names_no_stream(store: int) -> None:
     with pytest.raises(CheckpointError) as raised:
         stores(Collection(find=failing(DOWN)))[store]("list")
-    assert (raised.value.stream_id, raised.value.__cause__) == (None, DOWN)
+    assert (raised.value.stream, raised.value.__cause__) == (None, DOWN)
     assert str(raised.value) == f"checkpoint list failed: AutoReconnect: connection refused. {HINT}"
 
 
@@ -146,14 +146,14 @@ def test_a_document_the_driver_cannot_decode_is_unreadable_and_named(store: int)
     broken = InvalidBSON("year 0 is out of range")
     with pytest.raises(UnreadableCheckpointError) as raised:
         stores(Collection(find_one=failing(broken)))[store]("load", STREAM)
-    assert (raised.value.stream_id, raised.value.__cause__) == (STREAM, broken)
+    assert (raised.value.stream, raised.value.__cause__) == (STREAM, broken)
     assert str(raised.value) == (
         "the checkpoint of stream 'orders' cannot be decoded: year 0 is out of range. Fix or delete it "
         "(`flowwarden checkpoints delete`); flowwarden will not guess a position."
     )
     with pytest.raises(UnreadableCheckpointError) as listed:
         stores(Collection(find=failing(broken)))[store]("list")
-    assert (listed.value.stream_id, listed.value.__cause__) == (None, broken)
+    assert (listed.value.stream, listed.value.__cause__) == (None, broken)
     assert str(listed.value) == (
         "a checkpoint document cannot be decoded: year 0 is out of range. Fix or delete it "
         "(`flowwarden checkpoints delete`); flowwarden will not guess a position."
@@ -167,7 +167,7 @@ def test_a_write_that_keeps_colliding_with_other_writers_gives_up_after_5_attemp
     collection = Collection(update_one=failing(DuplicateKeyError("E11000")), find_one=lambda query: older)
     with pytest.raises(CheckpointError) as raised:
         stores(collection)[store]("save", Checkpoint(stream_id=STREAM, last_processed_token=sample_token(5)))
-    assert raised.value.stream_id == STREAM
+    assert raised.value.stream == STREAM
     assert str(raised.value) == (
         "stream 'orders': the checkpoint document kept changing under a conditional write (5 attempts); "
         "another process is rewinding or deleting it. Stop the other writer and try again."
@@ -190,7 +190,7 @@ def test_a_fenced_snapshot_save_names_the_stream() -> None:
     progress = SnapshotProgress(token=sample_token(1), namespaces=("shop.orders",), namespace="shop.orders")
     with pytest.raises(FencedError) as raised:
         MongoCheckpointStore(Database(collection)).save_snapshot(STREAM, progress, 4)  # type: ignore[arg-type]
-    assert raised.value.stream_id == STREAM
+    assert raised.value.stream == STREAM
 
 
 @pytest.mark.parametrize("kind", [MongoCheckpointStore, AsyncMongoCheckpointStore])

@@ -74,7 +74,7 @@ def test_a_save_keeps_the_time_it_was_given_and_the_seen_slot_as_stored() -> Non
 def test_a_fenced_write_names_the_stream_and_both_epochs(write: Callable[[Checkpoint], object]) -> None:
     with pytest.raises(FencedError) as raised:
         write(_stored(last_processed_token=T1))
-    assert (raised.value.stream_id, raised.value.epoch, raised.value.stored_epoch) == (STREAM, 1, 2)
+    assert (raised.value.stream, raised.value.epoch, raised.value.stored_epoch) == (STREAM, 1, 2)
     assert "'orders'" in str(raised.value)
 
 

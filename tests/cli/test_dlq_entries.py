@@ -99,6 +99,14 @@ def dlq(client: pymongo.MongoClient[Any], db_name: str) -> Any:
 
 
 @pytest.fixture
+def empty_dlq(dlq: Any) -> Any:
+    """The dead-letter collection with no entry, in a database that exists: the commands refuse a
+    database the deployment does not have."""
+    dlq.database.create_collection(dlq.name)
+    return dlq
+
+
+@pytest.fixture
 def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     (tmp_path / "dlq_entry_handlers.py").write_text(textwrap.dedent(HANDLERS))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -173,7 +181,7 @@ def test_the_since_filter_takes_a_utc_time_with_z_in_either_case(
 
 @pytest.mark.parametrize("since", ["yesterday", "2026-11-20T08:05:00"], ids=["not a time", "no time zone"])
 def test_a_since_that_is_not_a_time_with_a_zone_is_refused(
-    capsys: pytest.CaptureFixture[str], mongodb_uri: str, db_name: str, since: str
+    capsys: pytest.CaptureFixture[str], empty_dlq: Any, mongodb_uri: str, db_name: str, since: str
 ) -> None:
     assert main(dlq_command(mongodb_uri, db_name, "list", "--since", since)) == ExitCode.USAGE
     assert one_error_line(capsys.readouterr().err) == (
@@ -278,7 +286,7 @@ def test_show_prints_each_entry_whole_in_id_order_as_relaxed_json(
 
 
 def test_show_names_every_id_it_did_not_find(
-    capsys: pytest.CaptureFixture[str], dlq: Any, mongodb_uri: str, db_name: str
+    capsys: pytest.CaptureFixture[str], empty_dlq: Any, mongodb_uri: str, db_name: str
 ) -> None:
     missing = ["0" * 24, "f" * 24]
     assert main(dlq_command(mongodb_uri, db_name, "show", *missing)) == ExitCode.USAGE
@@ -398,7 +406,7 @@ def test_replay_retries_under_the_classs_policy_and_logs_each_retry(
     assert main(replay(mongodb_uri, db_name, "Orders")) == ExitCode.CLEAN_STOP
     assert [attempt for *_, attempt, _ in handlers.SEEN] == [1, 2]
     (retry,) = [r for r in caplog.records if "retrying" in r.getMessage()]
-    assert retry.name == "flowwarden.cli.dlq"
+    assert retry.name == "flowwarden.runtime.invoke"
     message = retry.getMessage()
     assert message.startswith("stream orders: Orders.created failed (attempt 1 of 2), retrying in ")
 
@@ -444,9 +452,14 @@ def test_one_entry_failing_again_is_said_in_the_singular(
 
 
 def test_replay_with_nothing_to_replay_says_so(
-    capsys: pytest.CaptureFixture[str], handlers: Any, mongodb_uri: str, db_name: str
+    capsys: pytest.CaptureFixture[str], empty_dlq: Any, handlers: Any, mongodb_uri: str, db_name: str
 ) -> None:
     assert main(replay(mongodb_uri, db_name, "Orders")) == ExitCode.CLEAN_STOP
+    assert capsys.readouterr().out == (
+        f"no entries of stream 'orders' in {db_name}._fw_dlq that were not replayed before (--again takes "
+        "those too) match\n"
+    )
+    assert main(replay(mongodb_uri, db_name, "Orders", "--again")) == ExitCode.CLEAN_STOP
     assert capsys.readouterr().out == f"no entries of stream 'orders' in {db_name}._fw_dlq match\n"
 
 
