@@ -181,8 +181,9 @@ def test_the_since_filter_takes_a_utc_time_with_z_in_either_case(
 
 @pytest.mark.parametrize("since", ["yesterday", "2026-11-20T08:05:00"], ids=["not a time", "no time zone"])
 def test_a_since_that_is_not_a_time_with_a_zone_is_refused(
-    capsys: pytest.CaptureFixture[str], empty_dlq: Any, mongodb_uri: str, db_name: str, since: str
+    capsys: pytest.CaptureFixture[str], mongodb_uri: str, db_name: str, since: str
 ) -> None:
+    # Refused before the command connects: the database does not exist, and that is not what it says.
     assert main(dlq_command(mongodb_uri, db_name, "list", "--since", since)) == ExitCode.USAGE
     assert one_error_line(capsys.readouterr().err) == (
         f"flowwarden: --since {since!r} is not an ISO-8601 date-time with a time zone; give one such as "

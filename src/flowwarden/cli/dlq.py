@@ -39,14 +39,15 @@ def dlq(args: argparse.Namespace, settings: Settings) -> ExitCode:
         handler = load_handler(args.handler)
     if args.action == "show" and not args.ids:
         raise CommandError(ExitCode.USAGE, "dlq show needs the entry's id: flowwarden dlq show ID ...")
+    query = _filter(args)  # ids and times are checked before anything connects
     with settings.client() as client:
         collection = existing_database(client, args.database)[args.collection]
         if args.action == "list":
-            return _list(collection, _filter(args), args.limit, args.json)
+            return _list(collection, query, args.limit, args.json)
         if args.action == "show":
-            return _show(collection, _filter(args))
+            return _show(collection, query)
         if args.action == "purge":
-            return _purge(collection, _filter(args), args.yes)
+            return _purge(collection, query, args.yes)
         assert handler is not None
         return _replay(collection, handler, args)
 
