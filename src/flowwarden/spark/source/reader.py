@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from struct import Struct
 from typing import Any, TypeVar
 
 import pymongo
@@ -705,13 +706,20 @@ _NO_TOKEN = object()
 
 
 def _planned_events(data: bytes) -> Iterator[RawBSONDocument]:
-    """The events planning read for a micro-batch: BSON documents back to back."""
+    """The events planning read for a micro-batch: BSON documents back to back.
+
+    Each event is a view of ``data``, not a copy of its bytes (a ``RawBSONDocument`` takes any
+    buffer, as PyMongo's own hand out views of the batch they came in): the converter reads the
+    bytes in place."""
     view = memoryview(data)
-    offset = 0
-    while offset < len(data):
-        length = int.from_bytes(view[offset : offset + 4], "little")
-        yield RawEvent(view[offset : offset + length].tobytes())
+    offset, end, size = 0, len(data), _INT32.unpack_from
+    while offset < end:
+        length = size(data, offset)[0]
+        yield RawEvent(view[offset : offset + length])
         offset += length
+
+
+_INT32 = Struct("<i")
 
 
 def _spark_arrow_schema(schema: StructType) -> Any:
