@@ -33,6 +33,10 @@ _FIXED.update({0x7F: 0, 0xFF: 0})
 
 _INFLATED = vars(RawBSONDocument).get("_RawBSONDocument__inflated_doc")
 
+# Sub-documents looked up are decoded leniently: a document key whose text is not UTF-8 still
+# compares equal to the same _id read from the collection with surrogateescape.
+_LENIENT: CodecOptions[dict[str, Any]] = CodecOptions(unicode_decode_error_handler="surrogateescape")
+
 _MISSING = object()
 _UNKNOWN = object()
 
@@ -57,16 +61,17 @@ def value_size(kind: int, data: bytes, start: int) -> int | None:
 
 
 class RawEvent(RawBSONDocument):
-    """A ``RawBSONDocument`` whose ``_id`` and ``operationType`` are read without decoding the rest.
+    """A ``RawBSONDocument`` whose ``_id``, ``operationType`` and ``documentKey`` are read
+    without decoding the rest.
 
-    ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event; every other
-    field reads as it does from a ``RawBSONDocument``.
+    ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event, and so is
+    ``event["documentKey"]``; every other field reads as it does from a ``RawBSONDocument``.
     """
 
     __slots__ = ()
 
     def __getitem__(self, key: str) -> Any:
-        if key == "_id" or key == "operationType":
+        if key == "_id" or key == "operationType" or key == "documentKey":
             value = _lookup(self.raw, key)
             if value is _MISSING:
                 raise KeyError(key)
@@ -99,7 +104,7 @@ def _lookup(raw: bytes | memoryview, key: str) -> Any:
         if data[pos + 1 : name_end] == wanted:
             if kind == _DOCUMENT:
                 length = _INT32.unpack_from(data, value)[0]
-                return bson.decode(data[value : value + length])
+                return bson.decode(data[value : value + length], codec_options=_LENIENT)
             if kind == _STRING:
                 length = _INT32.unpack_from(data, value)[0]
                 return data[value + 4 : value + 3 + length].decode()

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
-from flowwarden.checkpoints.model import SnapshotProgress
+from flowwarden.checkpoints.model import IncrementalProgress, SnapshotProgress
 
 
 class StreamState(str, enum.Enum):
@@ -74,6 +74,9 @@ class StreamStatus:
     unanswered write since the last successful one began. Set once that lasted
     ``SAVE_GRACE_SECONDS`` (10 s), None while writes get through; ``/readyz`` answers 503
     meanwhile."""
+    incremental_snapshot: IncrementalProgress | None = None
+    """The newest incremental snapshot's progress (``state``, ``copied``, ``dropped``, ``total``
+    estimate), once the stream took a request (``flowwarden snapshot request``) or loaded one."""
     inferred_schema: str | None = None
     """For ``@on_dataframe(schema="infer")``: the full-document schema the stream inferred when it
     started, as a Spark DDL field list; None otherwise, and until the sample was read."""

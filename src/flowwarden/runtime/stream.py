@@ -50,6 +50,7 @@ from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
+from flowwarden.runtime.incremental import IncrementalSnapshot
 from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.runtime.outcomes import (
@@ -96,6 +97,7 @@ class StreamRunner:
         dead_letters: DeadLetterWriter | None,
         spark_provider: Callable[[], Any] | None = None,
         metrics: StreamMetrics | None = None,
+        signals_collection: Any = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -142,6 +144,15 @@ class StreamRunner:
             dispatch=self._dispatch,
             giving_up=self._giving_up,
             stopping=self._stopping,
+        )
+        self._incremental = IncrementalSnapshot(
+            spec,
+            client=client,
+            store=store,
+            opener=self._opener,
+            dispatch=self._dispatch,
+            giving_up=self._giving_up,
+            signals=signals_collection,
         )
 
         # Status, read from other threads through status(): plain attributes, replaced whole.
@@ -219,6 +230,7 @@ class StreamRunner:
             reason=self.reason,
             events_waiting=self._dispatch.waiting() + (len(reader.items) if (reader := self._reader) else 0),
             snapshot=self._snapshot.progress,
+            incremental_snapshot=self._incremental.progress,
             inferred_schema=batch.inferred_schema if (batch := self._dispatch.batch) is not None else None,
             save_failures_in_row=saving.failures,
             last_save_error=saving.error,
@@ -563,6 +575,14 @@ class StreamRunner:
             read_error=self._opener.read_error,
         )
         self._reader = reader
+        incremental = self._incremental
+        incremental.reset()
+        watching = None
+        if incremental.enabled:
+            # Requests are looked for while the stream reads: only the read loop can take them.
+            watching = asyncio.create_task(
+                incremental.watch_requests(), name=f"flowwarden-signals[{self.name}]"
+            )
         try:
             return await self._dispatch.read(
                 reader,
@@ -573,6 +593,9 @@ class StreamRunner:
             )
         finally:
             self._reader = None
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
             await reader.close()
 
     def _set_halt(self) -> None:
