@@ -25,6 +25,7 @@ from flowwarden import (
     checkpoint,
     on_batch,
     on_change,
+    on_dataframe,
 )
 from flowwarden.checkpoints import IncrementalState
 from flowwarden.errors import ConfigurationError
@@ -207,6 +208,37 @@ def test_on_batch_gets_each_chunk_as_a_batch_of_its_own_after_the_changes_before
     keys = [key for _, rows in copies for operation, key in rows if operation == "snapshot"]
     assert keys == [i for i in range(45) if i not in (3, 4)]
     assert all(len(rows) <= 20 for _, rows in copies)
+
+
+@pytest.mark.spark
+def test_on_dataframe_gets_each_chunk_as_a_dataframe_of_snapshot_rows(
+    mongodb_uri: str,
+    client: pymongo.MongoClient[Any],
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: Any,
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i, "qty": i} for i in range(25)])
+    written = _change_between_the_watermarks(monkeypatch, orders)
+    frames: list[tuple[str | None, list[tuple[str, str]]]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Orders:
+        @on_dataframe(max_events=10, max_wait_seconds=5)
+        def write(self, df: Any, ctx: StreamContext) -> None:
+            rows = df.select("operation_type", "document_key").collect()
+            frames.append((ctx.batch_id, [(row["operation_type"], row["document_key"]) for row in rows]))
+
+    with running(mongodb_uri, [Orders], spark=spark) as connector:
+        request = connector.request_snapshot("orders")
+        wait_until(lambda: _done(connector), what="the copy to end", timeout=120)
+    assert written
+    assert [operation for operation, _ in frames[0][1]] == ["update", "delete", "insert"]
+    assert [batch_id for batch_id, _ in frames[1:]] == [f"snapshot:{request}:{n}" for n in (1, 2, 3)]
+    copied = [key for _, rows in frames[1:] for operation, key in rows if operation == "snapshot"]
+    assert copied == [f'{{"_id":{{"$numberInt":"{i}"}}}}' for i in range(25) if i not in (3, 4)]
 
 
 def test_each_bucket_of_a_partitioned_stream_copies_its_own_documents(
