@@ -30,9 +30,9 @@ from flowwarden import (
 from flowwarden.checkpoints import IncrementalState
 from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.buckets import bucket_stage
-from flowwarden.mongo.initial_copy import copy_filter
+from flowwarden.mongo.initial_copy import copy_filter, document_key
 from flowwarden.runtime import incremental as incremental_module
-from flowwarden.runtime.incremental import ChunkWindow, IncrementalSnapshot, document_key
+from flowwarden.runtime.incremental import ChunkWindow, IncrementalSnapshot
 from helpers import checkpoint_doc, running, wait_until
 
 from .conftest import samples, value

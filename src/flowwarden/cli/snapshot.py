@@ -69,11 +69,13 @@ def _filter(text: str | None) -> dict[str, Any] | None:
 
 def _request(database: Any, signals: Any, document: dict[str, Any], args: argparse.Namespace) -> ExitCode:
     from flowwarden.mongo.calls import run
-    from flowwarden.mongo.signals import insert_request
+    from flowwarden.mongo.signals import SOURCE_KIND, insert_request
 
     stream = document["stream"]
     if not args.force:
         names = [str(name) for name in database[args.collection].distinct("_id")]
+        # A Spark query read with .option("name", ...) keeps an entry of its own in _fw_signals.
+        names += [str(name) for name in signals.distinct("stream", {"kind": SOURCE_KIND})]
         if not any(_of_stream(name, stream) for name in names):
             shown = ", ".join(sorted(names)[:10]) or "none"
             raise CommandError(

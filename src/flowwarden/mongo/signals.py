@@ -14,6 +14,8 @@ the documents that narrows the copy; ``state`` is ``requested`` until the reques
 that copied everything adds its name to ``finished``. Whoever reads a stream's progress reads it
 from the stream's checkpoint record (``incrementalSnapshot``), not from here.
 
+A Spark query read with ``.option("name", ...)`` keeps ``{_id: "source:<name>", kind: "source",
+stream: <name>}`` here, so that the command line knows the name without a checkpoint of it.
 The streams also write one watermark document each here, ``{_id: "watermark:<stream>", kind:
 "watermark"}``: the write after each chunk's read whose cluster time is the chunk's high
 watermark (:mod:`flowwarden.runtime.incremental`). It always changes the document, so it is
@@ -40,6 +42,7 @@ from flowwarden.mongo.initial_copy import INTERNAL_PREFIX, copied_collection
 SIGNALS_COLLECTION = "_fw_signals"
 SNAPSHOT_KIND = "snapshot"
 WATERMARK_KIND = "watermark"
+SOURCE_KIND = "source"
 
 
 class RequestState(str, enum.Enum):
@@ -268,6 +271,7 @@ def refuse_request(signals: Any, identity: str, stream: str, reason: str) -> Pro
 __all__ = [
     "SIGNALS_COLLECTION",
     "SNAPSHOT_KIND",
+    "SOURCE_KIND",
     "WATERMARK_KIND",
     "RequestProblem",
     "RequestState",

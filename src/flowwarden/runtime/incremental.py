@@ -60,8 +60,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-import bson
-from bson import Decimal128, Int64, MinKey, Timestamp
+from bson import MinKey, Timestamp
 from pymongo.errors import PyMongoError
 from pymongo.read_concern import ReadConcern
 
@@ -72,7 +71,7 @@ from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import CheckpointError
 from flowwarden.events import token_cluster_time
 from flowwarden.mongo.calls import maybe_await, run_async
-from flowwarden.mongo.initial_copy import id_range, plain_id
+from flowwarden.mongo.initial_copy import document_key, id_range, plain_id
 from flowwarden.mongo.positions import server_cluster_time
 from flowwarden.mongo.signals import (
     WATERMARK_KIND,
@@ -93,27 +92,6 @@ from flowwarden.runtime.opening import StreamOpener
 DEFAULT_POLL_SECONDS = 5.0
 """How often a stream that saves every event (``save_interval_seconds=0``) looks for requests."""
 _MAJORITY = ReadConcern("majority")
-
-
-def document_key(value: Any) -> Any:
-    """A hashable key of an ``_id`` value: equal for the ``_id`` values MongoDB holds equal.
-
-    Numbers compare by value in MongoDB (``1``, ``1.0`` and ``NumberLong(1)`` are one ``_id``),
-    so a number is keyed by its value; any other value by its BSON bytes."""
-    if isinstance(value, bool):
-        return ("b", value)
-    if isinstance(value, (int, Int64)):
-        return ("n", int(value))
-    if isinstance(value, float):
-        return ("n", int(value)) if value.is_integer() else ("n", value)
-    if isinstance(value, Decimal128):
-        number = value.to_decimal()
-        if number.is_finite() and number == number.to_integral_value():
-            return ("n", int(number))
-        return ("d", str(number.normalize()))
-    if isinstance(value, str):
-        return ("s", value)
-    return ("v", bson.encode({"v": value}))
 
 
 class ChunkWindow:
@@ -537,4 +515,4 @@ class IncrementalSnapshot:
         self._settle()
 
 
-__all__ = ["DEFAULT_POLL_SECONDS", "ChunkWindow", "IncrementalSnapshot", "document_key"]
+__all__ = ["DEFAULT_POLL_SECONDS", "ChunkWindow", "IncrementalSnapshot"]

@@ -100,6 +100,30 @@ class SourceOnlyOptions(Options):
         ge=1,
         le=MAX_PARTITIONS,
     )
+    name: str | None = option(
+        None,
+        "The stream name snapshot requests address (flowwarden snapshot request NAME): with it, "
+        "the query takes incremental snapshots requested while it runs; without it, none.",
+        allowed="a non-empty name without surrounding spaces",
+    )
+    signals_database: str | None = option(
+        None,
+        "Where the query looks for snapshot requests (_fw_signals): default, the database option, "
+        "or 'flowwarden' for a query over the whole deployment.",
+        allowed="a database name",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or value != value.strip()):
+            raise OptionProblem(
+                "the stream name snapshot requests address must be non-empty, without surrounding spaces",
+                option="name",
+                value=value,
+                allowed=cls.allowed["name"],
+            )
+        return value
 
     @field_validator("json_mode", mode="before")
     @classmethod
@@ -148,6 +172,10 @@ class SourceOptions:
     document_spec: ValueSpec | None = None
     """The inferred document schema (set by :meth:`with_inferred_schema`), which also keeps
     where values are Extended JSON, which a DDL string cannot say."""
+    name: str | None = None
+    """The stream name snapshot requests address; None: the query takes none."""
+    signals_database: str = "flowwarden"
+    """The database of the ``_fw_signals`` collection the query reads its requests from."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -168,6 +196,14 @@ class SourceOptions:
         infer = (own.schema_ or "").strip().lower() == INFER
         frame = _validated(DataFrameOptions, shared, {"schema": INFER} if infer else {})
         _check_snapshot(stream.snapshot, start.start_position, own.partitions)
+        if own.name is not None and own.partitions > 1:
+            raise ConfigurationError(
+                "a query taking snapshot requests (name) reads its copy and its changes as one partition",
+                owner=OWNER,
+                option="partitions",
+                value=own.partitions,
+                allowed="1 with name",
+            )
         if infer and stream.collection is None:
             raise ConfigurationError(
                 "schema=infer samples the watched collection; give the collection option",
@@ -197,6 +233,8 @@ class SourceOptions:
             infer_schema=infer,
             sample_size=frame.sample_size,
             schema_hints=frame.schema_hints,
+            name=own.name,
+            signals_database=own.signals_database or stream.database or _cluster_signals_database(),
         )
 
     def with_inferred_schema(self) -> SourceOptions:
@@ -246,6 +284,14 @@ class SourceOptions:
             corrupt_record=bool(self.schema_ddl) and self.mode is SchemaMode.PERMISSIVE,
             rescued_data=self.infer_schema,
         )
+
+
+def _cluster_signals_database() -> str:
+    """Where a query over the whole deployment looks for requests: where a connector's cluster
+    streams keep their checkpoints (and signals) by default."""
+    from flowwarden.runtime.connector import DEFAULT_CHECKPOINT_DATABASE
+
+    return DEFAULT_CHECKPOINT_DATABASE
 
 
 def _check_snapshot(snapshot: Snapshot, start: StartPosition, partitions: int) -> None:
@@ -299,7 +345,7 @@ def _source_only(options: Mapping[str, str]) -> SourceOnlyOptions:
                 if text.strip().lower() in ("none", "unlimited", "all")
                 else _typed(name, SourceOnlyOptions, text)
             )
-        elif name == "schema":
+        elif name in ("schema", "name", "signals_database"):
             values[name] = text or None
         else:
             values[name] = _typed(name, SourceOnlyOptions, text)
