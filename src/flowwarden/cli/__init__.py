@@ -15,7 +15,7 @@ starts with ``flowwarden:``, says what was wrong and what to do, and one of thes
   start-up, or MongoDB refusing a command for a reason other than the credentials; and for
   ``status``, a stream whose position has left the oplog (its history is lost).
 - 3: the MongoDB deployment could not be reached or refused the credentials, when the command
-  needed it (``checkpoints``, ``status``, ``dlq``).
+  needed it (``checkpoints``, ``status``, ``dlq``, ``snapshot``).
 - 130: interrupted (Ctrl-C), or stopped at once by a second SIGINT/SIGTERM during ``run``'s
   graceful stop.
 
