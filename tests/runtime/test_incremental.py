@@ -33,7 +33,7 @@ from flowwarden.mongo.buckets import bucket_stage
 from flowwarden.mongo.initial_copy import copy_filter, document_key
 from flowwarden.runtime import incremental as incremental_module
 from flowwarden.runtime.incremental import ChunkWindow, IncrementalSnapshot
-from helpers import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, running, wait_until, wait_until_async
 
 from .conftest import samples, value
 
@@ -407,3 +407,71 @@ def test_document_keys_are_equal_where_mongodb_holds_ids_equal() -> None:
     assert document_key(True) != document_key(1)
     assert document_key({"a": 1, "b": 2}) != document_key({"b": 2, "a": 1})  # field order counts
     assert incremental_module.DEFAULT_POLL_SECONDS > 0
+
+
+def test_with_concurrent_handlers_the_rows_wait_for_the_changes_in_flight(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i, "qty": 0} for i in range(20)])
+    _change_between_the_watermarks(monkeypatch, orders)
+    delivered: list[Row] = []
+    lock = threading.Lock()
+
+    @change_stream(
+        "orders", db_name, name="orders", snapshot_chunk_size=10, max_concurrency=4, max_await_time_ms=50
+    )
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Orders:
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            if event.operation_type != "snapshot":
+                time.sleep(0.05)  # still running when the chunk's watermark is passed
+            with lock:
+                delivered.append((event.operation_type, event.document_key["_id"]))
+
+    with running(mongodb_uri, [Orders]) as connector:
+        connector.request_snapshot("orders")
+        wait_until(lambda: _done(connector), what="the copy to end")
+    changes = [index for index, (operation, _) in enumerate(delivered) if operation != "snapshot"]
+    rows = [index for index, (operation, _) in enumerate(delivered) if operation == "snapshot"]
+    assert len(changes) == 3 and max(changes) < min(rows)
+    assert sorted(key for operation, key in delivered if operation == "snapshot") == [
+        i for i in range(20) if i not in (3, 4)
+    ]
+
+
+def test_a_request_made_before_the_connector_runs_or_on_its_loop(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    import asyncio
+
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(12)])
+    delivered: list[Row] = []
+    connector = Connector(mongodb_uri, [_orders(db_name, delivered, chunk=5)])
+    # Before it runs: through a client of its URI.
+    before = connector.request_snapshot("orders", ["orders"], {"_id": {"$lt": 6}})
+
+    async def run() -> str:
+        task = asyncio.ensure_future(connector.run_async())
+        await wait_until_async(lambda: _done(connector), what="the first copy")
+        with pytest.raises(RuntimeError, match="request_snapshot_async"):
+            connector.request_snapshot("orders")  # would block the loop it runs on
+        second = await connector.request_snapshot_async("orders", filter={"_id": {"$gte": 6}})
+        await wait_until_async(
+            lambda: _progress(connector).request == second and _done(connector), what="the second copy"
+        )
+        connector.stop()
+        await task
+        return second
+
+    second = asyncio.run(run())
+    rows = [key for operation, key in delivered if operation == "snapshot"]
+    assert rows == list(range(12))
+    signals = client[db_name]["_fw_signals"]
+    assert [s["finished"] for s in signals.find({"kind": "snapshot"}, sort=[("requestedAt", 1)])] == [
+        ["orders"],
+        ["orders"],
+    ]
+    assert {str(s["_id"]) for s in signals.find({"kind": "snapshot"})} == {before, second}
