@@ -426,7 +426,7 @@ def test_with_concurrent_handlers_the_rows_wait_for_the_changes_in_flight(
         @on_change
         def changed(self, event: ChangeEvent) -> None:
             if event.operation_type != "snapshot":
-                time.sleep(0.05)  # still running when the chunk's watermark is passed
+                time.sleep(0.5)  # still running when the stream passes the chunk's watermark
             with lock:
                 delivered.append((event.operation_type, event.document_key["_id"]))
 
