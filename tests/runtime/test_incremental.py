@@ -475,3 +475,34 @@ def test_a_request_made_before_the_connector_runs_or_on_its_loop(
         ["orders"],
     ]
     assert {str(s["_id"]) for s in signals.find({"kind": "snapshot"})} == {before, second}
+
+
+def test_a_change_to_another_collection_drops_no_row(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = client[db_name]
+    database.orders.insert_many([{"_id": i} for i in range(10)])
+    database.returns.insert_many([{"_id": i} for i in range(10)])
+    watermark = IncrementalSnapshot._watermark
+
+    async def late_watermark(self: IncrementalSnapshot, session: Any, progress: Any) -> Any:
+        if progress.chunk == 1:
+            database.orders.update_one({"_id": 3}, {"$set": {"x": 1}})  # same _id, other collection
+            database.returns.update_one({"_id": 4}, {"$set": {"x": 1}})
+        return await watermark(self, session, progress)
+
+    monkeypatch.setattr(IncrementalSnapshot, "_watermark", late_watermark)
+    delivered: list[tuple[str, str, Any]] = []
+
+    @change_stream(database=db_name, name="shop", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Shop:
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            delivered.append((event.operation_type, event.namespace[1], event.document_key["_id"]))
+
+    with running(mongodb_uri, [Shop]) as connector:
+        connector.request_snapshot("shop", ["returns"])
+        wait_until(lambda: _done(connector, "shop"), what="the copy to end")
+    assert delivered[:2] == [("update", "orders", 3), ("update", "returns", 4)]
+    assert delivered[2:] == [("snapshot", "returns", i) for i in range(10) if i != 4]

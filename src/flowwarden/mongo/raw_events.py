@@ -61,17 +61,18 @@ def value_size(kind: int, data: bytes, start: int) -> int | None:
 
 
 class RawEvent(RawBSONDocument):
-    """A ``RawBSONDocument`` whose ``_id``, ``operationType`` and ``documentKey`` are read
+    """A ``RawBSONDocument`` whose ``_id``, ``operationType``, ``documentKey`` and ``ns`` are read
     without decoding the rest.
 
-    ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event, and so is
-    ``event["documentKey"]``; every other field reads as it does from a ``RawBSONDocument``.
+    ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event, and so are
+    ``event["documentKey"]`` and ``event["ns"]``; every other field reads as it does from a
+    ``RawBSONDocument``.
     """
 
     __slots__ = ()
 
     def __getitem__(self, key: str) -> Any:
-        if key == "_id" or key == "operationType" or key == "documentKey":
+        if key == "_id" or key == "operationType" or key == "documentKey" or key == "ns":
             value = _lookup(self.raw, key)
             if value is _MISSING:
                 raise KeyError(key)

@@ -97,11 +97,15 @@ _MAJORITY = ReadConcern("majority")
 class ChunkWindow:
     """One chunk between its watermarks: its rows, and which of them a change has dropped."""
 
-    __slots__ = ("dropped", "high", "keys", "low", "rows")
+    __slots__ = ("dropped", "high", "keys", "low", "namespace", "rows")
 
-    def __init__(self, low: Timestamp, high: Timestamp, rows: list[Any], ids: list[Any]) -> None:
+    def __init__(
+        self, low: Timestamp, high: Timestamp, namespace: str, rows: list[Any], ids: list[Any]
+    ) -> None:
         self.low = low
         self.high = high
+        database, _, collection = namespace.partition(".")
+        self.namespace = {"db": database, "coll": collection}
         self.rows = rows
         self.keys = {document_key(identity): index for index, identity in enumerate(ids)}
         self.dropped: set[int] = set()
@@ -112,7 +116,7 @@ class ChunkWindow:
         at = token_cluster_time(change["_id"])
         if at > self.high:
             return True
-        if at > self.low:
+        if at > self.low and change.get("ns") == self.namespace:
             key = change.get("documentKey")
             if key is not None and "_id" in key:
                 self.drop(key["_id"])
@@ -287,7 +291,8 @@ class IncrementalSnapshot:
         finally:
             await maybe_await(session.end_session())
         rows = await reader.rows(documents, progress.namespace, high)
-        self._window = ChunkWindow(low, high, rows, [plain_id(row["documentKey"]["_id"]) for row in rows])
+        keys = [plain_id(row["documentKey"]["_id"]) for row in rows]
+        self._window = ChunkWindow(low, high, progress.namespace, rows, keys)
         self.log.debug(
             "stream %s: chunk %d of %s read (%d document(s)) between the watermarks %s and %s",
             self.name,

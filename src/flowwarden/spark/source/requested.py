@@ -215,8 +215,9 @@ def plan_chunk(
         high = session.operation_time
     assert isinstance(high, Timestamp), "the deployment reports no operation time"
     ids = {document_key(plain_id(document["_id"])): index for index, document in enumerate(documents)}
-    events, end_token, dropped = _scan_to(watch, progress.token, low, high, ids, max_bytes)
     database, collection = progress.namespaces[at].split(".", 1)
+    namespace = {"db": database, "coll": collection}
+    events, end_token, dropped = _scan_to(watch, progress.token, low, high, namespace, ids, max_bytes)
     rows = [
         snapshot_row(document, database, collection, high, raw=True).raw
         for index, document in enumerate(documents)
@@ -257,6 +258,7 @@ def _scan_to(
     token: str,
     low: Timestamp,
     high: Timestamp,
+    namespace: Mapping[str, str],
     ids: Mapping[Any, int],
     max_bytes: int,
 ) -> tuple[list[bytes] | None, str, set[int]]:
@@ -286,7 +288,7 @@ def _scan_to(
             at = token_cluster_time(event["_id"])
             if at > high:
                 break  # the next micro-batch begins with it
-            if at > low:
+            if at > low and event.get("ns") == namespace:
                 _drop(event, ids, dropped)
             end = event["_id"]["_data"]
             if events is not None:
@@ -317,9 +319,12 @@ def replay_rows(
     """``events`` (the range's, replayed), then the chunk's rows read again, less those of the
     documents an event between the watermarks changed."""
     changed: set[Any] = set()
+    namespace = end.namespaces[end.at]
+    database, collection = namespace.split(".", 1)
+    chunk_namespace = {"db": database, "coll": collection}
     for event in events:
         at = token_cluster_time(event["_id"])
-        if end.low < at <= end.high:
+        if end.low < at <= end.high and event.get("ns") == chunk_namespace:
             key = event.get("documentKey")
             if key is not None and "_id" in key:
                 changed.add(document_key(key["_id"]))
@@ -327,8 +332,6 @@ def replay_rows(
     lower: Any = MinKey()
     if isinstance(start, RequestedOffset) and start.request == end.request and start.at == end.at:
         lower = load_id(start.last_id)
-    namespace = end.namespaces[end.at]
-    database, collection = namespace.split(".", 1)
     own = all_of(query, load_filter(end.filter))
     for document in _find(raw_client, namespace, own, lower, load_id(end.last_id), 0, None):
         if document_key(plain_id(document["_id"])) not in changed:
