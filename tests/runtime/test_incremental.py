@@ -506,3 +506,31 @@ def test_a_change_to_another_collection_drops_no_row(
         wait_until(lambda: _done(connector, "shop"), what="the copy to end")
     assert delivered[:2] == [("update", "orders", 3), ("update", "returns", 4)]
     assert delivered[2:] == [("snapshot", "returns", i) for i in range(10) if i != 4]
+
+
+def test_a_stop_ends_the_look_for_requests_even_when_the_driver_swallows_the_cancel(
+    mongodb_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver call that a cancel interrupts may end with an error of its own rather than the
+    cancellation; the stream's look for requests must end anyway, or the stop would wait for it."""
+    from pymongo.errors import AutoReconnect
+
+    polling = threading.Event()
+
+    async def poll_as_the_driver_does(self: IncrementalSnapshot) -> None:
+        import asyncio
+
+        polling.set()
+        try:
+            await asyncio.Event().wait()  # a read that never answers
+        except asyncio.CancelledError:
+            raise AutoReconnect("connection closed while the operation was cancelled") from None
+
+    monkeypatch.setattr(IncrementalSnapshot, "poll", poll_as_the_driver_does)
+    connector = Connector(mongodb_uri, [_orders(db_name, [])])
+    connector.start()
+    try:
+        assert polling.wait(20), "the stream did not look for requests"
+    finally:
+        connector.stop(timeout=20)
+    assert connector.status()["orders"].state.value == "STOPPED"

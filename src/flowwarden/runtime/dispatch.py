@@ -331,6 +331,12 @@ class EventDispatch:
                 self.halt = True
             return
         width = max(1, self._concurrency)
+        if width == 1:
+            for row in rows:  # one at a time: no task per row
+                if not await self._snapshot_row(row):
+                    self.halt = True
+                    return
+            return
         for start in range(0, len(rows), width):
             # Each document appears once in a snapshot: its rows need no order among themselves.
             done = await asyncio.gather(*(self._snapshot_row(row) for row in rows[start : start + width]))

@@ -55,6 +55,7 @@ dropped, and the progress is stored as ``cancelled``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -462,16 +463,16 @@ class IncrementalSnapshot:
 
     # -- looking for requests ------------------------------------------------------------------
 
-    async def watch_requests(self) -> None:
-        """Look for requests every :attr:`poll_seconds` until cancelled (the stream's read ends).
-        A failed look is logged and tried again at the next one."""
-        while True:
+    async def watch_requests(self, done: asyncio.Event) -> None:
+        """Look for requests every :attr:`poll_seconds` until ``done`` is set (the stream's read
+        ended). A failed look is logged and tried again at the next one."""
+        while not done.is_set():
             try:
                 await self.poll()
                 self._last_poll_error = None
             except (PyMongoError, CheckpointError) as error:
                 message = f"{type(error).__name__}: {error}"
-                if message != self._last_poll_error:
+                if message != self._last_poll_error and not done.is_set():
                     self.log.warning(
                         "stream %s: cannot read the snapshot requests (%s); trying again in %gs",
                         self.name,
@@ -479,7 +480,10 @@ class IncrementalSnapshot:
                         self.poll_seconds,
                     )
                 self._last_poll_error = message
-            await asyncio.sleep(self.poll_seconds)
+            # Woken by ``done`` rather than by cancelling alone: a driver call that a cancel
+            # interrupts may end with an error of its own instead of the cancellation.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), self.poll_seconds)
 
     async def poll(self) -> None:
         """Read this stream's requests once and note what the read loop is to do."""

@@ -578,10 +578,11 @@ class StreamRunner:
         incremental = self._incremental
         incremental.reset()
         watching = None
+        read_ended = asyncio.Event()
         if incremental.enabled:
             # Requests are looked for while the stream reads: only the read loop can take them.
             watching = asyncio.create_task(
-                incremental.watch_requests(), name=f"flowwarden-signals[{self.name}]"
+                incremental.watch_requests(read_ended), name=f"flowwarden-signals[{self.name}]"
             )
         try:
             return await self._dispatch.read(
@@ -594,6 +595,7 @@ class StreamRunner:
         finally:
             self._reader = None
             if watching is not None:
+                read_ended.set()
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
             await reader.close()
