@@ -2,9 +2,9 @@
 
 A request (``flowwarden snapshot request``, :meth:`flowwarden.Connector.request_snapshot`) is a
 document in ``_fw_signals`` (:mod:`flowwarden.mongo.signals`); the stream looks for one on its
-heartbeat (every ``save_interval_seconds``) while it reads. The copy then goes through the
-requested collections in ``_id`` chunks, each handed over between two changes of the stream, in
-stream order, as rows with ``operation_type == "snapshot"``.
+heartbeat (every ``save_interval_seconds``, at most once a second) while it reads. The copy then
+goes through the requested collections in ``_id`` chunks, each handed over between two changes
+of the stream, in stream order, as rows with ``operation_type == "snapshot"``.
 
 The rule this module keeps, MongoDB's form of the watermarks of Netflix's DBLog: **a copied row
 never overwrites a newer change.** For each chunk, in the read loop, between two events:
@@ -92,6 +92,8 @@ from flowwarden.runtime.opening import StreamOpener
 
 DEFAULT_POLL_SECONDS = 5.0
 """How often a stream that saves every event (``save_interval_seconds=0``) looks for requests."""
+MIN_POLL_SECONDS = 1.0
+"""A stream looks for requests at most this often, however short its heartbeat."""
 _MAJORITY = ReadConcern("majority")
 
 
@@ -166,7 +168,7 @@ class IncrementalSnapshot:
         self._base = CopyReader(spec, client=client, opener=opener, giving_up=giving_up)
         self.log = stream_logger(__name__, spec.name)
         interval = spec.checkpoint.save_interval_seconds
-        self.poll_seconds = float(interval) if interval > 0 else DEFAULT_POLL_SECONDS
+        self.poll_seconds = max(float(interval), MIN_POLL_SECONDS) if interval > 0 else DEFAULT_POLL_SECONDS
         self.progress: IncrementalProgress | None = None
         """The newest progress, saved or loaded (status and metrics read it)."""
         self._loaded = False
@@ -524,4 +526,4 @@ class IncrementalSnapshot:
         self._settle()
 
 
-__all__ = ["DEFAULT_POLL_SECONDS", "ChunkWindow", "IncrementalSnapshot"]
+__all__ = ["DEFAULT_POLL_SECONDS", "MIN_POLL_SECONDS", "ChunkWindow", "IncrementalSnapshot"]
