@@ -16,8 +16,9 @@ same start time:
 - the save_every_n=1000 connector with ``metrics_port`` set: what counting for Prometheus costs
   (nothing scrapes it during the run; a scrape reads the counters on the server's own thread).
 
-The measurements take turns for ``--rounds`` rounds and each one's best run counts, so a busy
-moment of the machine (or of the server's garbage collector) weighs on all rows alike. It prints
+The measurements take turns for ``--rounds`` rounds, in an order that rotates each round, and
+each one's best run counts, so a busy moment of the machine (or of the server's garbage
+collector) weighs on all rows alike. It prints
 events/s, the spread over the rounds, the connector/ceiling ratios and each connector run's peak
 RSS growth. For reference it also prints the sync loop with PyMongo's default codec options (naive
 datetimes), which is not what the connector delivers. Figures only: nothing here asserts.
@@ -120,7 +121,7 @@ def child_connector(
     baseline = _rss_mb()
     connector = Connector(uri, [NoOp], metrics_port=0 if metrics else None)
     began = time.perf_counter()
-    asyncio.run(connector.run_async())
+    connector.run()
     status = connector.status()[name]
     if not finished:
         raise RuntimeError(f"the connector stopped before the last event: {status.state} {status.last_error}")
@@ -221,9 +222,13 @@ def main() -> None:
             "(reference) raw MongoClient loop, default codec (naive datetimes)": ("raw-sync-naive", 0),
         }
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in variants}
+        labels = list(variants)
         for round_number in range(1, args.rounds + 1):
             print(f"  round {round_number} of {args.rounds} ...", flush=True)
-            for label, (kind, save_every_n) in variants.items():
+            # The order rotates each round: no variant always runs right after the same one.
+            for turn in range(len(labels)):
+                label = labels[(turn + round_number - 1) % len(labels)]
+                kind, save_every_n = variants[label]
                 runs[label].append(_run_child(kind, uri, start, args.events, save_every_n))
         # Every event waits for its own save: measured once, on fewer events; the rate is what counts.
         n1_label = "Connector, no-op @on_change, save_every_n=1"

@@ -15,7 +15,9 @@ if the runtime no longer opens its stream there, or if its checkpoint does not r
 
 It prints microseconds per event for the connector, timed from its first handled event to its
 last, and for a bare ``await try_next()`` loop over the same stand-in stream; the difference is
-the connector's overhead. Best of ``--rounds``. Figures only: nothing here asserts.
+the connector's overhead. It then runs the connector again with an ``@event_filter`` that reads
+each event's operation type and keeps it: the difference to the run without is what a filter
+costs per event. Best of ``--rounds``. Figures only: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from unittest import mock
 
 from bson import Timestamp
 
-from flowwarden import ChangeEvent, Connector, StartPosition, change_stream, checkpoint, on_change
+from flowwarden import (
+    ChangeEvent,
+    Connector,
+    StartPosition,
+    change_stream,
+    checkpoint,
+    event_filter,
+    on_change,
+)
 from flowwarden.checkpoints import InMemoryCheckpointStore
 from flowwarden.runtime.opening import StreamOpener
 from flowwarden.runtime.status import StreamState
@@ -85,9 +95,11 @@ def bare_loop(events: list[dict[str, Any]]) -> float:
     return asyncio.run(run())
 
 
-def connector_run(uri: str, events: list[dict[str, Any]], round_number: int) -> float:
+def connector_run(
+    uri: str, events: list[dict[str, Any]], round_number: int, *, filtered: bool = False
+) -> float:
     count = len(events)
-    name = f"overhead-{round_number}"
+    name = f"overhead-{round_number}{'-filtered' if filtered else ''}"
     marks: dict[str, float] = {}
     opened: list[MemoryStream] = []
 
@@ -95,6 +107,11 @@ def connector_run(uri: str, events: list[dict[str, Any]], round_number: int) -> 
     @checkpoint(save_every_n=1000, save_interval_seconds=5, start_position=StartPosition.LATEST)
     class NoOp:
         seen = 0
+        if filtered:
+
+            @event_filter
+            def keep(self, event: ChangeEvent) -> bool:
+                return event.operation_type != "delete"
 
         @on_change
         def handle(self, event: ChangeEvent) -> None:
@@ -167,19 +184,25 @@ def main() -> None:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     events = make_events(args.events)
-    best_connector = best_bare = float("inf")
+    best_connector = best_bare = best_filtered = float("inf")
     # The checkpoint store and the stand-in stream live in memory; the embedded server answers
     # the client's handshake and names the stream's opening position.
     with EmbeddedReplicaSet() as rs:
         for round_number in range(args.rounds):
             best_bare = min(best_bare, bare_loop(events))
             best_connector = min(best_connector, connector_run(rs.uri, events, round_number))
+            best_filtered = min(
+                best_filtered, connector_run(rs.uri, events, round_number, filtered=True)
+            )
     per_event = best_connector / args.events * 1e6
     bare = best_bare / args.events * 1e6
     print(f"{args.events:,} pre-decoded change events from memory, best of {args.rounds}")
     print(f"  bare `await try_next()` loop                              {bare:6.2f} us/event")
     print(f"  Connector, no-op @on_change, save_every_n=1000            {per_event:6.2f} us/event")
     print(f"  the connector's own cost                                  {per_event - bare:6.2f} us/event")
+    filtered = best_filtered / args.events * 1e6
+    print(f"  Connector, the same with an @event_filter keeping it       {filtered:6.2f} us/event")
+    print(f"  the filter's cost                                         {filtered - per_event:6.2f} us/event")
 
 
 if __name__ == "__main__":

@@ -66,9 +66,9 @@ from flowwarden.spark import (
     events_to_arrow,
     events_to_dataframe,
     get_or_create_session,
-    native,
     register,
 )
+from flowwarden.spark.convert import native
 from flowwarden.spark.convert.extjson import JSON_OPTIONS, JsonMode
 
 

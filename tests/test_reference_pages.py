@@ -27,6 +27,7 @@ DECORATORS = [
     "on_snapshot",
     "on_batch",
     "on_dataframe",
+    "event_filter",
 ]
 
 # (module, class, the page it is documented on)
@@ -45,7 +46,7 @@ DOCUMENTED = [
 
 def test_every_decorator_has_its_entry() -> None:
     page = (ROOT / "docs" / "reference" / "decorators.md").read_text()
-    prefixes = ("on_", "change_", "check", "pipe", "retry", "dead")
+    prefixes = ("on_", "change_", "check", "pipe", "retry", "dead", "event_")
     assert {name for name in decorators.__all__ if name.startswith(prefixes)} == set(DECORATORS)
     missing = [name for name in DECORATORS if f"::: flowwarden.decorators.{name}\n" not in page]
     assert missing == []

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from flowwarden.decorators import change_stream as change_stream
     from flowwarden.decorators import checkpoint as checkpoint
     from flowwarden.decorators import dead_letter_queue as dead_letter_queue
+    from flowwarden.decorators import event_filter as event_filter
     from flowwarden.decorators import on_batch as on_batch
     from flowwarden.decorators import on_change as on_change
     from flowwarden.decorators import on_dataframe as on_dataframe
@@ -72,6 +73,7 @@ _LAZY = {
     "change_stream": "flowwarden.decorators",
     "checkpoint": "flowwarden.decorators",
     "dead_letter_queue": "flowwarden.decorators",
+    "event_filter": "flowwarden.decorators",
     "on_batch": "flowwarden.decorators",
     "on_change": "flowwarden.decorators",
     "on_dataframe": "flowwarden.decorators",
@@ -131,6 +133,7 @@ __all__ = [
     "change_stream",
     "checkpoint",
     "dead_letter_queue",
+    "event_filter",
     "on_batch",
     "on_change",
     "on_dataframe",

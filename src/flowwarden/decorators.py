@@ -3,7 +3,8 @@
 Class decorators (``@change_stream``, ``@checkpoint``, ``@pipeline``, ``@retry_policy``,
 ``@dead_letter_queue``) validate their options once, when applied, and store the frozen model on
 the class; they stack in any order. Method decorators (``@on_insert`` ... ``@on_dataframe``) mark a
-method and record, once, whether it is async and whether it takes a ``ctx`` parameter.
+method and record, once, whether it is async and whether it takes a ``ctx`` parameter;
+``@event_filter`` marks the one sync method that chooses the events they get.
 
 Every decorator that takes options is written out with them as typed parameters, so type
 checkers, IDEs and the API reference see each option; the option models of
@@ -47,6 +48,7 @@ from flowwarden.config.base import unknown_option_error
 from flowwarden.config.spec import (
     CHECKPOINT_ATTR,
     DEAD_LETTER_ATTR,
+    FILTER_ATTR,
     MARK_ATTR,
     PIPELINE_ATTR,
     RETRY_ATTR,
@@ -155,6 +157,15 @@ def _mark(
     options: BatchOptions | None,
 ) -> F:
     is_async, wants_ctx = _inspect_handler(func, decorator, kind)
+    if getattr(func, FILTER_ATTR, False):
+        raise ConfigurationError(
+            f"method {_method_name(func)!r} is both @event_filter and @{decorator}; a filter decides "
+            "which events the handler methods get, it handles none",
+            owner=_owner_of(func),
+            option=decorator,
+            value=func,
+            allowed="@event_filter and handler decorators on different methods",
+        )
     previous = getattr(func, MARK_ATTR, None)
     if isinstance(previous, HandlerMark):
         # Stacking is only meaningful for per-type event decorators: @on_insert @on_update.
@@ -258,6 +269,64 @@ def on_change(func: F | None = None, /) -> F | Callable[[F], F]:
     """Handle every operation type that no ``@on_insert``/``update``/``replace``/``delete``
     method of the class claims (drop, rename, invalidate ... included)."""
     return _event_handler(func, "on_change", None)
+
+
+def _mark_filter(func: F) -> F:
+    shape = "def name(self, event) -> bool (a plain def: it runs on the read loop)"
+    _inspect_handler(func, "event_filter", "event")
+    name = _method_name(func)
+    owner = _owner_of(func)
+    unwrapped = inspect.unwrap(func)
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(unwrapped):
+        raise ConfigurationError(
+            f"@event_filter method {name!r} is async; a filter runs on the read loop for every "
+            "event, so it is a plain def that decides from the event alone",
+            owner=owner,
+            option="event_filter",
+            value=func,
+            allowed=shape,
+        )
+    try:
+        inspect.signature(func).bind(None, None)
+    except TypeError:
+        raise ConfigurationError(
+            f"@event_filter method {name}{inspect.signature(func)} cannot be called as (self, event)",
+            owner=owner,
+            option="event_filter",
+            value=func,
+            allowed=shape,
+        ) from None
+    if isinstance(getattr(func, MARK_ATTR, None), HandlerMark):
+        raise ConfigurationError(
+            f"method {name!r} is both @event_filter and @{', @'.join(getattr(func, MARK_ATTR).decorators)}; "
+            "a filter decides which events the handler methods get, it handles none",
+            owner=owner,
+            option="event_filter",
+            value=func,
+            allowed=shape,
+        )
+    setattr(func, FILTER_ATTR, True)
+    return func
+
+
+@overload
+def event_filter(func: F, /) -> F: ...
+@overload
+def event_filter() -> Callable[[F], F]: ...
+def event_filter(func: F | None = None, /) -> F | Callable[[F], F]:
+    """Choose the events the methods get: ``def keep(self, event: ChangeEvent) -> bool``.
+
+    Called for every event, before any method (and for every row of the initial snapshot, as
+    ``operation_type == "snapshot"``). An event it returns false for reaches no method and no
+    batch, and completes as if it were handled: the checkpoint moves past it, in stream order,
+    and it counts as ``filtered``. The filter runs on the stream's read loop, so it must be
+    cheap: a plain ``def`` (not async) deciding from the event alone, with no I/O. An error it
+    raises is a handler failure: retried under ``@retry_policy``, then ``on_exhausted``. One
+    per class; it handles no event itself.
+    """
+    if func is None:
+        return _mark_filter
+    return _mark_filter(func)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -487,6 +556,11 @@ def change_stream(
     snapshot: Snapshot | Literal["NEVER", "INITIAL", "INITIAL_ONLY", "WHEN_NEEDED"] = Snapshot.NEVER,
     snapshot_chunk_size: int = 1000,
     split_large_events: bool = False,
+    collections: Iterable[str] | None = None,
+    exclude_collections: Iterable[str] = (),
+    exclude_fields: Iterable[str] = (),
+    hash_fields: Iterable[str] = (),
+    hash_salt_env: str | None = None,
 ) -> Callable[[type[T]], type[T]]: ...
 @_options_decorator(ChangeStreamOptions)
 def change_stream(
@@ -511,6 +585,11 @@ def change_stream(
     snapshot: Snapshot | Literal["NEVER", "INITIAL", "INITIAL_ONLY", "WHEN_NEEDED"] = Snapshot.NEVER,
     snapshot_chunk_size: int = 1000,
     split_large_events: bool = False,
+    collections: Iterable[str] | None = None,
+    exclude_collections: Iterable[str] = (),
+    exclude_fields: Iterable[str] = (),
+    hash_fields: Iterable[str] = (),
+    hash_salt_env: str | None = None,
 ) -> Callable[[type[T]], type[T]]:
     """Make a class a change-stream handler.
 
@@ -549,6 +628,17 @@ def change_stream(
         handed over and again once it was handled.
     :param split_large_events: Add $changeStreamSplitLargeEvent and join the fragments of events
         over 16 MB into one event before any method sees it (MongoDB 7.0+).
+    :param collections: Database and cluster streams: only these collections, by name or 're:'
+        pattern matching the whole name (cluster streams name them db.coll), filtered by the server
+        and by the snapshot; None: all.
+    :param exclude_collections: Database and cluster streams: leave out these collections, names or
+        're:' patterns as for collections.
+    :param exclude_fields: Dotted paths under the document the server removes from every event and
+        snapshot row (full documents, pre-images, update descriptions).
+    :param hash_fields: Dotted paths under the document whose values reach the methods as the hex
+        SHA-256 of the salt followed by the value (needs hash_salt_env).
+    :param hash_salt_env: The environment variable holding the salt of hash_fields; it must be set
+        when the stream starts.
     """
     return _class_options(ChangeStreamOptions, STREAM_ATTR, locals())
 
@@ -691,6 +781,7 @@ __all__ = [
     "change_stream",
     "checkpoint",
     "dead_letter_queue",
+    "event_filter",
     "on_batch",
     "on_change",
     "on_dataframe",

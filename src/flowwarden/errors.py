@@ -38,6 +38,8 @@ class ConfigurationError(FlowWardenError, ValueError):
         stream: str | None = None,
     ) -> None:
         self.stream = stream
+        self.problem = message
+        """What is wrong, without the owner, the option and what is allowed."""
         self.owner = owner
         self.option = option
         self.value = value

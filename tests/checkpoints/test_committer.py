@@ -194,6 +194,22 @@ async def test_completions_1_2_4_then_3() -> None:
     await c.close()
 
 
+async def test_a_batch_commit_joins_completions_committed_past_it() -> None:
+    """Events after a batch (left out by a filter) complete before the batch does: once the
+    batch is committed through its end, the frontier moves on over them."""
+    store = RecordingStore()
+    c = committer(store)
+    await c.commit(4, tok(4))  # inside the batch: covered by its commit
+    await c.commit(6, tok(6))
+    await c.commit(7, tok(7))
+    await c.commit(9, tok(9))  # past a gap: stays pending
+    assert store.saved == []
+    await c.commit_through(5, tok(5))
+    assert (c.frontier_sequence, c.pending) == (7, 1)
+    assert store.saved == [7] and c.last_saved_token == tok(7)
+    await c.close()
+
+
 async def test_duplicate_commits_are_harmless() -> None:
     store = RecordingStore()
     c = committer(store)
@@ -561,6 +577,63 @@ async def test_close_returns_within_its_timeout_when_an_async_store_hangs() -> N
         await asyncio.wait_for(stuck, 10)  # released by close, not left hanging
     with pytest.raises(CommitterClosedError):
         await c.commit(2, tok(2))
+
+
+class StubbornAsyncStore(GatedAsyncStore):
+    """Its saves hold on through cancellation until the gate opens, as a driver retrying a
+    write the server holds does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate.clear()
+        self.cancellations = 0
+
+    async def save(self, checkpoint: Checkpoint) -> SaveResult:
+        self.started.set()
+        while not self.gate.is_set():
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.cancellations += 1
+        return self.inner.save(checkpoint)
+
+
+async def test_interrupt_releases_a_count_save_the_store_does_not_let_go_of() -> None:
+    store = StubbornAsyncStore()
+    c = committer(store, save_every_n=1, save_interval_seconds=60)
+    stuck = asyncio.create_task(c.commit(1, tok(1)))
+    await asyncio.wait_for(store.started.wait(), 10)
+    c.interrupt()
+    await asyncio.wait_for(stuck, 10)  # the event is handled; only its position stays unsaved
+    assert store.cancellations == 1  # the save was cancelled, and held on regardless
+    assert await asyncio.wait_for(c.close(timeout=0.1), 10) is False
+    assert store.inner.saved == []
+    store.gate.set()
+    await settle()
+
+
+async def test_interrupt_and_close_release_a_flush_the_store_does_not_let_go_of() -> None:
+    store = StubbornAsyncStore()
+    c = committer(store, save_every_n=100, save_interval_seconds=60)
+    await c.commit(1, tok(1))
+    interrupted = asyncio.create_task(c.flush())
+    await asyncio.wait_for(store.started.wait(), 10)
+    c.interrupt()
+    with pytest.raises(CommitterClosedError, match="abandoned because the stream is stopping"):
+        await asyncio.wait_for(interrupted, 10)
+    store.gate.set()
+    await settle()
+
+    store = StubbornAsyncStore()
+    c = committer(store, save_every_n=100, save_interval_seconds=60)
+    await c.commit(1, tok(1))
+    closed = asyncio.create_task(c.flush())
+    await asyncio.wait_for(store.started.wait(), 10)
+    assert await asyncio.wait_for(c.close(timeout=0.1), 10) is False
+    with pytest.raises(CommitterClosedError, match="after the checkpoint committer was closed"):
+        await asyncio.wait_for(closed, 10)
+    store.gate.set()
+    await settle()
 
 
 async def test_close_returns_within_its_timeout_when_a_blocking_store_hangs() -> None:

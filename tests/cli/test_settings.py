@@ -67,6 +67,8 @@ def test_the_uri_comes_from_a_file_with_its_newline_stripped(tmp_path, monkeypat
         ),
         ({"FLOWWARDEN_URI_FILE": "/nonexistent/uri"}, "", ["cannot read the URI file /nonexistent/uri"]),
         ({}, "uri = \n", ["is not valid TOML"]),
+        ({"FLOWWARDEN_SPARK_CONF": "[1, 2]"}, "", ["spark_conf", "FLOWWARDEN_SPARK_CONF", "a JSON object"]),
+        ({}, "spark_conf = 'spark.ui.enabled'\n", ["spark_conf 'spark.ui.enabled'", "config file: a table"]),
     ],
     ids=[
         "unknown key",
@@ -76,6 +78,8 @@ def test_the_uri_comes_from_a_file_with_its_newline_stripped(tmp_path, monkeypat
         "uri twice",
         "missing uri file",
         "bad toml",
+        "spark_conf not an object",
+        "spark_conf not a table",
     ],
 )
 def test_a_bad_setting_is_one_line_naming_it(tmp_path, monkeypatch, capsys, environment, config, expected):
@@ -88,6 +92,35 @@ def test_a_bad_setting_is_one_line_naming_it(tmp_path, monkeypatch, capsys, envi
     line = one_error_line(capsys.readouterr().err)
     for part in expected:
         assert part in line, line
+
+
+def test_spark_settings_come_from_every_source_and_spark_conf_merges_key_by_key(tmp_path, monkeypatch):
+    config = tmp_path / "flowwarden.toml"
+    config.write_text(
+        'spark_master = "local[2]"\nspark_log = "logs/spark.log"\n'
+        '[spark_conf]\n"spark.sql.shuffle.partitions" = 4\n"spark.ui.enabled" = false\n'
+    )
+    monkeypatch.setenv("FLOWWARDEN_SPARK_CONF", '{"spark.ui.enabled": true, "spark.executor.memory": "2g"}')
+    flags = ["spark.executor.memory=4g", "spark.hadoop.fs.s3a.secret.key=abc=="]
+    settings = load({"spark_conf": flags}, str(config))
+    assert settings.spark_conf == {
+        "spark.sql.shuffle.partitions": "4",  # the file's; numbers and booleans become Spark's text
+        "spark.ui.enabled": "true",  # the environment's over the file's
+        "spark.executor.memory": "4g",  # the flag's over the environment's
+        "spark.hadoop.fs.s3a.secret.key": "abc==",
+    }
+    assert settings.spark_master == "local[2]" and str(settings.spark_log) == "logs/spark.log"
+    line = settings.in_effect("orders-1")
+    assert "spark_master=local[2], spark_conf={spark.executor.memory=4g," in line
+    assert "spark.hadoop.fs.s3a.secret.key=***,spark.sql.shuffle" in line
+    assert "spark_log=logs/spark.log" in line and "abc==" not in line
+    assert load({}).in_effect("x").count("spark_log=log,") == 1  # unset: Spark's lines go to the log
+
+
+def test_a_spark_conf_flag_that_is_not_key_value_is_refused(capsys):
+    assert main(["run", "m:C", "--uri", "mongodb://127.0.0.1:1/", "--spark-conf", "spark.ui.enabled"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "'spark.ui.enabled' is not KEY=VALUE" in line and "--spark-conf" in line, line
 
 
 def test_a_missing_config_file_is_refused_not_skipped(tmp_path, capsys):

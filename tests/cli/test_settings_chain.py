@@ -297,6 +297,7 @@ def test_run_takes_each_setting_from_its_source_and_shows_it_outside(
         f"instance_id={chain.instance_id}, checkpoint_database={places.checkpoints}, "
         f"metrics_port={places.port}, metrics_host=127.0.0.1, progress_interval={INTERVAL:g}, "
         f"server_selection_timeout=10, log_level=INFO, log_format={chain.log_format}, "
+        "spark_master=local[*], spark_conf={}, spark_log=log, "
         f"uri={redact_uri(places.uri)}, "
         f"config={places.config}"
     )

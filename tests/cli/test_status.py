@@ -86,3 +86,40 @@ def test_a_position_that_left_the_oplog_exits_2(capsys, tmp_path):
         out, err = capsys.readouterr()
         assert code == ExitCode.USAGE and "NO: history lost" in out
         assert re.search(r"'orders' is older than the oplog's oldest entry", err)
+
+
+@pytest.mark.usefixtures("needs_hashed_index_key")
+def test_status_shows_the_holder_of_each_bucket_and_the_members_sharing_them(
+    capsys, mongodb_uri, client, db_name
+):
+    """Two connectors share a stream of 4 buckets: each bucket's row names the connector holding
+    it, and the members table lists each connector with the 2 buckets it holds."""
+    handler = orders_handler(db_name, deployment="single_leader", partitions=4, lease_ttl_seconds=10)
+    names = [f"orders[{i}/4]" for i in range(4)]
+    with running(mongodb_uri, [handler], instance_id="east-1") as east:
+        with running(mongodb_uri, [handler], instance_id="west-1") as west:
+
+            def runs(connector) -> list[str]:
+                return sorted(n for n, s in connector.status().items() if s.state.value == "RUNNING")
+
+            wait_until(lambda: len(runs(east)) == len(runs(west)) == 2, what="2 buckets each")
+            code, rows = status_json(capsys, mongodb_uri, db_name)
+            assert code == ExitCode.CLEAN_STOP
+            holders = {row["stream"]: row["leaseHolderToken"] for row in rows}
+            assert holders == {
+                **{name: east.instance_token for name in runs(east)},
+                **{name: west.instance_token for name in runs(west)},
+            }
+            assert sorted(holders) == names
+            code = main(["status", "--uri", mongodb_uri, "--database", db_name])
+            table = capsys.readouterr().out
+            assert code == ExitCode.CLEAN_STOP
+            members = {}
+            for line in table.split("members sharing partitioned streams")[1].splitlines():
+                cells = [cell.strip() for cell in line.strip("│").split("│")]
+                if "│" in line and cells[0] == "orders":
+                    members[cells[1]] = cells[2]
+            assert members == {
+                f"east-1 ({east.instance_token})": "2: " + ", ".join(runs(east)),
+                f"west-1 ({west.instance_token})": "2: " + ", ".join(runs(west)),
+            }

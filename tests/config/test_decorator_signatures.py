@@ -55,6 +55,10 @@ REQUIRED = {("pipeline", "stages")}
 # may pass. Both sides are pinned here, so a change to either fails until this table says so.
 DECLARED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("change_stream", "operation_types"): (tuple[str, ...] | None, Iterable[OperationType] | None),
+    ("change_stream", "collections"): (tuple[str, ...] | None, Iterable[str] | None),
+    ("change_stream", "exclude_collections"): (tuple[str, ...], Iterable[str]),
+    ("change_stream", "exclude_fields"): (tuple[str, ...], Iterable[str]),
+    ("change_stream", "hash_fields"): (tuple[str, ...], Iterable[str]),
     ("checkpoint", "store"): (Any, CheckpointStore | AsyncCheckpointStore | None),
     ("pipeline", "stages"): (
         tuple[dict[str, Any], ...],

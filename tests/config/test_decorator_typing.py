@@ -26,8 +26,8 @@ from typing_extensions import assert_type
 
 from flowwarden import (
     ChangeEvent, Deployment, OnError, OnHistoryLost, OnInvalidate, SchemaMode, Snapshot, StartPosition,
-    StreamContext, change_stream, checkpoint, dead_letter_queue, on_batch, on_change, on_dataframe,
-    on_insert, on_snapshot, on_update, pipeline, retry_policy,
+    StreamContext, change_stream, checkpoint, dead_letter_queue, event_filter, on_batch, on_change,
+    on_dataframe, on_insert, on_snapshot, on_update, pipeline, retry_policy,
 )
 from flowwarden.checkpoints import InMemoryCheckpointStore
 
@@ -89,7 +89,21 @@ class Modes:
     def frame(self, df: object) -> None: ...
 
 
+@change_stream(
+    database="shop", collections=["orders", "re:inv.*"], exclude_collections=("tmp",),
+    exclude_fields=["ssn"], hash_fields={"email"}, hash_salt_env="SHOP_SALT",
+)
+class Filtered:
+    @event_filter
+    def keep(self, event: ChangeEvent) -> bool:
+        return event.collection != "audit"
+
+    @on_insert
+    def created(self, event: ChangeEvent) -> None: ...
+
+
 assert_type(Orders(), Orders)
+assert_type(Filtered().keep(ChangeEvent({})), bool)
 assert_type(Everything(), Everything)
 assert_type(Everything().handle([]), int)
 assert_type(Frames(), Frames)
@@ -101,7 +115,7 @@ MISUSES: list[tuple[str, str]] = [
     (
         '@change_stream(colection="orders", database="shop")\nclass Misspelt: ...',
         'Unexpected keyword argument "colection" for overloaded function "change_stream"; '
-        'did you mean "collection"?',
+        'did you mean "collection"',
     ),
     (
         '@checkpoint(save_every_n="100")\nclass WrongType: ...',

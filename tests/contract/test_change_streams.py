@@ -321,6 +321,63 @@ def test_stages_filter_and_reshape(client: pymongo.MongoClient, db_name: str) ->
     ]
 
 
+def test_expressions_reshape_events_field_by_field(client: pymongo.MongoClient, db_name: str) -> None:
+    """The expressions that rewrite an update description key by key: $type (missing included),
+    $mergeObjects, $not of a one-element list, $regexMatch of a missing input (false),
+    $objectToArray and $arrayToObject keeping dotted keys, $let, $switch, $$REMOVE."""
+    coll = client[db_name].c
+    updated = "$updateDescription.updatedFields"
+    pairs = {"$objectToArray": updated}
+    secret = {"$regexMatch": {"input": "$$entry.k", "regex": r"^secret(?:\.|$)"}}
+    public = {"$filter": {"input": pairs, "as": "entry", "cond": {"$not": [secret]}}}
+    pipeline = [
+        {
+            "$set": {
+                "kinds": {"description": {"$type": "$updateDescription"}, "missing": {"$type": "$nope"}},
+                "noCollection": {"$regexMatch": {"input": "$nope", "regex": "x"}},
+                "updateDescription": {
+                    "$cond": [
+                        {"$eq": [{"$type": "$updateDescription"}, "object"]},
+                        {
+                            "$mergeObjects": [
+                                "$updateDescription",
+                                {
+                                    "updatedFields": {"$arrayToObject": public},
+                                    "none": "$$REMOVE",
+                                },
+                            ]
+                        },
+                        "$$REMOVE",
+                    ]
+                },
+                "shape": {
+                    "$let": {
+                        "vars": {"where": "$ns"},
+                        "in": {
+                            "$switch": {
+                                "branches": [{"case": {"$isArray": "$$where"}, "then": "array"}],
+                                "default": {"$type": "$$where"},
+                            }
+                        },
+                    }
+                },
+            }
+        }
+    ]
+    with coll.watch(pipeline, max_await_time_ms=AWAIT_MS) as stream:
+        coll.insert_one({"_id": 1, "a": {"b": 1}, "secret": {"x": 1}})
+        coll.update_one({"_id": 1}, {"$set": {"a.b": 2, "secret.x": 2, "secretive": 3}})
+        insert, update = changes(stream, 2)
+    assert "updateDescription" not in insert
+    assert insert["kinds"] == {"description": "missing", "missing": "missing"}
+    assert insert["noCollection"] is False and update["noCollection"] is False
+    assert insert["shape"] == "object" and update["shape"] == "object"
+    assert update["kinds"]["description"] == "object"
+    description = update["updateDescription"]
+    assert description["updatedFields"] == {"a.b": 2, "secretive": 3}
+    assert description["removedFields"] == [] and "none" not in description
+
+
 def test_projecting_only_the_id_leaves_only_the_token(client: pymongo.MongoClient, db_name: str) -> None:
     coll = client[db_name].c
     with coll.watch([{"$project": {"_id": 1}}], max_await_time_ms=AWAIT_MS) as stream:

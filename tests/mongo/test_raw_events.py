@@ -3,8 +3,10 @@ decode for every top-level BSON type it has to walk past."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import gc
+import pickle
 from typing import Any
 
 import bson
@@ -132,3 +134,36 @@ def test_a_waiting_raw_event_is_one_object_for_the_garbage_collector() -> None:
         event["_id"], event.get("operationType")
     gc.collect()
     assert len(gc.get_objects()) - before < 50
+
+
+def test_each_field_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The driver, the read loop and the batch each read both fields of every event.
+    from flowwarden.mongo import raw_events
+
+    walked: list[str] = []
+    lookup = raw_events._lookup
+
+    def counting(raw: bytes, key: str) -> Any:
+        walked.append(key)
+        return lookup(raw, key)
+
+    monkeypatch.setattr(raw_events, "_lookup", counting)
+    event = raw_event({"_id": TOKEN, "operationType": "insert", "fullDocument": {"a": 1}})
+    for _ in range(3):
+        assert event["_id"] == TOKEN
+        assert event.get("operationType") == "insert"
+    assert walked == ["_id", "operationType"]
+
+
+def test_a_token_read_is_the_readers_own() -> None:
+    event = raw_event({"_id": TOKEN, "operationType": "insert"})
+    event["_id"]["_data"] = "changed by one reader"
+    assert event["_id"] == TOKEN
+    assert event["_id"] is not event["_id"]
+
+
+def test_a_copied_or_pickled_event_reads_alike() -> None:
+    event = raw_event({"_id": TOKEN, "operationType": "insert"})
+    event["_id"]  # one field looked up before the copy, the other after
+    for copied in (pickle.loads(pickle.dumps(event)), copy.deepcopy(event), copy.copy(event)):
+        assert copied["_id"] == TOKEN and copied["operationType"] == "insert"

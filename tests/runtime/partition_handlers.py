@@ -11,7 +11,8 @@ Configured by environment variables (the command line names only the class):
 - ``FW_TEST_FAIL_KEYS``: comma-separated ``_id`` values (ints) whose events :class:`OrdersDlq`
   fails on, so they are dead-lettered; without it every method succeeds (the fix);
 - ``FW_TEST_LAG_SECONDS`` (default 0.05): how long :class:`LaggingOrders` takes for each event of
-  its first bucket.
+  its first bucket;
+- ``FW_TEST_LEASE_TTL`` (default 30): :class:`FleetOrders`' ``lease_ttl_seconds``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,28 @@ class LaggingOrders:
         if ctx.stream.startswith("orders[0/"):
             await asyncio.sleep(self._lag)
         _log.write(f"{ctx.stream} {event.token['_data']}\n")
+
+
+@change_stream(
+    "orders",
+    os.environ["FW_TEST_DB"],
+    name="orders",
+    partitions=int(os.environ.get("FW_TEST_PARTITIONS", "3")),
+    deployment="single_leader",
+    lease_ttl_seconds=float(os.environ.get("FW_TEST_LEASE_TTL", "30")),
+    max_await_time_ms=50,
+)
+@checkpoint(
+    save_every_n=int(os.environ.get("FW_TEST_SAVE_EVERY_N", "10")),
+    save_interval_seconds=float(os.environ.get("FW_TEST_SAVE_INTERVAL", "60")),
+)
+class FleetOrders:
+    """:class:`Orders` with ``deployment="single_leader"``: the processes running it share its
+    buckets. Logs ``<bucket stream> <token _data> <pid>`` for each event it handled."""
+
+    @on_change
+    def handle(self, event: ChangeEvent, ctx: StreamContext) -> None:
+        _log.write(f"{ctx.stream} {event.token['_data']} {os.getpid()}\n")
 
 
 class HandlerFailed(Exception):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import threading
 
 import pymongo
 import pytest
@@ -115,3 +117,42 @@ def test_status_reports_progress_and_lag(mongodb_uri, client, db_name):
     finally:
         connector.stop()
     assert connector.status()["orders"].state == StreamState.STOPPED
+
+
+def _run_observing_freeze(connector: Connector) -> list[int]:
+    """Run ``connector`` with run() on this (the main) thread; another thread notes
+    gc.get_freeze_count() once the stream runs, then stops it."""
+    observed: list[int] = []
+
+    def observe() -> None:
+        try:
+            wait_until(lambda: connector.status()["orders"].state == StreamState.RUNNING, what="running")
+            observed.append(gc.get_freeze_count())
+        finally:
+            connector.stop()
+
+    observer = threading.Thread(target=observe)
+    observer.start()
+    connector.run()
+    observer.join()
+    return observed
+
+
+def test_run_leaves_the_heap_it_began_with_out_of_the_collectors_passes(mongodb_uri, db_name):
+    assert gc.get_freeze_count() == 0
+    alive = [object()]  # tracked objects alive when run() begins
+    handler, _ = recording_handler(db_name)
+    observed = _run_observing_freeze(Connector(mongodb_uri, [handler]))
+    assert observed and observed[0] >= len(alive)
+    assert gc.get_freeze_count() == 0, "run() hands the objects back to the collector when it returns"
+
+
+def test_run_keeps_a_heap_the_process_froze_itself(mongodb_uri, db_name):
+    handler, _ = recording_handler(db_name)
+    gc.freeze()
+    try:
+        observed = _run_observing_freeze(Connector(mongodb_uri, [handler]))
+        assert observed and observed[0] > 0
+        assert gc.get_freeze_count() > 0, "the process's own freeze stays when run() returns"
+    finally:
+        gc.unfreeze()

@@ -9,6 +9,7 @@ metrics.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from flowwarden import (
     StreamContext,
     change_stream,
     checkpoint,
+    event_filter,
     on_batch,
     on_change,
     on_dataframe,
@@ -30,7 +32,9 @@ from flowwarden import (
 from flowwarden.checkpoints import IncrementalState
 from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.buckets import bucket_stage
+from flowwarden.mongo.calls import run
 from flowwarden.mongo.initial_copy import copy_filter, document_key
+from flowwarden.mongo.signals import insert_request, request_document
 from flowwarden.runtime import incremental as incremental_module
 from flowwarden.runtime.incremental import ChunkWindow, IncrementalSnapshot
 from helpers import checkpoint_doc, running, wait_until, wait_until_async
@@ -292,6 +296,70 @@ def test_a_database_stream_copies_the_collections_and_documents_requested(
     assert progress.namespaces == (f"{db_name}.returns",) and progress.copied == 4
 
 
+HASH_SALT = "salt-for-requested-copies"
+
+
+def _hashed(value: str) -> str:
+    return hashlib.sha256(HASH_SALT.encode() + value.encode()).hexdigest()
+
+
+def test_a_requested_copy_goes_through_the_streams_filters_as_the_initial_copy_does(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exclude_collections chooses the collections copied (and refuses one it leaves out),
+    exclude_fields are removed by the server, hash_fields hashed, and the @event_filter asked."""
+    monkeypatch.setenv("FW_TEST_HASH_SALT", HASH_SALT)
+    database = client[db_name]
+    for name in ("orders", "returns", "audit"):
+        database[name].insert_many(
+            [{"_id": i, "email": f"{name}-{i}@example.com", "secret": {"pin": i}, "k": i} for i in range(6)]
+        )
+    delivered: list[tuple[str, str, Any, Any]] = []
+
+    @change_stream(
+        database=db_name,
+        name="shop",
+        exclude_collections=["audit"],
+        exclude_fields=["secret"],
+        hash_fields=["email"],
+        hash_salt_env="FW_TEST_HASH_SALT",
+        max_await_time_ms=50,
+    )
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Shop:
+        @event_filter
+        def keep(self, event: ChangeEvent) -> bool:
+            return event.document_key["_id"] % 2 == 0
+
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            delivered.append(
+                (event.operation_type, event.namespace[1], event.document_key["_id"], event.full_document)
+            )
+
+    signals = database["_fw_signals"]
+    with running(mongodb_uri, [Shop]) as connector:
+        with pytest.raises(ConfigurationError, match=r"leave out \S+\.audit"):
+            connector.request_snapshot("shop", ["audit"])
+        connector.request_snapshot("shop")
+        wait_until(lambda: _done(connector, "shop"), what="the copy to end")
+        refused = run(insert_request(signals, request_document("shop", ["audit"])))
+        wait_until(
+            lambda: signals.find_one({"_id": ObjectId(refused)})["state"] == "refused", what="the refusal"
+        )
+        filtered = connector.status()["shop"].events_filtered
+    assert delivered == [
+        ("snapshot", name, i, {"_id": i, "email": _hashed(f"{name}-{i}@example.com"), "k": i})
+        for name in ("orders", "returns")
+        for i in (0, 2, 4)
+    ]
+    assert filtered == 6 and _progress(connector, "shop").namespaces == (
+        f"{db_name}.orders",
+        f"{db_name}.returns",
+    )
+    assert "exclude_collections leave out" in signals.find_one({"_id": ObjectId(refused)})["reason"]
+
+
 def test_a_cancelled_request_stops_the_copy_at_its_next_chunk(
     mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
 ) -> None:
@@ -325,9 +393,6 @@ def test_a_cancelled_request_stops_the_copy_at_its_next_chunk(
 def test_a_request_for_a_collection_the_stream_does_not_watch_is_refused(
     mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
 ) -> None:
-    from flowwarden.mongo.calls import run
-    from flowwarden.mongo.signals import insert_request, request_document
-
     delivered: list[Row] = []
     orders = _orders(db_name, delivered)
     signals = client[db_name]["_fw_signals"]

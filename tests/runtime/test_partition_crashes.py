@@ -50,13 +50,6 @@ HERE = Path(__file__).parent
 DOCUMENTS = 30
 
 
-@pytest.fixture
-def needs_hashed_index_key(client: pymongo.MongoClient[Any]) -> None:
-    found = client.server_info()["versionArray"][0]
-    if found < 7:
-        pytest.skip(f"needs MongoDB 7.0+ ($toHashedIndexKey splits the stream); the deployment runs {found}")
-
-
 # -- helpers ---------------------------------------------------------------------------------------
 
 

@@ -38,13 +38,6 @@ from .handlers import recording_handler
 DOCUMENTS = 30
 
 
-@pytest.fixture
-def needs_hashed_index_key(client: pymongo.MongoClient[Any]) -> None:
-    found = client.server_info()["versionArray"][0]
-    if found < 7:
-        pytest.skip(f"needs MongoDB 7.0+ ($toHashedIndexKey splits the stream); the deployment runs {found}")
-
-
 def _collection_events(
     client: pymongo.MongoClient[Any], collection: Any, start: Timestamp, count: int
 ) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
     python tests/runtime/worker.py URI DATABASE LOG_FILE SAVE_EVERY_N
         [--single-leader INSTANCE] [--instance-id ID] [--handle-seconds SECONDS] [--states STATE_FILE]
+        [--keep-even FILTER_LOG]
 
 Appends one line per handled event ("<instance> <_id>") to LOG_FILE, flushed at once, so the file
 holds every handling that finished even when the process is killed with SIGKILL.
@@ -12,6 +13,8 @@ name INSTANCE), so that two processes can share one id. ``--handle-seconds``: ea
 that long to handle, so that a test can kill the process while it is in the middle of what was
 written. ``--states``: append the stream's
 state to STATE_FILE each time it changes (RUNNING, STANDBY, ...), so a test can wait for it.
+``--keep-even``: an ``@event_filter`` keeps the events of even ``_id`` only, and appends a line
+"<_id> <token _data>" to FILTER_LOG for each event it is asked about.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import threading
 import time
 from typing import TextIO
 
-from flowwarden import ChangeEvent, Connector, change_stream, checkpoint, on_change
+from flowwarden import ChangeEvent, Connector, change_stream, checkpoint, event_filter, on_change
 
 
 def report_states(connector: Connector, out: TextIO) -> None:
@@ -45,10 +48,12 @@ def main() -> int:
     parser.add_argument("--instance-id")
     parser.add_argument("--handle-seconds", type=float, default=0.0)
     parser.add_argument("--states")
+    parser.add_argument("--keep-even", metavar="FILTER_LOG")
     args = parser.parse_args()
     instance = args.single_leader or "w"
     handle_seconds = args.handle_seconds
     log = open(args.log, "a", buffering=1)  # line-buffered: each write reaches the OS at once
+    asked = open(args.keep_even, "a", buffering=1) if args.keep_even else None
 
     @change_stream(
         "orders",
@@ -60,6 +65,14 @@ def main() -> int:
     )
     @checkpoint(save_every_n=args.save_every_n, save_interval_seconds=0.5)
     class Worker:
+        if asked is not None:
+
+            @event_filter
+            def keep(self, event: ChangeEvent) -> bool:
+                key = event.document_key["_id"]
+                asked.write(f"{key} {event.token['_data']}\n")
+                return key % 2 == 0
+
         @on_change
         def handle(self, event: ChangeEvent) -> None:
             if handle_seconds:

@@ -84,6 +84,47 @@ def test_dataframe_batches_carry_the_events_and_checkpoint_after_return(
     assert all(r["_id"] for r in rows) and len({r["_id"] for r in rows}) == 5
 
 
+def test_the_next_batch_becomes_a_dataframe_while_the_one_before_is_in_its_method(
+    spark, mongodb_uri, client, db_name, monkeypatch
+):
+    import flowwarden.spark
+
+    convert = flowwarden.spark.events_to_dataframe
+    converting: list[int] = []
+    second = threading.Event()
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        converting.append(len(args[1]))
+        if len(converting) == 2:
+            second.set()
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(flowwarden.spark, "events_to_dataframe", counting)
+    batches: list[list[int]] = []
+    overlapped: list[bool] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Frames:
+        @on_dataframe(max_events=5, max_wait_seconds=30)
+        def write(self, df: Any, ctx: StreamContext) -> None:
+            if not batches:
+                overlapped.append(second.wait(20))
+            batches.append([row["document_key"] for row in df.orderBy("cluster_time").collect()])
+
+    connector = Connector(mongodb_uri, [Frames], spark=spark)
+    connector.start()
+    try:
+        wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i} for i in range(10)])
+        wait_until(lambda: checkpoint_doc(client, db_name).get("eventsProcessed") == 10, what="both batches")
+    finally:
+        connector.stop()
+    assert overlapped == [True], "the second batch was converted only after the first one's method returned"
+    assert converting == [5, 5]
+    assert batches == [[f'{{"_id":{{"$numberInt":"{i}"}}}}' for i in range(j, j + 5)] for j in (0, 5)]
+
+
 def test_dropmalformed_dead_letters_what_does_not_fit(spark, mongodb_uri, client, db_name):
     seen: list[int] = []
 

@@ -156,3 +156,78 @@ def test_unset_needs_field_names() -> None:
     with pytest.raises(CommandError) as info:
         compile_pipeline([{"$unset": []}])
     assert info.value.code == 31002
+
+
+def test_type_names_every_value_and_missing_fields() -> None:
+    (stage,) = compile_pipeline(
+        [
+            {
+                "$set": {
+                    "types": {
+                        "number": {"$type": "$fullDocument.qty"},
+                        "text": {"$type": "$fullDocument.status"},
+                        "list": {"$type": "$fullDocument.tags"},
+                        "null": {"$type": "$fullDocument.note"},
+                        "document": {"$type": ["$ns"]},
+                        "flag": {"$type": True},
+                        "missing": {"$type": "$fullDocument.nope"},
+                    }
+                }
+            }
+        ]
+    )
+    out = stage(EVENT)
+    assert out is not None and out["types"] == {
+        "number": "int",
+        "text": "string",
+        "list": "array",
+        "null": "null",
+        "document": "object",
+        "flag": "bool",
+        "missing": "missing",
+    }
+
+
+def test_merge_objects_merges_left_to_right_skipping_null_and_missing() -> None:
+    merge = {"$mergeObjects": ["$ns", None, "$nope", {"coll": "other", "extra": 1}]}
+    (stage,) = compile_pipeline([{"$set": {"merged": merge}}])
+    out = stage(EVENT)
+    assert out is not None and out["merged"] == {"db": "shop", "coll": "other", "extra": 1}
+    (bad,) = compile_pipeline([{"$set": {"merged": {"$mergeObjects": ["$ns", "$fullDocument.qty"]}}}])
+    with pytest.raises(CommandError) as info:
+        bad(EVENT)
+    assert info.value.code == 40400
+
+
+def test_not_of_a_one_element_list_negates_the_element() -> None:
+    (stage,) = compile_pipeline(
+        [
+            {
+                "$set": {
+                    "notPaid": {"$not": [{"$eq": ["$fullDocument.status", "paid"]}]},
+                    "notZero": {"$not": [0]},
+                    "notMissing": {"$not": ["$fullDocument.nope"]},
+                    "notText": {"$not": [""]},
+                }
+            }
+        ]
+    )
+    out = stage(EVENT)
+    assert out is not None
+    assert (out["notPaid"], out["notZero"], out["notMissing"], out["notText"]) == (False, True, True, False)
+
+
+def test_regex_match_of_null_or_missing_input_is_false() -> None:
+    (stage,) = compile_pipeline(
+        [
+            {
+                "$set": {
+                    "null": {"$regexMatch": {"input": "$fullDocument.note", "regex": ".*"}},
+                    "missing": {"$regexMatch": {"input": "$fullDocument.nope", "regex": ".*"}},
+                    "text": {"$regexMatch": {"input": "$fullDocument.status", "regex": "^pa"}},
+                }
+            }
+        ]
+    )
+    out = stage(EVENT)
+    assert out is not None and (out["null"], out["missing"], out["text"]) == (False, False, True)

@@ -159,10 +159,11 @@ class CheckpointCommitter:
         a failure without committing. Never resolves on a clean run."""
 
         self._save_lock = asyncio.Lock()
-        # The save a caller is waiting for (a count save, flush, save_batch_end), run as a task of
-        # its own so that close() and interrupt() can give up on a store that does not answer.
-        self._awaited: asyncio.Task[None] | None = None
         self._interrupted = False
+        # A save a caller waits for (a count save, flush, save_batch_end) runs as a task of its
+        # own; interrupt() and a close that gave up resolve this, and the caller stops waiting
+        # then, whether or not the store (a driver retrying a held write) lets go of the save.
+        self._let_go: asyncio.Future[None] = self._loop.create_future()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         if not self._every_commit:
@@ -220,8 +221,9 @@ class CheckpointCommitter:
         For a batch, committed as one: the frontier moves to the batch's end in one step, so no
         count save ever stores a position inside the batch (a batch is re-formed from where it
         starts). Only for streams with nothing else in flight: every sequence up to ``sequence``
-        must be finished. Waits for a save when the move reaches the save count, as
-        :meth:`commit` does.
+        must be finished. Completions committed past it already (events a filter left out
+        after the batch) then join the frontier too. Waits for a save when the move reaches the
+        save count, as :meth:`commit` does.
         """
         if self._refusal is not None:
             raise self._refusal.with_traceback(None)
@@ -231,6 +233,11 @@ class CheckpointCommitter:
         if completed:
             for done in [s for s in completed if s <= sequence]:
                 del completed[done]
+            following = sequence + 1
+            while following in completed:
+                token = completed.pop(following)
+                sequence = following
+                following += 1
         self._frontier = sequence
         self._frontier_token = token
         if sequence >= self._save_at:
@@ -302,8 +309,7 @@ class CheckpointCommitter:
         stays unsaved; :meth:`close` tries once more); :meth:`flush` and :meth:`save_batch_end`
         raise CommitterClosedError, since their callers must not go on as if they had saved."""
         self._interrupted = True
-        if self._awaited is not None:
-            self._awaited.cancel()
+        self._give_up_waiting()
 
     async def close(self, timeout: float | None = 10.0) -> bool:
         """Stop the timer, save the frontier, refuse later commits; returns within ``timeout``.
@@ -461,19 +467,24 @@ class CheckpointCommitter:
                 return
             raise self._interruption()
         save = self._loop.create_task(work)
-        self._awaited = save
         try:
-            await save
+            await asyncio.wait((save, self._let_go), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            if save.cancelled() and self._closed and self._refusal is not None:
-                raise self._refusal.with_traceback(None) from None
-            if save.cancelled() and self._interrupted:
-                if interrupted_returns:
-                    return
-                raise self._interruption() from None
+            _abandon_task(save)
             raise
-        finally:
-            self._awaited = None
+        if not save.done():
+            # Given up on: cancelled, and left to end whenever the store lets go of it.
+            _abandon_task(save)
+        elif not save.cancelled():
+            save.result()
+            return
+        if self._closed and self._refusal is not None:
+            raise self._refusal.with_traceback(None) from None
+        if self._interrupted:
+            if interrupted_returns:
+                return
+            raise self._interruption() from None
+        raise asyncio.CancelledError
 
     def _interruption(self) -> CommitterClosedError:
         return CommitterClosedError(
@@ -626,13 +637,21 @@ class CheckpointCommitter:
         return self._saved_sequence == self._frontier
 
     def _abandon(self, shutdown: asyncio.Task[bool]) -> None:
-        shutdown.cancel()
+        _abandon_task(shutdown)
         if self._task is not None:
             self._task.cancel()
-        if self._awaited is not None:
-            self._awaited.cancel()
-        # Nobody awaits these any more; retrieve their outcome so asyncio does not warn.
-        shutdown.add_done_callback(_consume_outcome)
+        self._give_up_waiting()
+
+    def _give_up_waiting(self) -> None:
+        if not self._let_go.done():
+            self._let_go.set_result(None)
+
+
+def _abandon_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task``, which nobody awaits any more, and retrieve its outcome whenever it ends
+    so that asyncio does not warn."""
+    task.cancel()
+    task.add_done_callback(_consume_outcome)
 
 
 def _consume_outcome(task: asyncio.Task[Any]) -> None:

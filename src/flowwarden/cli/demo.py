@@ -8,8 +8,10 @@ every change written (its operation type and document ``_id``) must arrive exact
 change is never hidden by one delivered twice.
 
 While a run goes, a live panel on stderr shows what the connector reports (changes written and
-delivered, events/s, seconds behind, batches, the stored checkpoint) and where its Prometheus
-endpoint is; a table on stdout sums the runs up. Spark's own log goes to a file beside the output.
+delivered, events/s, batches, seconds behind or caught up, the stored checkpoint) and where its
+Prometheus endpoint is, in lines that fit 80 columns; until Spark's first batch is through (its
+Python workers start: 10-30 s), it says that Spark is starting. A table on stdout sums the runs
+up. Spark's own log goes to a file beside the output.
 """
 
 from __future__ import annotations
@@ -134,6 +136,11 @@ def _mismatch(written: list[Change], delivered: list[Change]) -> str | None:
     )
 
 
+PANEL_WIDTH = 80
+"""The panel's lines fit a terminal this wide."""
+_INDENT = " " * len("run 1: ")
+
+
 @dataclass
 class _Run:
     """One run of the connector as the panel and the summary show it."""
@@ -145,11 +152,22 @@ class _Run:
     seconds: float = 0.0
     behind: float | None = None
     batches: int = 0
-    saved: str = "-"
+    writing: bool = True
+    saved: tuple[int, str] | None = None
+    """The stored checkpoint: changes handled in all, and when it was saved; None until one is."""
 
     @property
     def rate(self) -> float:
         return self.delivered / self.seconds if self.seconds else 0.0
+
+    @property
+    def caught_up(self) -> bool:
+        return not self.writing and self.delivered >= self.written
+
+    @property
+    def checkpoint(self) -> str:
+        """The stored checkpoint in words, for the summary table."""
+        return "none saved yet" if self.saved is None else f"{self.saved[0]:,} at {self.saved[1]}"
 
 
 @dataclass
@@ -180,6 +198,7 @@ class _Demo:
             while True:
                 writing = writer.is_alive()  # before the count: a write can end between the two
                 status = connector.status()[stream]
+                run.writing = writing
                 run.written = len(writer.changes)
                 run.delivered = status.events_processed - self._processed_before()
                 run.seconds = time.perf_counter() - started
@@ -217,26 +236,40 @@ class _Demo:
             return "no: new"
         return f"after {doc.get('eventsProcessed', 0):,}"
 
-    def _saved(self, stream: str) -> str:
+    def _saved(self, stream: str) -> tuple[int, str] | None:
         doc = self._checkpoint(stream)
         if doc is None or doc.get("lastProcessedTimestamp") is None:
-            return "opening position"
-        at = doc["lastProcessedTimestamp"].strftime("%H:%M:%S")
-        return f"{doc.get('eventsProcessed', 0):,} @ {at}"
+            return None  # only the position the stream opened at is stored: no change handled yet
+        return int(doc.get("eventsProcessed", 0)), doc["lastProcessedTimestamp"].strftime("%H:%M:%S")
+
+    @property
+    def spark_starting(self) -> bool:
+        """Spark runs its first batch: its Python workers start, which takes 10-30 s, once."""
+        return self.spark is not None and not any(run.batches for run in self.runs)
 
     def panel(self) -> Group:
         lines = [Text(f"metrics: {self.metrics}", style="dim")] if self.metrics else []
-        lines += [Text(self.line(run)) for run in self.runs]
+        lines += [Text(line) for run in self.runs for line in self.lines(run)]
         return Group(*lines)
 
-    @staticmethod
-    def line(run: _Run) -> str:
-        behind = "-" if run.behind is None else f"{run.behind:.1f}s"
-        return (
-            f"run {run.number}: {run.written:,} written, {run.delivered:,} delivered, "
-            f"{run.rate:,.0f}/s, {behind} behind, {run.batches} batch{'' if run.batches == 1 else 'es'}, "
-            f"checkpoint {run.saved}"
-        )
+    def lines(self, run: _Run) -> list[str]:
+        """What the panel says of ``run``: two lines of at most :data:`PANEL_WIDTH` characters."""
+        batches = f"{run.batches:,} batch{'' if run.batches == 1 else 'es'}"
+        counts = f"{run.written:,} written, {run.delivered:,} delivered, {run.rate:,.0f}/s, {batches}"
+        first = f"run {run.number}: {counts}"
+        if self.spark_starting and not run.caught_up:
+            return [first, f"{_INDENT}Spark is starting (its first batch takes 10-30 s)"]
+        if run.caught_up:
+            where = "caught up"
+        elif run.behind is not None:
+            where = f"{run.behind:.1f} s behind"
+        else:
+            where = "not reading yet"
+        if run.saved is None:
+            saved = "checkpoint: none saved yet"
+        else:
+            saved = f"checkpoint saved: {run.saved[0]:,} changes, at {run.saved[1]}"
+        return [first, f"{_INDENT}{where}; {saved}"]
 
     def summary(self) -> Table:
         table = Table(title="two runs, one checkpoint")
@@ -253,7 +286,7 @@ class _Demo:
                 f"{run.delivered:,}",
                 f"{run.rate:,.0f}",
                 str(run.batches),
-                run.saved,
+                run.checkpoint,
             )
         return table
 
@@ -304,10 +337,11 @@ def run_demo(*, events: int = 2000, output: str = "out/demo", use_spark: bool = 
             with _logs_above(err), Live(demo.panel(), console=err, refresh_per_second=8) as live:
                 for number in (1, 2):
                     demo.run_once(number, events, live)
-        else:  # a log file or a pipe: one line per run
+        else:  # a log file or a pipe: the panel's lines once per run
             for number in (1, 2):
                 demo.run_once(number, events, None)
-                err.print(demo.line(demo.runs[-1]), soft_wrap=True)
+                for line in demo.lines(demo.runs[-1]):
+                    err.print(line, soft_wrap=True, highlight=False)
     Console().print(demo.summary())
     written = demo.written
     if spark is not None:

@@ -1,4 +1,11 @@
-"""``flowwarden run``: import handler classes and run them until SIGINT/SIGTERM."""
+"""``flowwarden run``: import handler classes and run them until SIGINT/SIGTERM.
+
+Its output is flowwarden's log on stderr, in the format asked for, and nothing else: Spark's JVM
+(started for ``@on_dataframe`` handlers) writes to the ``spark_log`` file, or through the logger
+``spark`` into that same log, never straight to stderr. While a stream copies its existing
+documents, a terminal (stderr a TTY, text logs) also shows a progress bar per copying stream; a
+pipe or a file, and JSON logs, never get one.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,17 @@ import importlib
 import logging
 import os
 import sys
+import threading
+from typing import Any
 
 from flowwarden.cli.common import CommandError, ExitCode, Parser, mongo_client, say
 from flowwarden.cli.settings import Settings
 
 log = logging.getLogger(__name__)
+
+SPARK_LOGGER = "spark"
+"""The logger that gets the lines of Spark's JVM when no ``spark_log`` file is set."""
+_BAR_REFRESH_SECONDS = 0.5
 
 
 def load_handler(path: str) -> type:
@@ -81,9 +94,19 @@ def run(args: argparse.Namespace, settings: Settings) -> ExitCode:
             metrics_port=settings.metrics_port,
             metrics_host=settings.metrics_host,
             progress_interval=settings.progress_interval,
+            spark_master=settings.spark_master,
+            spark_conf=settings.spark_conf,
+            spark_log=settings.spark_log or logging.getLogger(SPARK_LOGGER),
         )
         log.info("flowwarden run with %s", settings.in_effect(connector.instance_id))
-        connector.run()
+        bars = _CopyBars(connector) if settings.log_format == "text" and _terminal(sys.stderr) else None
+        try:
+            if bars is not None:
+                bars.start()
+            connector.run()
+        finally:
+            if bars is not None:
+                bars.finish()
     except ForcedStop as stop:
         say(
             f"stopped at once by a second {stop.signal_name}; the events of the handlers it abandoned "
@@ -101,7 +124,96 @@ def run(args: argparse.Namespace, settings: Settings) -> ExitCode:
     return ExitCode.FAILED if errors else ExitCode.CLEAN_STOP
 
 
-RUN_SETTINGS = ("instance_id", "checkpoint_database", "metrics_port", "metrics_host", "progress_interval")
+def _terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty()) and os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError):
+        return False
+
+
+class _CopyBars(threading.Thread):
+    """While streams copy their existing documents (``snapshot``), one progress bar each on
+    stderr: copied of the estimate, percent, rate, time left. Log lines print above the bars;
+    the bars go once no stream copies."""
+
+    def __init__(self, connector: Any) -> None:
+        super().__init__(name="flowwarden-copy-bars", daemon=True)
+        self._connector = connector
+        self._done = threading.Event()
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join(5)
+
+    def run(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            Task,
+            TaskID,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+        from rich.text import Text
+
+        class Rate(ProgressColumn):
+            def render(self, task: Task) -> Text:
+                return Text(f"{task.speed:,.0f}/s" if task.speed else "")
+
+        bars: Progress | None = None
+        tasks: dict[str, TaskID] = {}
+        try:
+            while not self._done.wait(_BAR_REFRESH_SECONDS):
+                copying = {
+                    name: status.snapshot
+                    for name, status in self._connector.status().items()
+                    if status.snapshot is not None and not status.snapshot.done
+                }
+                if copying and bars is None:
+                    bars = Progress(
+                        TextColumn("{task.description}"),
+                        BarColumn(),
+                        MofNCompleteColumn(),
+                        TaskProgressColumn(),
+                        Rate(),
+                        TimeRemainingColumn(),
+                        # Log lines print above the bars whole, as they would without them.
+                        console=Console(stderr=True, soft_wrap=True),
+                        transient=True,
+                        redirect_stderr=True,
+                    )
+                    bars.start()
+                if bars is None:
+                    continue
+                for name, snapshot in copying.items():
+                    total = max(snapshot.total or 0, snapshot.copied) or None
+                    if name not in tasks:
+                        tasks[name] = bars.add_task(f"{name}: initial snapshot", total=total)
+                    bars.update(tasks[name], completed=snapshot.copied, total=total)
+                for name in [name for name in tasks if name not in copying]:
+                    bars.remove_task(tasks.pop(name))
+                if not tasks:
+                    bars.stop()
+                    bars = None
+        finally:
+            if bars is not None:
+                bars.stop()
+
+
+RUN_SETTINGS = (
+    "instance_id",
+    "checkpoint_database",
+    "metrics_port",
+    "metrics_host",
+    "progress_interval",
+    "spark_master",
+    "spark_conf",
+    "spark_log",
+)
 """The settings only ``run`` has flags for."""
 
 
@@ -142,5 +254,24 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
         type=float,
         default=None,
         help="seconds between the INFO progress lines of each stream; 0 for none (default: 30)",
+    )
+    parser.add_argument(
+        "--spark-master",
+        default=None,
+        help="the Spark master of the session started for @on_dataframe handlers (default: local[*])",
+    )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="a Spark setting of that session; give the flag once per setting",
+    )
+    parser.add_argument(
+        "--spark-log",
+        default=None,
+        metavar="PATH",
+        help="a file for the output of Spark's JVM and its Python workers, appended (default: "
+        "flowwarden's log, as the logger 'spark', WARN and above)",
     )
     return parser

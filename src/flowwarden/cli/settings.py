@@ -9,6 +9,10 @@ at the top level::
     metrics_port = 9464
     log_format = "json"
 
+``spark_conf`` is a table of Spark settings: ``--spark-conf KEY=VALUE`` once per setting, a JSON
+object in ``FLOWWARDEN_SPARK_CONF``, a ``[spark_conf]`` table in the TOML file; the sources are
+merged key by key, in the same order of precedence.
+
 The URI may come from a file (``FLOWWARDEN_URI_FILE``, or ``uri_file`` in the TOML file), for
 secrets mounted as files; one trailing newline is stripped. A source that sets both ``uri`` and
 ``uri_file`` is refused, as are unknown keys in the TOML file and values a field does not accept:
@@ -18,8 +22,10 @@ names the setting, where it can be set, and what it accepts. A URI never appears
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -96,6 +102,19 @@ class Settings(BaseSettings):
     progress_interval: float = Field(
         30.0, ge=0, allow_inf_nan=False, description="seconds between progress lines per stream (0: none)"
     )
+    spark_master: str = Field(
+        "local[*]", min_length=1, description="the Spark master of the session run starts for @on_dataframe"
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Spark settings of that session (flag: KEY=VALUE, once per setting; environment: "
+        "a JSON object; config file: a table)",
+    )
+    spark_log: Path | None = Field(
+        None,
+        description="a file that gets the output of Spark's JVM and its Python workers, appended "
+        "(default: flowwarden's log, as the logger spark, WARN and above)",
+    )
 
     # Set per load() on a subclass: the TOML file to read, if any.
     _toml_file: Path | None = None
@@ -121,6 +140,15 @@ class Settings(BaseSettings):
     def _port_not_boolean(cls, value: Any) -> Any:
         if isinstance(value, bool):  # TOML's true would read as port 1
             raise ValueError("it must be a port number, not true or false")
+        return value
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _conf_pairs(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):  # the flag: KEY=VALUE each
+            return spark_pairs(value)
+        if isinstance(value, dict):  # TOML and JSON give numbers and booleans as such; Spark reads text
+            return {key: _spark_text(setting) for key, setting in value.items()}
         return value
 
     @field_validator("log_level", mode="before")
@@ -166,6 +194,8 @@ class Settings(BaseSettings):
         ``instance_id`` as the connector uses it (generated when not set), the URI with its
         password hidden, and the TOML file they were read from."""
         generated = " (generated)" if self.instance_id is None else ""
+        # Commas without a space: the line's settings stay apart at ", ".
+        spark_conf = ",".join(f"{key}={_shown(key, text)}" for key, text in sorted(self.spark_conf.items()))
         values = {
             "instance_id": f"{instance_id}{generated}",
             "checkpoint_database": self.checkpoint_database,
@@ -175,10 +205,39 @@ class Settings(BaseSettings):
             "server_selection_timeout": f"{self.server_selection_timeout:g}",
             "log_level": self.log_level,
             "log_format": self.log_format,
+            "spark_master": self.spark_master,
+            "spark_conf": f"{{{spark_conf}}}",
+            "spark_log": self.spark_log or "log",
             "uri": redact_uri(self.uri.get_secret_value()) if self.uri is not None else "none",
             "config": self._toml_file or "none",
         }
         return ", ".join(f"{name}={value}" for name, value in values.items())
+
+
+# Spark's own rule for settings that hold secrets (spark.redaction.regex's default).
+_SECRET_SETTING = re.compile(r"(?i)secret|password|token|access[.]?key")
+
+
+def _shown(key: str, value: str) -> str:
+    return "***" if _SECRET_SETTING.search(key) else value
+
+
+def spark_pairs(items: Any) -> dict[str, str]:
+    """``KEY=VALUE`` strings (the ``--spark-conf`` flags) as a mapping; ValueError for another."""
+    pairs = {}
+    for item in items:
+        key, found, setting = str(item).partition("=")
+        if not found or not key.strip():
+            raise ValueError(f"{item!r} is not KEY=VALUE, e.g. spark.sql.shuffle.partitions=8")
+        pairs[key.strip()] = setting
+    return pairs
+
+
+def _spark_text(value: Any) -> Any:
+    """A TOML or JSON scalar as Spark spells it (true, not True); anything else as it is."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if isinstance(value, (int, float)) else value
 
 
 class _UriFromFile(PydanticBaseSettingsSource):
@@ -242,6 +301,9 @@ FLAGS = {
     "log_format": "--log-format",
     "progress_interval": "--progress-interval",
     "server_selection_timeout": "--server-selection-timeout",
+    "spark_master": "--spark-master",
+    "spark_conf": "--spark-conf",
+    "spark_log": "--spark-log",
 }
 
 
@@ -251,6 +313,10 @@ def load(flags: dict[str, Any], config: str | None = None) -> Settings:
     path = config or os.environ.get(CONFIG_ENV) or None
     toml_file = _check_config(Path(path), "--config" if config else CONFIG_ENV) if path else None
     given = {name: value for name, value in flags.items() if value is not None}
+    with contextlib.suppress(ValueError):  # else the setting's validator says what is wrong
+        # A mapping, which the sources below are merged into key by key (a list would replace them).
+        if isinstance(given.get("spark_conf"), (list, tuple)):
+            given["spark_conf"] = spark_pairs(given["spark_conf"])
     loaded_from = type("Settings", (Settings,), {"_toml_file": toml_file})
     try:
         settings: Settings = loaded_from(**given)

@@ -7,7 +7,9 @@ be read (a user without read on ``local``; through a mongos, on a shard) the com
 judges nothing.
 
 Instances are shown by their configured instance id and their instance token (``host:pid:random``,
-one per connector): two processes given the same id are told apart by the token.
+one per connector): two processes given the same id are told apart by the token. Each bucket of a
+partitioned stream is a stream of its own here, with its lease holder; the table then lists the
+members sharing each partitioned ``single_leader`` stream and the buckets each one holds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def status(args: argparse.Namespace, settings: Settings) -> ExitCode:
         now = cluster_time_of(client.admin.command("ping"))
         oldest = oplog_edge(client, 1)
         leases = {doc["_id"]: doc for doc in database[LOCKS_COLLECTION].find({})}
+        members = _members(leases, now)
         rows = [
             _row(stream, checkpoint, reason, now, oldest, leases.get(stream))
             for stream, checkpoint, reason in read_checkpoints(database[args.collection])
@@ -43,7 +46,7 @@ def status(args: argparse.Namespace, settings: Settings) -> ExitCode:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        _print_table(rows, collection.full_name, oldest)
+        _print_table(rows, collection.full_name, oldest, members)
     lost = [row["stream"] for row in rows if row["inOplog"] is False]
     unreadable = sum(1 for row in rows if row["unreadable"])
     if lost:
@@ -120,13 +123,33 @@ def _row(
 
 def _holder(lease: dict[str, Any] | None, now: Timestamp | None) -> tuple[str | None, str | None]:
     """Who holds the stream's single-leader lease, if anyone does now: its instance id and token."""
-    if lease is None or lease.get("owner") is None:
-        return None, None
-    expires = lease.get("expiresAt")
-    if isinstance(expires, datetime) and now is not None and expires.timestamp() <= now.time:
+    if lease is None or lease.get("owner") is None or not _live(lease, now):
         return None, None
     token = lease.get("ownerToken")
     return str(lease["owner"]), None if token is None else str(token)
+
+
+def _live(document: dict[str, Any], now: Timestamp | None) -> bool:
+    expires = document.get("expiresAt")
+    return not (isinstance(expires, datetime) and now is not None and expires.timestamp() <= now.time)
+
+
+def _members(leases: dict[Any, dict[str, Any]], now: Timestamp | None) -> list[tuple[str, str, list[str]]]:
+    """Each live member of a fleet sharing a partitioned single_leader stream: the stream, the
+    member ("id (token)"), and the buckets whose lease it holds now."""
+    held: dict[str, list[str]] = {}
+    for stream, lease in leases.items():
+        token = lease.get("ownerToken")
+        if lease.get("kind") is None and token is not None and _live(lease, now):
+            held.setdefault(str(token), []).append(str(stream))
+    found = []
+    for document in leases.values():
+        if document.get("kind") != "member" or not _live(document, now):
+            continue
+        stream, token = str(document.get("stream")), str(document.get("ownerToken"))
+        buckets = sorted(b for b in held.get(token, []) if b.startswith(f"{stream}["))
+        found.append((stream, _instance_text(str(document.get("owner")), token), buckets))
+    return sorted(found)
 
 
 def _instance_text(instance: str | None, token: str | None) -> str:
@@ -163,7 +186,12 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
-def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp | None) -> None:
+def _print_table(
+    rows: list[dict[str, Any]],
+    collection: str,
+    oldest: Timestamp | None,
+    members: list[tuple[str, str, list[str]]],
+) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # a pipe or a file: one row per line, never wrapped
@@ -198,6 +226,13 @@ def _print_table(rows: list[dict[str, Any]], collection: str, oldest: Timestamp 
             _requested_text(row["incrementalSnapshot"]),
         )
     console.print(table)
+    if members:
+        fleet = Table(title="members sharing partitioned streams", title_justify="left")
+        for column in ("stream", "member", "buckets held"):
+            fleet.add_column(column)
+        for stream, member, buckets in members:
+            fleet.add_row(stream, member, f"{len(buckets)}: {', '.join(buckets)}" if buckets else "0")
+        console.print(fleet)
     if oldest is None:
         console.print(
             "the oplog cannot be read here (no read on local, here or on a shard): 'in oplog' is unknown"
@@ -214,7 +249,8 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
         "current time, events processed, the instance that saved it and the holder of its lease "
         "(each by instance id and instance token, which tells apart processes given the same id), "
         "whether its position is still in the oplog, and its snapshots' progress (initial, and "
-        "requested with `flowwarden snapshot request`). Exits 2 when a position has left the oplog "
+        "requested with `flowwarden snapshot request`); then the members sharing each partitioned "
+        "single_leader stream and the buckets each one holds. Exits 2 when a position has left the oplog "
         "(its history is lost), 1 when a document cannot be read.",
     )
     parser.add_argument("--database", required=True, help="the database holding the checkpoint collection")

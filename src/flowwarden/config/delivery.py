@@ -14,6 +14,7 @@ from flowwarden.config.backoff import backoff_delay
 from flowwarden.config.base import OptionProblem, Options, option
 from flowwarden.config.choices import OnError, SchemaMode, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
+from flowwarden.errors import ConfigurationError
 
 # MongoDB stores expireAfterSeconds as a 32-bit signed int.
 _MAX_TTL_SECONDS = 2**31 - 1
@@ -280,13 +281,13 @@ class DataFrameOptions(BatchOptions):
         if value is None or _is_struct_type(value):
             return value
         if isinstance(value, str):
-            from flowwarden.spark.hints import HintsError, parse_hints  # no pyspark, no pyarrow
+            from flowwarden.spark.hints import parse_hints  # no pyspark, no pyarrow
 
             try:
                 parse_hints(value)  # a DDL mistake fails at decoration time
-            except HintsError as error:
+            except ConfigurationError as error:
                 raise OptionProblem(
-                    error.reason,
+                    error.problem,
                     option="schema_hints",
                     value=value,
                     allowed=cls.allowed["schema_hints"],

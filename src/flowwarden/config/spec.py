@@ -41,6 +41,7 @@ RETRY_ATTR = "__flowwarden_retry_policy__"
 DEAD_LETTER_ATTR = "__flowwarden_dead_letter_queue__"
 SPEC_ATTR = "__flowwarden_stream_spec__"
 MARK_ATTR = "__flowwarden_handler__"
+FILTER_ATTR = "__flowwarden_event_filter__"
 
 CLASS_DECORATORS = ("change_stream", "checkpoint", "pipeline", "retry_policy", "dead_letter_queue")
 METHOD_DECORATORS = (
@@ -120,8 +121,11 @@ class StreamSpec:
     """Change stream options, with ``name`` filled in."""
     checkpoint: CheckpointOptions
     pipeline: tuple[dict[str, Any], ...]
-    """Stages after ``$changeStream``: the operation-type ``$match`` first (when
-    ``operation_types`` is set), then the ``@pipeline`` stages. Do not mutate."""
+    """Stages after ``$changeStream``: for database and cluster streams the ``$match`` leaving
+    out flowwarden's own collections and the one keeping the selected collections
+    (``collections``, ``exclude_collections``), the operation-type ``$match`` (when
+    ``operation_types`` is set), the ``@pipeline`` stages, then the stages removing
+    ``exclude_fields``. Do not mutate."""
     retry: RetryPolicy
     dead_letter: DeadLetterOptions | None
     """``@dead_letter_queue`` options; defaults when on_exhausted is DEAD_LETTER without it."""
@@ -131,6 +135,9 @@ class StreamSpec:
     """The ``@on_change`` method, called for every operation type no other method claims."""
     batch: BatchHandler | None
     dataframe: DataFrameHandler | None
+    event_filter: str | None = None
+    """The name of the ``@event_filter`` method, if the class has one: events it returns false
+    for reach no method and complete as if handled."""
 
     @property
     def mode(self) -> HandlerKind:
@@ -213,6 +220,24 @@ def _handler_marks(cls: type) -> list[tuple[str, HandlerMark]]:
     return marks
 
 
+def _event_filter(cls: type) -> str | None:
+    """The name of the class's ``@event_filter`` method (one at most), as the class resolves it."""
+    names: dict[str, None] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object:
+            names.update(dict.fromkeys(vars(klass)))
+    found = [name for name in names if getattr(inspect.getattr_static(cls, name), FILTER_ATTR, False)]
+    if len(found) > 1:
+        raise ConfigurationError(
+            f"two @event_filter methods, {', '.join(map(repr, found))}; keep one (it may call the others)",
+            owner=cls.__qualname__,
+            option="event_filter",
+            value=tuple(found),
+            allowed="one @event_filter method per class",
+        )
+    return found[0] if found else None
+
+
 def _describe(name: str, mark: HandlerMark) -> str:
     return f"{name!r} (@{', @'.join(mark.decorators)})"
 
@@ -271,11 +296,17 @@ def build_spec(cls: type) -> StreamSpec:
     own_stage = stream.own_collections_stage()
     if own_stage is not None:
         stages.append(own_stage)
+    selection_stage = stream.selection_stage()
+    if selection_stage is not None:
+        stages.append(selection_stage)
     type_stage = stream.operation_type_stage()
     if type_stage is not None:
         stages.append(type_stage)
     if pipeline_options is not None:
         stages.extend(pipeline_options.stages)
+    # Last: the user's stages may still match on an excluded field, and the snapshot's copy
+    # filter reads the $match stages up to the first stage of another kind.
+    stages.extend(stream.exclusion_stages())
 
     batch: BatchHandler | None = None
     dataframe: DataFrameHandler | None = None
@@ -333,6 +364,7 @@ def build_spec(cls: type) -> StreamSpec:
         fallback=fallback,
         batch=batch,
         dataframe=dataframe,
+        event_filter=_event_filter(cls),
     )
 
 

@@ -15,6 +15,8 @@ from flowwarden.config.choices import Deployment, OnInvalidate, Snapshot, coerce
 from flowwarden.config.names import check_collection_name, check_database_name
 from flowwarden.mongo.buckets import MAX_PARTITIONS
 from flowwarden.mongo.initial_copy import INTERNAL_PREFIX
+from flowwarden.mongo.namespaces import NamespaceSelection, is_pattern, pattern_problem
+from flowwarden.mongo.sensitive_fields import exclusion_stages, path_problem
 
 # Operation types a change stream reports without showExpandedEvents.
 StandardOperationType = Literal[
@@ -148,6 +150,39 @@ class ChangeStreamOptions(Options):
         "Add $changeStreamSplitLargeEvent and join the fragments of events over 16 MB into one "
         "event before any method sees it (MongoDB 7.0+).",
     )
+    collections: tuple[str, ...] | None = option(
+        None,
+        "Database and cluster streams: only these collections, by name or 're:' pattern matching "
+        "the whole name (cluster streams name them db.coll), filtered by the server and by the "
+        "snapshot; None: all.",
+        allowed="None or a non-empty list of collection names (db.coll for cluster streams) and "
+        "'re:<regular expression>' patterns",
+    )
+    exclude_collections: tuple[str, ...] = option(
+        (),
+        "Database and cluster streams: leave out these collections, names or 're:' patterns "
+        "as for collections.",
+        allowed="a list of collection names (db.coll for cluster streams) and 're:<regular "
+        "expression>' patterns",
+    )
+    exclude_fields: tuple[str, ...] = option(
+        (),
+        "Dotted paths under the document the server removes from every event and snapshot row "
+        "(full documents, pre-images, update descriptions).",
+        allowed="a list of dotted field paths, not _id",
+    )
+    hash_fields: tuple[str, ...] = option(
+        (),
+        "Dotted paths under the document whose values reach the methods as the hex SHA-256 of "
+        "the salt followed by the value (needs hash_salt_env).",
+        allowed="a list of dotted field paths, not _id, none of them excluded",
+    )
+    hash_salt_env: str | None = option(
+        None,
+        "The environment variable holding the salt of hash_fields; it must be set when the "
+        "stream starts.",
+        allowed="None or an environment variable name",
+    )
 
     @field_validator("collection")
     @classmethod
@@ -218,6 +253,53 @@ class ChangeStreamOptions(Options):
             )
         return tuple(dict.fromkeys(items))
 
+    @field_validator("collections", "exclude_collections", "exclude_fields", "hash_fields", mode="before")
+    @classmethod
+    def _names(cls, value: Any, info: ValidationInfo) -> Any:
+        option_name = info.field_name or ""
+        if value is None and option_name == "collections":
+            return None
+        if isinstance(value, str) or not isinstance(value, Iterable):
+            raise OptionProblem(
+                f"{option_name} must be a list of names, not a single value",
+                option=option_name,
+                value=value,
+                allowed=cls.allowed[option_name],
+            )
+        items = list(value)
+        for item in items:
+            if not isinstance(item, str):
+                raise OptionProblem(
+                    f"{option_name} holds {item!r}, which is not a string",
+                    option=option_name,
+                    value=value,
+                    allowed=cls.allowed[option_name],
+                )
+            problem = pattern_problem(item) if option_name.endswith("collections") else path_problem(item)
+            if problem is not None:
+                allowed = cls.allowed[option_name]
+                raise OptionProblem(problem, option=option_name, value=value, allowed=allowed)
+        if option_name == "collections" and not items:
+            raise OptionProblem(
+                "an empty collections would select no collection; pass None to watch them all",
+                option=option_name,
+                value=value,
+                allowed=cls.allowed[option_name],
+            )
+        return tuple(dict.fromkeys(items))
+
+    @field_validator("hash_salt_env")
+    @classmethod
+    def _salt_variable(cls, value: str | None) -> str | None:
+        if value is not None and (not value or "=" in value or "\x00" in value or value != value.strip()):
+            raise OptionProblem(
+                f"{value!r} cannot name an environment variable",
+                option="hash_salt_env",
+                value=value,
+                allowed=cls.allowed["hash_salt_env"],
+            )
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> ChangeStreamOptions:
         if self.collection is not None and self.database is None:
@@ -240,6 +322,8 @@ class ChangeStreamOptions(Options):
                 + ", ".join(EXPANDED_OPERATION_TYPES)
                 + ")",
             )
+        self._check_selection()
+        self._check_sensitive_fields()
         if self.restart_max_delay_seconds < self.restart_initial_delay_seconds:
             raise OptionProblem(
                 f"restart_max_delay_seconds={self.restart_max_delay_seconds} is below "
@@ -249,6 +333,64 @@ class ChangeStreamOptions(Options):
                 allowed=self.allowed["restart_max_delay_seconds"],
             )
         return self
+
+    def _check_selection(self) -> None:
+        """collections and exclude_collections choose among the collections of a database or
+        cluster stream: a collection stream has one; a cluster stream names them db.coll."""
+        for option_name in ("collections", "exclude_collections"):
+            entries = getattr(self, option_name) or ()
+            if entries and self.collection is not None:
+                raise OptionProblem(
+                    f"{option_name} chooses among the collections of a database or cluster stream; "
+                    f"this stream watches the one collection {self.collection!r}",
+                    option=option_name,
+                    value=entries,
+                    allowed="collection=... alone, or database=... with " + option_name,
+                )
+            for entry in entries:
+                if is_pattern(entry):
+                    continue
+                if self.database is None:
+                    database, dot, collection = entry.partition(".")
+                    if not dot:
+                        raise OptionProblem(
+                            f"a cluster stream names collections with their database: {entry!r} "
+                            f"has none (e.g. 'shop.{entry}')",
+                            option=option_name,
+                            value=entries,
+                            allowed=self.allowed[option_name],
+                        )
+                    check_database_name(database, option_name)
+                    check_collection_name(collection, option_name)
+                else:
+                    check_collection_name(entry, option_name)
+
+    def _check_sensitive_fields(self) -> None:
+        if self.hash_fields and self.hash_salt_env is None:
+            raise OptionProblem(
+                "hash_fields are hashed with a salt, read from an environment variable: name it "
+                "with hash_salt_env",
+                option="hash_salt_env",
+                value=None,
+                allowed="the name of an environment variable holding the salt, e.g. "
+                "hash_salt_env='FLOWWARDEN_HASH_SALT'",
+            )
+        if self.hash_salt_env is not None and not self.hash_fields:
+            raise OptionProblem(
+                f"hash_salt_env={self.hash_salt_env!r} names the salt of hash_fields, and there are none",
+                option="hash_salt_env",
+                value=self.hash_salt_env,
+                allowed="None, or hash_fields with it",
+            )
+        for hashed in self.hash_fields:
+            for excluded in self.exclude_fields:
+                if f"{hashed}.".startswith(f"{excluded}.") or f"{excluded}.".startswith(f"{hashed}."):
+                    raise OptionProblem(
+                        f"{hashed!r} is hashed and {excluded!r} excluded: a field is one or the other",
+                        option="hash_fields",
+                        value=self.hash_fields,
+                        allowed=self.allowed["hash_fields"],
+                    )
 
     @property
     def target(self) -> Literal["collection", "database", "cluster"]:
@@ -274,6 +416,20 @@ class ChangeStreamOptions(Options):
         if self.collection is not None:
             return None
         return {"$match": {"ns.coll": {"$not": {"$regex": f"^{INTERNAL_PREFIX}"}}}}
+
+    @property
+    def selection(self) -> NamespaceSelection:
+        """The collections a database or cluster stream covers (every one of a collection stream)."""
+        return NamespaceSelection(self.collections, self.exclude_collections, cluster=self.database is None)
+
+    def selection_stage(self) -> dict[str, Any] | None:
+        """The ``$match`` stage keeping the events of the ``collections`` not in
+        ``exclude_collections`` (and events without a collection); None when all are kept."""
+        return self.selection.stage()
+
+    def exclusion_stages(self) -> list[dict[str, Any]]:
+        """The stages removing ``exclude_fields`` from every event, run after the user's stages."""
+        return exclusion_stages(self.exclude_fields)
 
     def operation_type_stage(self) -> dict[str, Any] | None:
         """The ``$match`` stage that keeps only ``operation_types``, or None when all are wanted.
@@ -317,3 +473,4 @@ class ChangeStreamOptions(Options):
             jitter=0.2,
             rng=rng,
         )
+

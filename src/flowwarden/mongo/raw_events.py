@@ -66,13 +66,45 @@ class RawEvent(RawBSONDocument):
 
     ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event, and so are
     ``event["documentKey"]`` and ``event["ns"]``; every other field reads as it does from a
-    ``RawBSONDocument``.
+    ``RawBSONDocument``. The token and the operation are looked up once and kept (the driver, the
+    read loop and the batch each read them): a token as its ``_data`` string, handed out as a new
+    dict every time, so no reader can change what the next one gets.
     """
 
-    __slots__ = ()
+    __slots__ = ("_operation", "_token_data")
+
+    def __init__(self, bson_bytes: bytes | memoryview, codec_options: Any = None) -> None:
+        super().__init__(bson_bytes, codec_options)
+        self._token_data: str | None = None  # None: not looked up yet
+        self._operation: str | None = None
 
     def __getitem__(self, key: str) -> Any:
-        if key == "_id" or key == "operationType" or key == "documentKey" or key == "ns":
+        if key == "_id":
+            data = self._token_data
+            if data is None:
+                token = _lookup(self.raw, key)
+                if token is _MISSING:
+                    raise KeyError(key)
+                if token is _UNKNOWN:
+                    return super().__getitem__(key)
+                data = token.get("_data") if isinstance(token, dict) and len(token) == 1 else None
+                if not isinstance(data, str):
+                    return token  # not a resume token: read again each time
+                self._token_data = data
+            return {"_data": data}
+        if key == "operationType":
+            operation = self._operation
+            if operation is None:
+                operation = _lookup(self.raw, key)
+                if operation is _MISSING:
+                    raise KeyError(key)
+                if operation is _UNKNOWN:
+                    return super().__getitem__(key)
+                if not isinstance(operation, str):
+                    return operation
+                self._operation = operation
+            return operation
+        if key == "documentKey" or key == "ns":
             value = _lookup(self.raw, key)
             if value is _MISSING:
                 raise KeyError(key)

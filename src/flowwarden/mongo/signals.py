@@ -38,6 +38,7 @@ from bson.errors import InvalidId
 
 from flowwarden.mongo.calls import Procedure, call, find_all
 from flowwarden.mongo.initial_copy import INTERNAL_PREFIX, copied_collection
+from flowwarden.mongo.namespaces import NamespaceSelection
 
 SIGNALS_COLLECTION = "_fw_signals"
 SNAPSHOT_KIND = "snapshot"
@@ -172,11 +173,17 @@ def check_collection(name: Any) -> None:
 
 
 def request_namespaces(
-    collections: tuple[str, ...] | None, *, database: str | None, collection: str | None
+    collections: tuple[str, ...] | None,
+    *,
+    database: str | None,
+    collection: str | None,
+    selection: NamespaceSelection | None = None,
 ) -> list[str] | None:
     """The namespaces a request copies from a stream watching ``database``/``collection`` (both
     None: the cluster), in order; None for every collection the stream covers.
-    :class:`RequestProblem` when a name is one the stream does not watch.
+    :class:`RequestProblem` when a name is one the stream does not watch, or one its
+    ``collections``/``exclude_collections`` (``selection``) leave out: its changes never reach
+    the stream, so no copy of it could be kept up to date.
 
     A collection stream copies its collection (named as it is, or ``database.collection``); a
     database stream takes collection names of its database as they are (a name may hold dots);
@@ -202,6 +209,14 @@ def request_namespaces(
                     f"a cluster stream copies collections named database.collection, not {name!r}"
                 )
             namespaces.append(name)
+    if selection is not None and collection is None:
+        for namespace in namespaces:
+            db, _, coll = namespace.partition(".")
+            if not selection.selects(db, coll):
+                raise RequestProblem(
+                    f"the stream's collections/exclude_collections leave out {namespace}: its "
+                    "changes never reach the stream; request a collection it selects"
+                )
     return list(dict.fromkeys(namespaces))  # each once, in the order given
 
 

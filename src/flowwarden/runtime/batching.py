@@ -22,7 +22,10 @@ is then 10,000 objects for the cyclic garbage collector to visit, not 90,000.
 
 Sync batch methods, and the Arrow conversion of DataFrame batches, run in a worker thread: they
 may take seconds, and the event loop must keep reading, renewing leases and saving heartbeats
-meanwhile.
+meanwhile. A DataFrame batch that is complete while the batch before it is still in its method
+starts becoming a DataFrame then (conversion and ``createDataFrame``, which have no effect
+outside the process), so the method gets it as soon as its turn comes; it is still handed over
+only after the batch before it was committed.
 """
 
 from __future__ import annotations
@@ -157,15 +160,34 @@ class BatchDelivery:
         """Hand the pending batch over as soon as the batch in flight (if any) is done.
 
         Returns once the batch is on its way, not when its method returned: the stream reads on
-        meanwhile. Raises what the batch before it failed with.
+        meanwhile. Raises what the batch before it failed with. A DataFrame batch starts becoming
+        a DataFrame at once, while the batch before it is still in its method.
         """
-        await self.settle()
+        prepared = None
+        if self._dataframe and self._batch and self._in_flight is not None:
+            prepared = self._prepare(list(self._batch.changes))
+        try:
+            await self.settle()
+        except BaseException:
+            if prepared is not None:
+                prepared.cancel()
+            raise
         batch = self.take()
         if batch:
             self._in_flight = asyncio.get_running_loop().create_task(
-                self._deliver(batch, committer), name=f"flowwarden-batch[{self._name}]"
+                self._deliver(batch, committer, prepared), name=f"flowwarden-batch[{self._name}]"
             )
             self._in_flight.add_done_callback(self._ended)
+        elif prepared is not None:
+            prepared.cancel()
+
+    def _prepare(self, raws: list[Mapping[str, Any]]) -> asyncio.Task[Any]:
+        """The DataFrame of ``raws``, made in a task of its own (see :meth:`_frame`); what it
+        raises is raised where it is awaited, or dropped when it never is."""
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._frame(raws), name=f"flowwarden-convert[{self._name}]")
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return task
 
     async def deliver_all(self, committer: CheckpointCommitter) -> None:
         """Hand the pending batch over and wait until its method returned and it is committed."""
@@ -233,7 +255,9 @@ class BatchDelivery:
             self.failure = task.exception()
             self._failed()
 
-    async def _deliver(self, batch: Batch, committer: CheckpointCommitter) -> bool:
+    async def _deliver(
+        self, batch: Batch, committer: CheckpointCommitter, prepared: asyncio.Task[Any] | None = None
+    ) -> bool:
         """Plan the batch durably, hand it to the method, then commit it as one; True once it
         is committed, False when a stop left it unfinished.
 
@@ -246,7 +270,7 @@ class BatchDelivery:
         await committer.flush()
         await committer.save_batch_end(last)
         ctx = self._invoker.context(str(batch.first_token["_data"]))
-        if not await self._run(batch.changes, ctx, batch.operations):
+        if not await self._run(batch.changes, ctx, batch.operations, prepared):
             return False  # stopping: the batch stays unfinished, the checkpoint stays before it
         await committer.commit_through(batch.last_sequence, last)
         self._delivered(len(batch))
@@ -255,13 +279,17 @@ class BatchDelivery:
         return True
 
     async def _run(
-        self, changes: list[Mapping[str, Any]], ctx: StreamContext | None, operations: Counter[str]
+        self,
+        changes: list[Mapping[str, Any]],
+        ctx: StreamContext | None,
+        operations: Counter[str],
+        prepared: asyncio.Task[Any] | None = None,
     ) -> bool:
         """The method on one batch under the retry policy, or ``on_exhausted`` once it gave up;
         False when the stream stopped while a failed call waited for its next attempt."""
         outcome = "ok"
         try:
-            calls, dropped = await self._hand_over(changes, ctx)
+            calls, dropped = await self._hand_over(changes, ctx, prepared)
             outcome = "ok" if calls == 1 else "retried"
             if dropped:
                 await self._giving_up.park_malformed(dropped)
@@ -344,7 +372,10 @@ class BatchDelivery:
         return batch
 
     async def _hand_over(
-        self, changes: list[Mapping[str, Any]], ctx: StreamContext | None
+        self,
+        changes: list[Mapping[str, Any]],
+        ctx: StreamContext | None,
+        prepared: asyncio.Task[Any] | None = None,
     ) -> tuple[int, list[tuple[Mapping[str, Any], Any]]]:
         """Hand the batch to the method (with its retry policy).
 
@@ -352,14 +383,38 @@ class BatchDelivery:
         each with its ``MalformedRow`` (field and error), for the caller to dead-letter; raises
         :class:`Exhausted` when the batch failed for good. An event of a DataFrame batch whose
         BSON cannot be decoded is given up on alone (on_exhausted at once: decoding again cannot
-        help), and the rest of the batch is converted without it.
+        help), and the rest of the batch is converted without it. ``prepared``: the batch's
+        DataFrame, already under way (:meth:`_prepare`).
         """
         if not self._dataframe:
             return await self._invoker([ChangeEvent(change) for change in changes], ctx), []
+        raws = list(changes)
+        while True:
+            try:
+                frame, malformed = await (prepared if prepared is not None else self._frame(raws))
+                break
+            except UndecodableEventError as error:
+                prepared = None
+                await self._giving_up.undecodable(raws[error.index], error, in_batch=True)
+                del raws[error.index]
+                if not raws:
+                    return 1, []
+        calls = await self._invoker(frame, ctx)
+        if self._mode != SchemaMode.DROPMALFORMED:
+            return calls, []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
+        return calls, [(raws[m.index], m) for m in malformed]
+
+    async def _frame(self, raws: list[Mapping[str, Any]]) -> Any:
+        """``raws`` as a DataFrame, with the events a DROPMALFORMED conversion left out.
+
+        Raises :class:`Exhausted` when there is no Spark session or the conversion fails (as a
+        failed method would), UndecodableEventError naming an event whose BSON cannot be
+        decoded, and the sampling's error when inferring the schema failed (it fails the stream,
+        not the batch).
+        """
         from flowwarden.spark import events_to_dataframe
 
         assert self._spark_provider is not None
-        raws = list(changes)
         try:
             spark = await asyncio.to_thread(self._spark_provider)
         except Exception as error:  # no session: the batch fails as a handler would
@@ -367,21 +422,12 @@ class BatchDelivery:
         schema, rescued = self._schema, False
         if schema == INFER:
             assert self._inferring is not None, "reset() starts the sampling before any batch"
-            schema, rescued = await self._inferring, True  # its error fails the stream, not the batch
-        while True:
-            try:
-                frame, malformed = await asyncio.to_thread(
-                    events_to_dataframe, spark, raws, schema=schema, mode=self._mode, rescued_data=rescued
-                )
-                break
-            except UndecodableEventError as error:
-                await self._giving_up.undecodable(raws[error.index], error, in_batch=True)
-                del raws[error.index]
-                if not raws:
-                    return 1, []
-            except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
-                raise Exhausted(error, 1) from error
-        calls = await self._invoker(frame, ctx)
-        if self._mode != SchemaMode.DROPMALFORMED:
-            return calls, []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
-        return calls, [(raws[m.index], m) for m in malformed]
+            schema, rescued = await self._inferring, True
+        try:
+            return await asyncio.to_thread(
+                events_to_dataframe, spark, raws, schema=schema, mode=self._mode, rescued_data=rescued
+            )
+        except UndecodableEventError:
+            raise
+        except Exception as error:  # FAILFAST and conversion errors fail the batch as a handler would
+            raise Exhausted(error, 1) from error

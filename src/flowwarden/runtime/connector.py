@@ -5,21 +5,32 @@ or :meth:`Connector.stop`) stops reading, lets in-flight handlers finish, flushe
 releases leases before returning. Under :meth:`Connector.run`, a second SIGINT/SIGTERM stops at
 once (:class:`ForcedStop`): handlers still running are abandoned and their events stay
 unprocessed, so the stored checkpoints remain before them and a restart handles them again.
+
+The buckets of a partitioned ``single_leader`` stream are shared by every connector running it:
+each connector is a member of the stream's fleet (:mod:`flowwarden.runtime.fleet`) for as long as
+it runs, and leaves it when it stops.
+
+:meth:`Connector.run` owns its process's event loop and signals, and, while it runs, keeps the
+objects that were alive when it began out of the cyclic garbage collector's passes
+(:func:`_heap_frozen`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from flowwarden.checkpoints.store import AwaitableStore, check_store
-from flowwarden.config import DeadLetterOptions, OnError, SchemaMode
+from flowwarden.config import DeadLetterOptions, Deployment, OnError, SchemaMode
 from flowwarden.config.spec import partition_specs
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
@@ -37,10 +48,11 @@ from flowwarden.mongo.signals import (
 )
 from flowwarden.runtime.connections import check_pool_size, client_pool_size, make_client, uri_pool_size
 from flowwarden.runtime.dead_letter import DeadLetterWriter
+from flowwarden.runtime.fleet import Fleet
 from flowwarden.runtime.lease import LOCKS_COLLECTION, instance_token
 from flowwarden.runtime.metrics import COLLECTOR, StreamMetrics
 from flowwarden.runtime.observability import Observability
-from flowwarden.runtime.preflight import check_dataframe_needs, check_handlers, check_names
+from flowwarden.runtime.preflight import check_dataframe_needs, check_handlers, check_hash_salts, check_names
 from flowwarden.runtime.status import StreamState, StreamStatus
 from flowwarden.runtime.stream import StreamRunner
 
@@ -78,6 +90,11 @@ class Connector:
     default checkpoints live in ``_fw_checkpoints`` of the stream's database
     (``checkpoint_database`` for cluster streams).
 
+    ``spark_master``, ``spark_app_name``, ``spark_conf`` and ``spark_log`` (where the JVM's
+    output goes: a file, a logger, or None for this process's stderr; see
+    :func:`~flowwarden.spark.session.get_or_create_session`) apply when the connector starts Spark
+    for ``@on_dataframe`` handlers, which it does when ``spark`` is not given.
+
     ``metrics_port`` serves ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` on
     ``metrics_host`` (127.0.0.1 by default; 0 picks a free port, see :attr:`metrics_address`).
     ``progress_interval`` (seconds, 0 for none) logs one INFO progress line per stream.
@@ -95,6 +112,7 @@ class Connector:
         spark_master: str = "local[*]",
         spark_app_name: str = "flowwarden",
         spark_conf: Mapping[str, str] | None = None,
+        spark_log: str | Path | logging.Logger | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         progress_interval: float = 30.0,
@@ -121,6 +139,7 @@ class Connector:
                 option="handlers",
             )
         check_handlers(classes)
+        check_hash_salts(classes)
         check_names(instance_id, checkpoint_database)
         check_dataframe_needs(classes, spark_given=spark is not None, spark_master=spark_master)
         if self._given_client is not None:
@@ -139,6 +158,7 @@ class Connector:
         self._spark_master = spark_master
         self._spark_app_name = spark_app_name
         self._spark_conf = dict(spark_conf or {})
+        self._spark_log = spark_log
         self._spark_lock = threading.Lock()
         self._runners: list[StreamRunner] = []
         self._client: Any = None
@@ -168,7 +188,8 @@ class Connector:
         restore = self._handle_signals()
         forced = False
         try:
-            loop.run_until_complete(self.run_async())
+            with _heap_frozen():
+                loop.run_until_complete(self.run_async())
         except ForcedStop as stop:
             forced = True
             log.error(
@@ -203,8 +224,10 @@ class Connector:
             client = make_client(self._uri, len(self.specs))
         self._client = client
         watching = asyncio.create_task(observability.run(client), name="flowwarden-observability")
+        fleets = self._fleets(client)
+        membership = [asyncio.create_task(f.run(), name=f"flowwarden-fleet:{n}") for n, f in fleets.items()]
         try:
-            self._runners = [self._runner(spec, client) for spec in self.specs]
+            self._runners = [self._runner(spec, client, fleets) for spec in self.specs]
             log.info(
                 "flowwarden connector %s starting %d stream(s) on %s",
                 self.instance_id,
@@ -221,11 +244,14 @@ class Connector:
                 if stopper in done:
                     for runner in self._runners:
                         runner.request_stop()
-                    await asyncio.gather(*pending, return_exceptions=True)
+                    # Leaving the fleets at once: the other members are ready to take the buckets
+                    # as soon as their streams, finishing meanwhile, release the leases.
+                    await asyncio.gather(*pending, self._leave(fleets, membership), return_exceptions=True)
                     break
             stopper.cancel()
         finally:
             self._started.set()
+            await self._leave(fleets, membership)
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
             COLLECTOR.discard(self)
@@ -441,6 +467,7 @@ class Connector:
                 document["collections"] and tuple(document["collections"]),
                 database=spec.stream.database,
                 collection=spec.stream.collection,
+                selection=spec.stream.selection,
             )
         except RequestProblem as problem:
             raise ConfigurationError(
@@ -474,7 +501,38 @@ class Connector:
     def _database_for(self, spec: StreamSpec) -> str:
         return spec.stream.database or self._checkpoint_database
 
-    def _runner(self, spec: StreamSpec, client: Any) -> StreamRunner:
+    def _fleets(self, client: Any) -> dict[str, Fleet]:
+        """One fleet per partitioned single_leader stream, by the stream's name."""
+        buckets: dict[str, list[StreamSpec]] = {}
+        for spec in self.specs:
+            stream = spec.stream
+            if stream.partitions > 1 and stream.deployment == Deployment.SINGLE_LEADER:
+                assert stream.name is not None  # filled in by stream_spec
+                buckets.setdefault(stream.name, []).append(spec)
+        return {
+            name: Fleet(
+                client[self._database_for(specs[0])][LOCKS_COLLECTION],
+                name,
+                [spec.name for spec in specs],
+                owner=self.instance_id,
+                token=self.instance_token,
+                ttl_seconds=specs[0].stream.lease_ttl_seconds,
+            )
+            for name, specs in buckets.items()
+        }
+
+    async def _leave(self, fleets: Mapping[str, Fleet], membership: list[asyncio.Task[None]]) -> None:
+        """Stop renewing this connector's fleet memberships and withdraw them (once)."""
+        tasks = list(membership)
+        membership.clear()
+        if not tasks:
+            return
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(fleet.leave(_CLOSE_TIMEOUT_SECONDS) for fleet in fleets.values()))
+
+    def _runner(self, spec: StreamSpec, client: Any, fleets: Mapping[str, Fleet]) -> StreamRunner:
         from flowwarden.checkpoints import AsyncMongoCheckpointStore
 
         db = client[self._database_for(spec)]
@@ -496,6 +554,7 @@ class Connector:
             dead_letters=dead_letters,
             spark_provider=self._spark_session if spec.dataframe is not None else None,
             metrics=StreamMetrics() if self._observability.exports_metrics else None,
+            fleet=fleets.get(spec.stream.name or ""),
         )
 
     def _spark_session(self) -> Any:
@@ -505,7 +564,10 @@ class Connector:
                 from flowwarden.spark import get_or_create_session
 
                 self._spark = get_or_create_session(
-                    master=self._spark_master, app_name=self._spark_app_name, conf=self._spark_conf
+                    master=self._spark_master,
+                    app_name=self._spark_app_name,
+                    conf=self._spark_conf,
+                    jvm_log=self._spark_log,
                 )
             return self._spark
 
@@ -532,13 +594,46 @@ async def _close_client(client: Any) -> None:
         log.info("the MongoDB client did not close within %.1fs (the deployment is out of reach)", timeout)
 
 
+@contextlib.contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """Leave the objects alive now (modules, classes, the handler classes and their options: tens
+    of thousands once pymongo, pydantic and flowwarden are imported) out of the cyclic garbage
+    collector's passes until the block ends (``gc.freeze``).
+
+    Decoded change events live long enough (a batch of them waits in the driver and the read
+    loop's queue) to be promoted, so full passes come every few thousand events; each one visited
+    every object of the process, and they cost a connector reading at full speed about a fifth of
+    its time. Frozen objects are still freed when their last reference goes; only cycles among
+    them wait for the block to end, when they are handed back to the collector. A process that
+    froze its heap itself keeps its own arrangement.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _finish_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """What ``asyncio.run`` does after its coroutine: cancel what is left, close generators and
-    the default executor."""
+    """What ``asyncio.run`` does after its coroutine (cancel what is left, close generators and
+    the default executor), each step waiting at most ``_CLOSE_TIMEOUT_SECONDS``: a save the
+    driver holds on to through its cancellation, or a handler hung in a worker thread, is
+    abandoned rather than waited for."""
     pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
     for task in pending:
         task.cancel()
     if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_TIMEOUT_SECONDS))
+        for task in pending:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved, so that asyncio does not warn
     loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.run_until_complete(loop.shutdown_default_executor())
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), _CLOSE_TIMEOUT_SECONDS))
+    except asyncio.TimeoutError:
+        log.warning(
+            "a worker thread (a handler or a blocking store call) was still busy when the connector stopped"
+        )

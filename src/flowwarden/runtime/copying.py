@@ -28,6 +28,7 @@ from flowwarden.mongo.initial_copy import (
     plain_id,
     snapshot_row,
 )
+from flowwarden.mongo.sensitive_fields import snapshot_projection
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener
 
@@ -85,6 +86,7 @@ class CopyReader:
         matches, in ``_id`` order (at most ``limit``; 0: all)."""
         cursor = self.collection(namespace, read_concern).find(
             all_of(self.query, ids),
+            projection=snapshot_projection(self.spec.stream.exclude_fields),
             sort=[("_id", 1)],
             limit=limit,
             batch_size=limit or self.spec.stream.snapshot_chunk_size,
@@ -127,15 +129,21 @@ class CopyReader:
         return rows
 
     async def namespaces(self) -> list[str]:
-        """The collections the stream covers, in name order."""
+        """The collections the stream covers (those ``collections`` and ``exclude_collections``
+        select, as for its changes), in name order."""
         options = self.spec.stream
         if options.collection is not None:
             return [f"{options.database}.{options.collection}"]
         databases = [options.database] if options.database is not None else await self._databases()
+        selection = options.selection
         namespaces: list[str] = []
         for database in databases:
             names = await self._client[database].list_collection_names(filter={"type": "collection"})
-            namespaces.extend(f"{database}.{name}" for name in sorted(names) if copied_collection(name))
+            namespaces.extend(
+                f"{database}.{name}"
+                for name in sorted(names)
+                if copied_collection(name) and selection.selects(database, name)
+            )
         return namespaces
 
     async def _databases(self) -> list[str]:

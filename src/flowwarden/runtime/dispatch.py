@@ -30,6 +30,7 @@ from flowwarden.config import OnInvalidate
 from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import StreamInvalidatedError
 from flowwarden.events import ChangeEvent, token_datetime
+from flowwarden.mongo.sensitive_fields import salted_hasher
 from flowwarden.runtime.batching import BatchDelivery
 from flowwarden.runtime.context import StreamContext, stream_logger
 from flowwarden.runtime.exhausted import GivingUp
@@ -101,10 +102,28 @@ class EventDispatch:
                 self._fallback = self._invoker(spec.fallback)
             if "snapshot" not in self._invokers and "insert" in self._invokers:
                 self._invokers["snapshot"] = self._invokers["insert"]  # see StreamSpec.handler_for
+        self._keep: Callable[[ChangeEvent], Any] | None = None
+        self._filter: Invoker | None = None
+        if spec.event_filter is not None:
+            self._keep = getattr(self._handler, spec.event_filter)
+            self._filter = Invoker(
+                self._keep,
+                is_async=False,
+                wants_ctx=False,
+                stream=self.name,
+                policy=spec.retry,
+                stopping=stopping,
+                threaded=False,
+            )
+        self._hasher = salted_hasher(
+            spec.stream.hash_fields, spec.stream.hash_salt_env, owner=spec.handler_class.__qualname__
+        )
         self._scheduler: KeyedScheduler | None = None
         self._sequence = 0
         self.halt = False
         self.events_processed = 0
+        self.events_filtered = 0
+        """Events (and snapshot rows) the ``@event_filter`` left out since the stream started."""
         self.last_seen_time: datetime | None = None
         self.copying: Interleaved | None = None
         """Set while an incremental snapshot has work for the read loop."""
@@ -164,6 +183,8 @@ class EventDispatch:
         fallback = self._fallback
         ok = self.metrics.ok if self.metrics is not None else None
         inline = batch is None and self._scheduler is None
+        hasher, keep = self._hasher, self._keep
+        screening = hasher is not None or keep is not None
         items = reader.items
         read_once = False
         while True:
@@ -201,6 +222,25 @@ class EventDispatch:
                 continue
             position = token = change["_id"]
             operation = change.get("operationType")
+            if screening:
+                # Hashed fields first: the filter is a method too, and sees what the others see.
+                if hasher is not None:
+                    change = hasher(change)
+                if keep is not None:
+                    try:
+                        kept = keep(ChangeEvent(change))
+                    except Exception as error:  # a failing filter is a failing handler: retry policy
+                        kept = await self._filter_failed(change, error, committer)
+                    else:
+                        if not kept:
+                            await self._pass(change, committer)
+                    if not kept:
+                        if operation == "invalidate" and not self.halt:
+                            return await self._on_invalidate(change, halted)
+                        if batch is not None and not self.halt and batch.due():
+                            # A run of left-out events must not hold the batch past its wait.
+                            await batch.deliver(committer)
+                        continue
             if inline:
                 # The common case inline: one event at a time, a sync handler on the loop.
                 self._sequence += 1
@@ -224,6 +264,78 @@ class EventDispatch:
                 await self._dispatch(change, committer)
             if operation == "invalidate":
                 return await self._on_invalidate(change, halted)
+
+    # -- the filter ------------------------------------------------------------------------------
+
+    async def _pass(self, change: Mapping[str, Any], committer: CheckpointCommitter) -> None:
+        """Complete an event the filter left out, as if it were handled: it takes its place in
+        the stream's order and the committer's frontier moves past it once everything before it
+        completed (a batch before it included)."""
+        self._sequence += 1
+        save = committer.commit_nowait(self._sequence, change["_id"])
+        if save is not None:
+            await save
+        self.events_processed += 1
+        self._count_filtered(change)
+
+    def _count_filtered(self, change: Mapping[str, Any]) -> None:
+        self.events_filtered += 1
+        if self.metrics is not None:
+            self.metrics.handled(str(change.get("operationType", "")), "filtered")
+
+    async def _filter_failed(
+        self, change: MutableMapping[str, Any], error: Exception, committer: CheckpointCommitter | None
+    ) -> bool:
+        """The filter raised ``error`` on its first call: call it again under the retry policy.
+
+        True when it then kept the event (the caller delivers it). False when the event is done
+        with: left out by the filter, or given up on under ``on_exhausted`` (SKIP, DEAD_LETTER),
+        and then completed through ``committer`` (snapshot rows have no position: None), or left
+        unfinished because the stream is stopping (:attr:`halt` is then set). STOP raises
+        HandlerError: the stream fails with its checkpoint before the event.
+        """
+        assert self._filter is not None
+        try:
+            _, kept = await self._filter.retry_for_result(ChangeEvent(change), error)
+        except Exhausted as exhausted:
+            await self._giving_up.give_up([change], exhausted.error, exhausted.attempts)
+            if committer is not None:
+                self._sequence += 1
+                await committer.commit(self._sequence, change["_id"])
+                self.events_processed += 1
+            return False
+        except Interrupted:
+            self.halt = True
+            return False
+        if kept:
+            return True
+        if committer is not None:
+            await self._pass(change, committer)
+        else:
+            self._count_filtered(change)
+        return False
+
+    async def _screen(
+        self, change: MutableMapping[str, Any], committer: CheckpointCommitter | None
+    ) -> MutableMapping[str, Any] | None:
+        """An event (or a snapshot row: no committer) as the methods get it, its hashed fields
+        hashed; None when the filter left it out or it is otherwise done with (see
+        :meth:`_filter_failed`). The read loop does the same inline."""
+        if self._hasher is not None:
+            change = self._hasher(change)
+        if self._keep is None:
+            return change
+        try:
+            kept = self._keep(ChangeEvent(change))
+        except Exception as error:  # a failing filter is a failing handler: retry policy
+            kept = await self._filter_failed(change, error, committer)
+        else:
+            if not kept:
+                if committer is not None:
+                    await self._pass(change, committer)
+                else:
+                    self._count_filtered(change)
+        return change if kept else None
 
     async def wait_in_flight(self) -> None:
         """Let handlers running concurrently, and the batch in flight, finish."""
@@ -324,8 +436,20 @@ class EventDispatch:
 
     async def deliver_snapshot(self, rows: list[Any], batch_id: str) -> None:
         """Hand one chunk of initial-snapshot rows to the methods; return once every row was
-        handled or given up on (see :mod:`flowwarden.runtime.snapshot`). A stop that interrupts
-        a row sets :attr:`halt` and returns early: the chunk is then not finished."""
+        handled, left out by the filter or given up on (see :mod:`flowwarden.runtime.snapshot`).
+        A stop that interrupts a row sets :attr:`halt` and returns early: the chunk is then not
+        finished."""
+        if self._hasher is not None or self._keep is not None:
+            screened = []
+            for row in rows:
+                kept = await self._screen(row, None)
+                if self.halt:
+                    return
+                if kept is not None:
+                    screened.append(kept)
+            rows = screened
+            if not rows:
+                return
         if self.batch is not None:
             if not await self.batch.deliver_rows(rows, batch_id):
                 self.halt = True
@@ -388,7 +512,11 @@ class EventDispatch:
                 except Exception as decode_error:  # whatever the codec raised: this event is poison
                     await self._give_up_undecodable(committer, raw.raw, decode_error)
                     return None
-                await self._dispatch(change, committer)
+                screened = await self._screen(change, committer)
+                if self.halt:
+                    break
+                if screened is not None:
+                    await self._dispatch(screened, committer)
                 if change.get("operationType") == "invalidate":
                     return await self._on_invalidate(change, halted)
         finally:

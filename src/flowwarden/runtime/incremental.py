@@ -388,7 +388,10 @@ class IncrementalSnapshot:
         stream = self.spec.stream
         try:
             namespaces = request_namespaces(
-                request.collections, database=stream.database, collection=stream.collection
+                request.collections,
+                database=stream.database,
+                collection=stream.collection,
+                selection=stream.selection,
             )
         except RequestProblem as problem:
             await self._refuse(request, str(problem))

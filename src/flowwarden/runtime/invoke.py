@@ -105,14 +105,20 @@ class Invoker:
             if error is not None:
                 return await self.retry(arg, error, ctx)
             return 1
-        return await self._attempts(arg, 1, ctx)
+        return (await self._attempts(arg, 1, ctx))[0]
 
     async def retry(self, arg: Any, error: BaseException, ctx: StreamContext | None = None) -> int:
         """Go on after a failed first attempt, under the retry policy; the calls it took in all."""
+        return (await self.retry_for_result(arg, error, ctx))[0]
+
+    async def retry_for_result(
+        self, arg: Any, error: BaseException, ctx: StreamContext | None = None
+    ) -> tuple[int, Any]:
+        """:meth:`retry`, and what the call that succeeded returned."""
         await self._backoff_or_give_up(error, 1)
         return await self._attempts(arg, 2, ctx)
 
-    async def _attempts(self, arg: Any, attempt: int, ctx: StreamContext | None) -> int:
+    async def _attempts(self, arg: Any, attempt: int, ctx: StreamContext | None) -> tuple[int, Any]:
         while True:
             if ctx is not None:
                 ctx.attempt = attempt  # attempts of one event run one after another
@@ -120,14 +126,14 @@ class Invoker:
             try:
                 result = self._call_once(arg, ctx)
                 if not self.inline:
-                    await result
+                    result = await result
             except Exception as error:  # the retry rule is RetryPolicy.should_retry(), below
                 self._took(began)
                 await self._backoff_or_give_up(error, attempt)
                 attempt += 1
                 continue
             self._took(began)
-            return attempt
+            return attempt, result
 
     def _took(self, began: float) -> None:
         if self._observe is not None:

@@ -20,6 +20,13 @@ A stream without a lease announces itself instead: :class:`Presence` keeps a doc
 ``{_id: "<stream>#<token>", stream, kind: "presence", owner, ownerToken, expiresAt}`` in the same
 collection while it runs (renewed every third of the TTL, deleted at a graceful stop, expired after
 a crash), so that whoever would move the stream's checkpoint by hand can tell it is running.
+
+A connector running the buckets of a partitioned ``single_leader`` stream is a member of that
+stream's fleet (:mod:`flowwarden.runtime.fleet`): :class:`Membership` keeps a document
+``{_id: "<stream>#member#<token>", stream, kind: "member", partitions, owner, ownerToken,
+expiresAt}`` in the same collection, renewed every third of the TTL, deleted when it leaves and
+expired after a crash. Membership only says who takes which bucket's lease; the leases alone
+decide who runs a bucket, and their epochs fence it as above.
 """
 
 from __future__ import annotations
@@ -190,6 +197,51 @@ class Presence:
     async def withdraw(self) -> None:
         self._written = 0.0
         await self._coll.delete_one({"_id": self._id})
+
+
+class Membership:
+    """That one connector runs the buckets of one partitioned single_leader stream, for as long as
+    it does: the record the stream's other members count to find their share."""
+
+    def __init__(
+        self, collection: Any, stream: str, partitions: int, owner: str, token: str, ttl_seconds: float
+    ) -> None:
+        self._coll = collection
+        self.stream = stream
+        self.ttl = ttl_seconds
+        self._id = f"{stream}#member#{token}"
+        self._fields = {
+            "stream": stream,
+            "kind": "member",
+            "partitions": partitions,
+            "owner": owner,
+            "ownerToken": token,
+        }
+
+    @property
+    def renew_interval(self) -> float:
+        return self.ttl / 3
+
+    async def announce(self) -> None:
+        """Write (or renew) the record, valid for ``ttl`` seconds from now; forget the records of
+        members whose own expired more than a TTL ago (crashed processes)."""
+        now = datetime.now(timezone.utc)
+        await self._coll.update_one(
+            {"_id": self._id},
+            {"$set": {**self._fields, "expiresAt": now + timedelta(seconds=self.ttl)}},
+            upsert=True,
+        )
+        await self._coll.delete_many(
+            {"stream": self.stream, "kind": "member", "expiresAt": {"$lt": now - timedelta(seconds=self.ttl)}}
+        )
+
+    async def withdraw(self) -> None:
+        await self._coll.delete_one({"_id": self._id})
+
+
+def member_filter(stream: str, partitions: int, now: datetime) -> dict[str, Any]:
+    """The live member records of ``stream`` run with ``partitions`` buckets at ``now``."""
+    return {"stream": stream, "kind": "member", "partitions": partitions, "expiresAt": {"$gt": now}}
 
 
 def running_filter(stream: str, now: datetime) -> dict[str, Any]:

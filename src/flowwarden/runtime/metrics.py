@@ -21,13 +21,16 @@ window, which is the deployment's.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import threading
 import time
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, generate_latest
@@ -40,9 +43,17 @@ from flowwarden.runtime.status import StreamState, StreamStatus
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 BATCH_BUCKETS = (1, 10, 100, 1000, 10_000, 100_000)
 SAVE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
-OUTCOMES = ("ok", "retried", "skipped", "dead_lettered", "failed")
+OUTCOMES = ("ok", "retried", "skipped", "dead_lettered", "failed", "filtered")
 # /healthz fails when the event loop has not turned for this long.
 STALL_SECONDS = 10.0
+# The metrics server's bounds (see MetricsServer): connects waiting to be accepted, seconds a
+# connection may take for its request and answer, connections open at once, threads building
+# answers, and the size of a request's head.
+LISTEN_BACKLOG = 256
+CONNECTION_TIMEOUT_SECONDS = 10.0
+MAX_CONNECTIONS = 256
+ANSWER_THREADS = 2
+MAX_REQUEST_BYTES = 16 * 1024
 
 
 class Buckets:
@@ -151,7 +162,8 @@ class MeasuredStream(Protocol):
 def _families(runners: list[MeasuredStream]) -> Iterator[Metric]:
     events = CounterMetricFamily(
         "flowwarden_events",
-        "Events handled, by operation type and outcome (ok, retried, skipped, dead_lettered, failed).",
+        "Events handled, by operation type and outcome (ok, retried, skipped, dead_lettered, failed, "
+        "filtered: left out by the @event_filter).",
         labels=["stream", "operation", "outcome"],
     )
     durations = HistogramMetricFamily(
@@ -290,10 +302,18 @@ REGISTRY.register(COLLECTOR)
 
 
 class MetricsServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` over HTTP, in a thread of its own.
+    """``/metrics``, ``/healthz`` and ``/readyz`` over HTTP, with a fixed number of threads.
 
     ``alive()`` says whether the connector's loop turns; ``not_ready()`` maps each stream that is
     not RUNNING to its state.
+
+    Scrapers and idle or slow connections cannot grow the process: one thread runs an event loop
+    that accepts connections and reads their requests (an open connection costs a coroutine, not
+    a thread), and :data:`ANSWER_THREADS` threads build the answers. A connection whose request
+    and answer are not through within :data:`CONNECTION_TIMEOUT_SECONDS` is closed; at most
+    :data:`MAX_CONNECTIONS` are open, and a new one beyond that closes the oldest one still
+    sending its request. The listen backlog (:data:`LISTEN_BACKLOG`) holds bursts of connects.
+    Each connection carries one request (``Connection: close``), as HTTP/1.0 servers do.
     """
 
     def __init__(
@@ -304,50 +324,116 @@ class MetricsServer:
         alive: Callable[[], bool],
         not_ready: Callable[[], Mapping[str, str]],
     ) -> None:
-        handler = _handler(alive, not_ready)
-        self._server = ThreadingHTTPServer((host, port), handler)  # OSError when the port is taken
-        self._server.daemon_threads = True
-        self.host, self.port = self._server.server_address[:2]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="flowwarden-metrics", daemon=True
-        )
+        self._alive = alive
+        self._not_ready = not_ready
+        self._socket = _listening_socket(host, port)  # OSError when the port is taken
+        self.host, self.port = self._socket.getsockname()[:2]
+        self._answers = ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="flowwarden-metrics-answer")
+        self._reading: dict[asyncio.StreamWriter, None] = {}  # oldest first: still sending a request
+        self._open: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._stopped: asyncio.Event | None = None
+        self._serving = threading.Event()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="flowwarden-metrics", daemon=True)
         self._thread.start()
+        self._serving.wait()
+        if self._failed is not None:
+            self._socket.close()
+            raise self._failed
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._thread.is_alive() and self._stopped is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
         self._thread.join(5)
+        self._answers.shutdown(wait=False, cancel_futures=True)
+        self._socket.close()
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as error:  # before serving: the constructor raises it
+            self._failed = error
+        finally:
+            self._serving.set()
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stopped = asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=self._socket, limit=MAX_REQUEST_BYTES)
+        self._serving.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            server.close()
+            for writer in list(self._open):
+                writer.transport.abort()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._open) >= MAX_CONNECTIONS and self._reading:
+            oldest = next(iter(self._reading))
+            self._reading.pop(oldest)
+            oldest.transport.abort()
+        self._open.add(writer)
+        self._reading[writer] = None
+        try:
+            await asyncio.wait_for(self._exchange(reader, writer), CONNECTION_TIMEOUT_SECONDS)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # a client that went away, stalled or sent too much: nothing to answer
+        finally:
+            self._reading.pop(writer, None)
+            self._open.discard(writer)
+            writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        self._reading.pop(writer, None)
+        method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+        path = rest.partition(" ")[0].split("?", 1)[0]
+        loop = asyncio.get_running_loop()
+        code, body, content_type = await loop.run_in_executor(self._answers, self._answer, method, path)
+        headers = [
+            f"HTTP/1.1 {code} {HTTPStatus(code).phrase}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+            *(["Allow: GET, HEAD"] if code == HTTPStatus.METHOD_NOT_ALLOWED else []),
+        ]
+        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("latin-1"))
+        if method != "HEAD":
+            writer.write(body)
+        await writer.drain()
+
+    def _answer(self, method: str, path: str) -> tuple[int, bytes, str]:
+        """(status, body, content type) of a request; called in one of the answer threads."""
+        text = "text/plain; charset=utf-8"
+        if method not in ("GET", "HEAD"):
+            return 405, b"only GET and HEAD are served here\n", text
+        if path == "/metrics":
+            return 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        if path == "/healthz":
+            ok = self._alive()
+            return (200, b"ok\n", text) if ok else (503, b"the event loop is not turning\n", text)
+        if path == "/readyz":
+            waiting = dict(self._not_ready())
+            body = json.dumps({"ready": not waiting, "not_ready": waiting}).encode() + b"\n"
+            return 503 if waiting else 200, body, "application/json"
+        return 404, b"not found: /metrics, /healthz and /readyz are served here\n", text
 
 
-def _handler(
-    alive: Callable[[], bool], not_ready: Callable[[], Mapping[str, str]]
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._answer(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                ok = alive()
-                self._answer(200 if ok else 503, b"ok\n" if ok else b"the event loop is not turning\n")
-            elif path == "/readyz":
-                waiting = dict(not_ready())
-                body = json.dumps({"ready": not waiting, "not_ready": waiting}).encode() + b"\n"
-                self._answer(503 if waiting else 200, body, "application/json")
-            else:
-                self._answer(404, b"not found: /metrics, /healthz and /readyz are served here\n")
-
-        def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Scrapes every few seconds are not worth a log line each."""
-
-    return Handler
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` (an IPv4 address where the name has one)."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = min(found, key=lambda info: info[0] != socket.AF_INET)
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(LISTEN_BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 __all__ = [

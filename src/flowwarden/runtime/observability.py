@@ -8,11 +8,15 @@ Started by :class:`~flowwarden.runtime.connector.Connector` when it runs:
   deployment lets it be read (through a mongos, on every shard: see
   :func:`~flowwarden.mongo.positions.oplog_edge_async`);
 - with a progress interval, one INFO line per stream per interval: events per second, seconds
-  behind, and the position saved last; a WARNING line, saying why, while the stream cannot save
-  its checkpoint.
+  behind, and the position saved last; while the initial snapshot copies, the documents copied of
+  the estimate, per second, and the time left instead; a WARNING line, saying why, while the
+  stream cannot save its checkpoint. Rates are never negative: a stream re-opened since the last
+  line is measured from the re-open (its count restarts from its checkpoint's).
 
 A stream is ready when it is RUNNING and its checkpoint saves get through (see
-:mod:`~flowwarden.runtime.save_health`): a stream that handles events it cannot save is not.
+:mod:`~flowwarden.runtime.save_health`): a stream that handles events it cannot save is not. A
+bucket standing by because another member of its fleet runs it is ready too: it is not this
+instance's to run.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pymongo.errors import PyMongoError
@@ -29,7 +34,7 @@ from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.positions import oplog_window_async
 from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.metrics import STALL_SECONDS, MetricsServer
-from flowwarden.runtime.status import StreamState
+from flowwarden.runtime.status import StreamState, StreamStatus
 
 if TYPE_CHECKING:
     from flowwarden.runtime.stream import StreamRunner
@@ -118,8 +123,9 @@ class Observability:
         return time.monotonic() - self._beat < STALL_SECONDS
 
     def not_ready(self) -> dict[str, str]:
-        """Each stream that is not RUNNING, or cannot save its checkpoint, with its state and why
-        it cannot save (called from the server's thread)."""
+        """Each stream that is not RUNNING (unless another member of its fleet runs it), or cannot
+        save its checkpoint, with its state and why it cannot save (called from the server's
+        thread)."""
         runners = self._runners()
         if not runners:
             return {"connector": "STARTING"}
@@ -129,7 +135,7 @@ class Observability:
             problem = status.save_problem
             if problem is not None:
                 waiting[runner.name] = f"{status.state.value}: {problem}"
-            elif status.state != StreamState.RUNNING:
+            elif status.state != StreamState.RUNNING and not status.runs_elsewhere:
                 waiting[runner.name] = status.state.value
         return waiting
 
@@ -159,35 +165,136 @@ class Observability:
     # -- progress lines --------------------------------------------------------------------------
 
     async def _progress(self) -> None:
-        last: dict[str, tuple[float, int]] = {}
+        marks: dict[str, ProgressMark] = {}
+        # Between lines a stream seen for the first time, or whose copy has just begun, is marked
+        # within a second, so that its first line's rates cover nearly the whole interval.
+        tick = min(self.progress_interval, _MARK_SECONDS)
+        next_line = time.monotonic() + self.progress_interval
         while True:
-            await asyncio.sleep(self.progress_interval)
+            await asyncio.sleep(tick)
             now = time.monotonic()
+            due = now >= next_line
             for runner in self._runners():
                 status = runner.status()
-                if runner.name in last:
-                    began, before = last[runner.name]
-                elif runner.opened is not None:
-                    began, before = runner.opened
-                else:
-                    began, before = now, status.events_processed
-                rate = (status.events_processed - before) / max(now - began, 1e-9)
-                last[runner.name] = (now, status.events_processed)
-                behind = (
-                    f"{status.lag_seconds:.1f} s behind" if status.lag_seconds is not None else "not running"
-                )
-                problem = status.save_problem
-                stream_logger(__name__, runner.name).log(
-                    logging.INFO if problem is None else logging.WARNING,
-                    "stream %s: %s, %.0f events/s, %d handled in all, %s; saved at %s%s",
-                    runner.name,
-                    status.state.value,
-                    rate,
-                    status.events_processed,
-                    behind,
-                    runner.saved_position(),
-                    "" if problem is None else f"; {problem}",
-                )
+                mark = marks.get(runner.name)
+                if due:
+                    level, message = progress_line(status, mark, now, runner.opened, runner.saved_position)
+                    stream_logger(__name__, runner.name).log(level, "%s", message)
+                elif mark is not None and (mark.copied is not None or not copying(status)):
+                    continue
+                marks[runner.name] = ProgressMark.of(status, now)
+            if due:
+                next_line = now + self.progress_interval
 
 
-__all__ = ["OPLOG_WINDOW_REFRESH_SECONDS", "Observability"]
+_MARK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ProgressMark:
+    """Where a stream's counts stood at ``at`` (``time.monotonic()``): the next progress line's
+    rates are measured from here."""
+
+    at: float
+    events: int
+    copied: int | None
+    """Documents the initial snapshot had copied; None while no copy ran."""
+
+    @classmethod
+    def of(cls, status: StreamStatus, now: float) -> ProgressMark:
+        snapshot = status.snapshot
+        copied = snapshot.copied if snapshot is not None and not snapshot.done else None
+        return cls(now, status.events_processed, copied)
+
+
+def copying(status: StreamStatus) -> bool:
+    """Whether the stream is copying its existing documents (its initial snapshot runs)."""
+    return status.snapshot is not None and not status.snapshot.done
+
+
+def rates(
+    mark: ProgressMark | None, now: float, status: StreamStatus, opened: tuple[float, int] | None
+) -> tuple[float, float | None]:
+    """Events handled per second and documents copied per second since ``mark``; never negative.
+
+    A stream re-opened since the mark counts its events again from its checkpoint's count (which
+    is lower than the count before), so its rate is measured from the re-open (``opened``: when,
+    and the count then). The copy rate is None without a mark taken during the same copy.
+    """
+    if opened is not None and (mark is None or opened[0] > mark.at):
+        began, before = opened
+    elif mark is not None:
+        began, before = mark.at, mark.events
+    else:
+        began, before = now, status.events_processed
+    events = max(0.0, (status.events_processed - before) / (now - began)) if now > began else 0.0
+    copied = None
+    snapshot = status.snapshot
+    if (
+        snapshot is not None
+        and copying(status)
+        and mark is not None
+        and mark.copied is not None
+        and mark.copied <= snapshot.copied
+        and now > mark.at
+    ):
+        copied = (snapshot.copied - mark.copied) / (now - mark.at)
+    return events, copied
+
+
+def progress_line(
+    status: StreamStatus,
+    mark: ProgressMark | None,
+    now: float,
+    opened: tuple[float, int] | None,
+    saved_position: Callable[[], str],
+) -> tuple[int, str]:
+    """A stream's progress line and its level (WARNING while the stream cannot save)."""
+    events_rate, copy_rate = rates(mark, now, status, opened)
+    problem = status.save_problem
+    level = logging.INFO if problem is None else logging.WARNING
+    suffix = "" if problem is None else f"; {problem}"
+    snapshot = status.snapshot
+    if snapshot is not None and copying(status):
+        copy = copy_progress(snapshot.copied, snapshot.total, copy_rate)
+        return level, f"stream {status.name}: {copy}{suffix}"
+    behind = f"{status.lag_seconds:.1f} s behind" if status.lag_seconds is not None else "not running"
+    return level, (
+        f"stream {status.name}: {status.state.value}, {events_rate:.0f} events/s, "
+        f"{status.events_processed} handled in all, {behind}; saved at {saved_position()}{suffix}"
+    )
+
+
+def copy_progress(copied: int, total: int | None, rate: float | None) -> str:
+    """The initial snapshot's progress in words: copied of the estimate, the rate, time left."""
+    parts = ["copying the existing documents (initial snapshot)"]
+    if total is not None and total >= copied and total > 0:
+        parts.append(f"{copied:,} of about {total:,} copied ({copied * 100 // total}%)")
+    else:
+        parts.append(f"{copied:,} copied")
+    if rate is not None:
+        parts.append(f"{rate:,.0f} documents/s")
+        if rate > 0 and total is not None and total > copied:
+            parts.append(f"about {duration((total - copied) / rate)} left")
+    return ", ".join(parts) + "; the change stream opens once the copy is done"
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` for a person: "45 s", "3 min 20 s", "2 h 5 min"."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+__all__ = [
+    "OPLOG_WINDOW_REFRESH_SECONDS",
+    "Observability",
+    "ProgressMark",
+    "copy_progress",
+    "duration",
+    "progress_line",
+    "rates",
+]

@@ -44,8 +44,9 @@ class Reopen:
 
 @dataclass(frozen=True)
 class LostOwnership:
-    """The single-leader lease (or the checkpoint's epoch) says another instance owns the stream:
-    it stands by for the lease."""
+    """The single-leader lease (or the checkpoint's epoch) says another instance owns the stream,
+    or the bucket is handed over to another member of its fleet (its lease released once its
+    checkpoint is saved): it stands by for the lease."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,11 @@ checkpoint write carries the lease's epoch so a former leader is fenced. Without
 stops two connectors from running one stream; :meth:`Ownership.keep` then watches the checkpoint
 and warns, naming both, when another one writes it.
 
+A bucket of a partitioned ``single_leader`` stream also asks its fleet
+(:mod:`flowwarden.runtime.fleet`): it tries to take its lease only while the fleet gives the bucket
+to this connector, and :meth:`Ownership.keep` says when the fleet gives it to another member, so
+that the stream hands it over (stops reading, finishes, saves, then releases the lease).
+
 A connector is told apart from others by its instance token, never by its instance id alone:
 two processes configured with the same instance id are two connectors, for the lease and for the
 watch alike.
@@ -25,6 +30,7 @@ from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Deployment
 from flowwarden.config.spec import StreamSpec
 from flowwarden.runtime.context import stream_logger
+from flowwarden.runtime.fleet import Fleet
 from flowwarden.runtime.lease import Holder, LeaseManager, Presence
 
 
@@ -40,6 +46,7 @@ class Ownership:
         instance_id: str,
         instance_token: str,
         stopping: asyncio.Event,
+        fleet: Fleet | None = None,
     ) -> None:
         self.name = spec.name
         self._store = store
@@ -63,8 +70,16 @@ class Ownership:
             if self.lease is None and store.in_mongodb
             else None
         )
+        self.fleet = fleet if self.lease is not None else None
+        """The fleet this stream is a bucket of (partitioned, single_leader), or None."""
         self.lost = False
         """The lease was held and is not any more: the stream must stop reading."""
+        self.handing_over = False
+        """The fleet gives the held bucket to another member: the stream stops reading, saves, and
+        :meth:`hand_over` releases the lease."""
+        self.given_to: str | None = None
+        """The member the bucket is handed over to, while :attr:`handing_over`."""
+        self._holder: Holder | None = None  # who held the lease when last read (non-fleet streams)
         self._warned: set[tuple[str, str | None]] = set()
 
     @property
@@ -72,6 +87,23 @@ class Ownership:
         """The held lease's epoch, which checkpoint writes carry; None without a lease."""
         held = self.lease.lease if self.lease is not None else None
         return held.epoch if held is not None else None
+
+    @property
+    def leaving(self) -> bool:
+        """The stream must not read on: its lease is lost, or it hands its bucket over."""
+        return self.lost or self.handing_over
+
+    def holder(self) -> Holder | None:
+        """Who holds the lease, as last known: this connector while it holds it; else as last read
+        (by the fleet, for a bucket of one). None without a lease, or while nobody holds it."""
+        if self.lease is None:
+            return None
+        if self.lease.lease is not None and not self.lost:
+            return Holder(self._instance_id, self._instance_token)
+        holder = self.fleet.holder(self.name) if self.fleet is not None else self._holder
+        if holder is not None and holder.token == self._instance_token:
+            return None  # read while this connector held it, since released
+        return holder
 
     def fenced(self) -> bool:
         """A checkpoint write was fenced: with a lease, it is lost (True); without, the error
@@ -89,16 +121,16 @@ class Ownership:
         if lease is None:
             await self._announce()
             return True
+        if self.fleet is not None:
+            return await self._acquire_in_fleet(lease, self.fleet, standing_by)
         reason: str | None = None
         told: tuple[str | None, str | None] | None = None  # the holder the log last named
         while not self._stopping.is_set():
             error = None
             try:
-                if await lease.try_acquire() is not None:
-                    self.lost = False
-                    self.log.info("stream %s: lease acquired (epoch %s)", self.name, self.epoch)
+                if await self._try_acquire(lease):
                     return True
-                holder = await lease.holder()
+                holder = self._holder = await lease.holder()
                 reason = self._standing_by_reason(holder)
                 if holder is not None and holder.owner is not None and (holder.owner, holder.token) != told:
                     told = (holder.owner, holder.token)
@@ -110,6 +142,45 @@ class Ownership:
                 await asyncio.wait_for(self._stopping.wait(), lease.renew_interval)
             except asyncio.TimeoutError:
                 pass
+        return False
+
+    async def _try_acquire(self, lease: LeaseManager) -> bool:
+        if await lease.try_acquire() is None:
+            return False
+        self.lost = False
+        self.handing_over = False
+        self.given_to = None
+        self.log.info("stream %s: lease acquired (epoch %s)", self.name, self.epoch)
+        return True
+
+    async def _acquire_in_fleet(
+        self, lease: LeaseManager, fleet: Fleet, standing_by: Callable[[str | None, str | None], None]
+    ) -> bool:
+        """:meth:`acquire` for a bucket of a fleet: try the lease only while the fleet gives the
+        bucket to this connector and, as last read, nobody else holds it; look again at each read
+        of the fleet (about once a second), so a bucket handed over is taken about then."""
+        while not self._stopping.is_set():
+            error = None
+            held = fleet.holder(self.name)
+            try:
+                if fleet.mine(self.name) and (held is None or held.token == self._instance_token):
+                    if await self._try_acquire(lease):
+                        return True
+            except PyMongoError as failure:
+                error = f"lease: {type(failure).__name__}: {failure}"
+            if fleet.view is not None:
+                # Until the first read of the fleet the stream is still STARTING: a connector alone
+                # takes every bucket then, and opens them before Connector.start() returns.
+                standing_by(error, fleet.standing_by_reason(self.name))
+            waits = {
+                asyncio.ensure_future(self._stopping.wait()),
+                asyncio.ensure_future(fleet.next_view(lease.renew_interval)),
+            }
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
         return False
 
     def _standing_by_reason(self, holder: Holder | None) -> str:
@@ -148,11 +219,43 @@ class Ownership:
     async def keep(
         self, committer: Callable[[], CheckpointCommitter | None], on_lost: Callable[[], None]
     ) -> None:
-        """While the stream runs: renew the lease, and call ``on_lost`` once it cannot be kept;
-        without a lease, watch for a second writer of the checkpoint."""
+        """While the stream runs: renew the lease, and call ``on_lost`` once it cannot be kept or
+        (:attr:`handing_over`) the fleet gives the bucket to another member; without a lease,
+        watch for a second writer of the checkpoint."""
         if self.lease is None:
             await asyncio.gather(self._watch_for_other_writers(committer), self._keep_announcing())
             return
+        if self.fleet is None:
+            await self._renew(on_lost)
+            return
+        handing = asyncio.ensure_future(self._until_given_away(self.fleet, on_lost))
+        try:
+            await self._renew(on_lost)
+        finally:
+            handing.cancel()
+            await asyncio.gather(handing, return_exceptions=True)
+
+    async def _until_given_away(self, fleet: Fleet, on_lost: Callable[[], None]) -> None:
+        """Call ``on_lost`` once a read of the fleet gives the held bucket to another member; the
+        lease is still renewed meanwhile, until :meth:`hand_over` releases it."""
+        assert self.lease is not None
+        while fleet.mine(self.name) or fleet.view is None:
+            await fleet.next_view(self.lease.renew_interval)
+        view = fleet.view
+        assert view is not None
+        self.log.info(
+            "stream %s: the fleet of %d member(s) gives this bucket to %s; handing it over (handlers in "
+            "flight finish, the checkpoint is saved, then the lease is released)",
+            self.name,
+            len(view.members),
+            view.describe(view.assignment.get(self.name)),
+        )
+        self.handing_over = True
+        self.given_to = view.describe(view.assignment.get(self.name))
+        on_lost()
+
+    async def _renew(self, on_lost: Callable[[], None]) -> None:
+        assert self.lease is not None
         while True:
             await asyncio.sleep(self.lease.renew_interval)
             try:
@@ -180,6 +283,13 @@ class Ownership:
         while True:
             await asyncio.sleep(self._presence.renew_interval)
             await self._announce()
+
+    async def hand_over(self, timeout: float) -> None:
+        """Release the lease of a bucket handed over (its checkpoint saved): the member it is given
+        to takes it at its next read of the fleet."""
+        self.handing_over = False
+        self.given_to = None
+        await self.release(timeout)
 
     async def release(self, timeout: float) -> None:
         """Give the lease back, or withdraw the presence, at once (a graceful stop), waiting at

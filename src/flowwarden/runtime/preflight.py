@@ -6,7 +6,8 @@ clear :class:`~flowwarden.errors.FlowWardenError` instead of surfacing at the fi
 - a class with ``@on_dataframe`` has what its batches need: pyarrow and pyspark (the ``spark``
   extra) and, unless a session is handed in or Spark Connect is used, a Java for Spark's JVM;
 - the names the connector stores under are usable: the instance id (printable, non-empty) and
-  the checkpoint database (a MongoDB database name).
+  the checkpoint database (a MongoDB database name);
+- a class with ``hash_fields`` finds its salt in the environment variable ``hash_salt_env`` names.
 
 Nothing here talks to MongoDB or starts Spark.
 """
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 
 from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import ConfigurationError, MissingDependencyError
+from flowwarden.mongo.sensitive_fields import salted_hasher
 
 # MongoDB database names may hold none of these, nor be empty or over 63 bytes.
 _DATABASE_NAME_FORBIDDEN = re.compile(r'[/\\. "$*<>:|?\x00]')
@@ -47,6 +49,14 @@ def check_handlers(specs: Iterable[StreamSpec]) -> None:
             ) from None
         except ValueError:
             pass  # no signature to read (a builtin base): its instance is made as it is
+
+
+def check_hash_salts(specs: Iterable[StreamSpec]) -> None:
+    """The salt of each class with ``hash_fields`` is in its environment variable; else a
+    ConfigurationError naming the variable (the stream would have to hash without one)."""
+    for spec in specs:
+        stream = spec.stream
+        salted_hasher(stream.hash_fields, stream.hash_salt_env, owner=spec.handler_class.__qualname__)
 
 
 def check_dataframe_needs(specs: Iterable[StreamSpec], *, spark_given: bool, spark_master: str) -> None:
@@ -103,6 +113,7 @@ def check_names(instance_id: str | None, checkpoint_database: str) -> None:
 __all__ = [
     "check_dataframe_needs",
     "check_handlers",
+    "check_hash_salts",
     "check_names",
     "database_name_problem",
     "instance_id_problem",

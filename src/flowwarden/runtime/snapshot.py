@@ -30,7 +30,11 @@ The rules this module keeps:
 - the stream's ``$match`` stages that read only the document (``fullDocument.*``,
   ``documentKey._id``) filter the copy too, so a partitioned stream's
   bucket, or a filter on a document field, copies what its changes would deliver
-  (:func:`flowwarden.mongo.initial_copy.copy_filter`);
+  (:func:`flowwarden.mongo.initial_copy.copy_filter`); a database or cluster stream copies the
+  collections its ``collections`` and ``exclude_collections`` select, and ``exclude_fields`` are
+  left out of the documents by the server (a projection);
+- rows are screened as events are: hashed fields hashed, and the ``@event_filter`` asked
+  (:meth:`~flowwarden.runtime.dispatch.EventDispatch.deliver_snapshot`);
 - rows are ChangeEvents with ``operation_type == "snapshot"``, the document as
   ``full_document``, its ``_id`` as ``document_key``, the namespace as ``ns`` and ``T``'s cluster
   time as ``cluster_time``; they carry no resume token (``_id``): they are not positions.

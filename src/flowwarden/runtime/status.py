@@ -19,8 +19,8 @@ class StreamState(str, enum.Enum):
     RESTARTING = "RESTARTING"
     """Waiting its backoff before re-opening from the checkpoint after an error (``last_error``)."""
     STANDBY = "STANDBY"
-    """Not reading: with ``deployment="single_leader"``, another instance holds the lease
-    (``reason`` names it)."""
+    """Not reading: with ``deployment="single_leader"``, another instance holds the lease, or the
+    fleet sharing a partitioned stream gives this bucket to another member (``reason`` names it)."""
     STOPPING = "STOPPING"
     """A stop was asked for: no new reads; handlers in flight finish, then the checkpoint is saved."""
     STOPPED = "STOPPED"
@@ -47,7 +47,8 @@ class StreamStatus:
     lag_seconds: float | None
     """Seconds from the newer of the two times above to now, while RUNNING; None otherwise."""
     events_processed: int
-    """Events whose handling finished since the stream started."""
+    """Events whose handling finished since the stream started (events the ``@event_filter``
+    left out included: their position moves on the same way)."""
     events_failed: int
     """Events whose handler used up its retries (stopped, skipped or dead-lettered) since the
     stream started."""
@@ -56,8 +57,8 @@ class StreamStatus:
     last_error: str | None
     """The last error the stream met, as ``"Type: message"``; None if there was none."""
     reason: str | None
-    """Why the stream stopped, failed or stands by (who holds its lease), or what a stream still
-    opening after 30 seconds waits for; None otherwise."""
+    """Why the stream stopped, failed or stands by (who holds its lease), what a stream still
+    opening after 30 seconds waits for, or to whom a bucket is being handed over; None otherwise."""
     events_waiting: int = 0
     """Events read from the stream and not yet handed to a method: read ahead, and gathered in
     the batch being formed while the one before it is in flight."""
@@ -77,9 +78,23 @@ class StreamStatus:
     incremental_snapshot: IncrementalProgress | None = None
     """The newest incremental snapshot's progress (``state``, ``copied``, ``dropped``, ``total``
     estimate), once the stream took a request (``flowwarden snapshot request``) or loaded one."""
+    events_filtered: int = 0
+    """Events (and initial-snapshot rows) the ``@event_filter`` left out since the stream
+    started; their positions moved on as handled events' do, and ``events_processed`` counts
+    the events among them."""
     inferred_schema: str | None = None
     """For ``@on_dataframe(schema="infer")``: the full-document schema the stream inferred when it
     started, as a Spark DDL field list; None otherwise, and until the sample was read."""
+    lease_holder: str | None = None
+    """With ``deployment="single_leader"``: the instance id of the connector holding the stream's
+    lease (this one's while it runs the stream), as last read; None while nobody holds it."""
+    lease_holder_token: str | None = None
+    """The lease holder's instance token (``host:pid:random``), which tells apart processes given
+    the same instance id."""
+    runs_elsewhere: bool = False
+    """STANDBY because another member of the fleet sharing a partitioned ``single_leader`` stream
+    runs this bucket (holds its lease) or is given it: nothing for this instance to do, so
+    ``/readyz`` counts the stream as ready."""
 
     @property
     def save_problem(self) -> str | None:

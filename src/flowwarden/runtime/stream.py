@@ -50,6 +50,7 @@ from flowwarden.runtime.context import stream_logger
 from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
+from flowwarden.runtime.fleet import Fleet
 from flowwarden.runtime.incremental import IncrementalSnapshot
 from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener, describe_token
@@ -98,6 +99,7 @@ class StreamRunner:
         spark_provider: Callable[[], Any] | None = None,
         metrics: StreamMetrics | None = None,
         signals_collection: Any = None,
+        fleet: Fleet | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -117,6 +119,7 @@ class StreamRunner:
             instance_id=instance_id,
             instance_token=instance_token,
             stopping=self._stopping,
+            fleet=fleet,
         )
         self._giving_up = GivingUp(self.name, spec.retry.on_exhausted, dead_letters, metrics)
         batch_method = spec.batch or spec.dataframe
@@ -217,6 +220,9 @@ class StreamRunner:
         if newest is not None and self.state == StreamState.RUNNING:
             lag = max(0.0, (datetime.now(timezone.utc) - newest).total_seconds())
         saving = self._save_health
+        ownership = self._ownership
+        holder = ownership.holder()
+        fleet = ownership.fleet
         return StreamStatus(
             name=self.name,
             state=self.state,
@@ -225,6 +231,7 @@ class StreamRunner:
             lag_seconds=lag,
             events_processed=self.events_processed,
             events_failed=self.events_failed,
+            events_filtered=self._dispatch.events_filtered,
             restarts=self.restarts,
             last_error=self.last_error,
             reason=self.reason,
@@ -236,6 +243,11 @@ class StreamRunner:
             last_save_error=saving.error,
             cannot_save_since=saving.cannot_save_since(
                 committer.unconfirmed_since if committer is not None else None
+            ),
+            lease_holder=holder.owner if holder is not None else None,
+            lease_holder_token=holder.token if holder is not None else None,
+            runs_elsewhere=(
+                self.state == StreamState.STANDBY and fleet is not None and fleet.elsewhere(self.name)
             ),
         )
 
@@ -259,11 +271,15 @@ class StreamRunner:
                 keeper = asyncio.create_task(ownership.keep(lambda: self._committer, self._set_halt))
                 try:
                     # The lease is kept while the outcome is acted on (a restart's backoff included).
-                    if not await self._go_on_after(await self._cycle()):
-                        break
+                    go_on = await self._go_on_after(await self._cycle())
                 finally:
                     keeper.cancel()
                     await asyncio.gather(keeper, return_exceptions=True)
+                if ownership.handing_over:
+                    # Its checkpoint saved: the member the fleet gives the bucket to may take it.
+                    await ownership.hand_over(self._stop_io_timeout())
+                if not go_on:
+                    break
         except Exception as error:
             self._fail(error)
         finally:
@@ -307,7 +323,12 @@ class StreamRunner:
             case Reopen():
                 return True
             case LostOwnership():
-                self.log.warning("stream %s: lost ownership to another instance; standing by", self.name)
+                if self._ownership.handing_over:
+                    self.log.info(
+                        "stream %s: handed over at %s; standing by", self.name, self.saved_position()
+                    )
+                else:
+                    self.log.warning("stream %s: lost ownership to another instance; standing by", self.name)
                 self.state = StreamState.STANDBY
                 return True
             case HistoryLost(error):
@@ -388,7 +409,7 @@ class StreamRunner:
     async def _run_once(self) -> Outcome:
         """Copy what an initial snapshot needs, open the stream, read it, save; how that ended.
         Raises what it failed with."""
-        self._dispatch.halt = self._stopping.is_set() or self._ownership.lost
+        self._dispatch.halt = self._stopping.is_set() or self._ownership.leaving
         try:
             if self._snapshot.enabled and (copied := await self._copy_existing()) is not None:
                 return copied
@@ -433,11 +454,11 @@ class StreamRunner:
         await self._drain_and_close(committer)
         return outcome
 
-    async def _copy_existing(self) -> Stopped | SnapshotOnly | None:
+    async def _copy_existing(self) -> Stopped | LostOwnership | SnapshotOnly | None:
         """The initial snapshot, when this run needs one (see :mod:`flowwarden.runtime.snapshot`);
-        None when the stream goes on to open. Stopped when a halt (a stop, or a lost lease)
-        interrupted the copy; SnapshotOnly once a ``snapshot=INITIAL_ONLY`` stream has nothing
-        left to copy."""
+        None when the stream goes on to open. Stopped when a stop interrupted the copy,
+        LostOwnership when a lost lease or a handover did; SnapshotOnly once a
+        ``snapshot=INITIAL_ONLY`` stream has nothing left to copy."""
         snapshot = self._snapshot
         checkpoint = await self._store.load(self.name)
         if checkpoint is not None and snapshot.progress is None:
@@ -450,7 +471,10 @@ class StreamRunner:
                 epoch = checkpoint.epoch if checkpoint is not None else 0
             self.state = StreamState.RUNNING
             if await snapshot.run(checkpoint, epoch) is None:
-                return Stopped()  # the chunk in hand stays unsaved
+                # The chunk in hand stays unsaved.
+                if self._ownership.leaving and not self._stopping.is_set():
+                    return LostOwnership()
+                return Stopped()
         if self.spec.stream.snapshot is Snapshot.INITIAL_ONLY:
             return SnapshotOnly()
         return None
@@ -565,7 +589,7 @@ class StreamRunner:
     async def _consume(
         self, stream: Any, committer: CheckpointCommitter, position: Mapping[str, Any]
     ) -> ReadOutcome:
-        self._dispatch.halt = self._stopping.is_set() or self._ownership.lost
+        self._dispatch.halt = self._stopping.is_set() or self._ownership.leaving
         # Two batches may wait for the handlers, so the reader has the next getMore in flight
         # while the handlers work through the batch before it.
         reader = ReadAhead(
@@ -601,15 +625,25 @@ class StreamRunner:
             await reader.close()
 
     def _set_halt(self) -> None:
+        """The lease is lost, or the bucket handed over: stop reading at once."""
         self._dispatch.halt = True
+        if self._ownership.handing_over:
+            self.reason = (
+                f"handing over to {self._ownership.given_to}: handlers in flight finish and the "
+                "checkpoint is saved, then the lease is released"
+            )
+        if self._reader is not None:
+            self._reader.interrupt()
 
     def _why_halted(self, committer: CheckpointCommitter) -> Stopped | LostOwnership:
         """Why the read loop must end: a failed handler task or a failed committer (raised: they
-        are failures), a lost lease, or a stop request."""
+        are failures), a lost lease, a stop request, or a bucket handed over to another member."""
         if self._dispatch.handler_error is not None:
             raise self._dispatch.handler_error
         if self._ownership.lost:
             return LostOwnership()
         if committer.failure is not None:
             raise committer.failure
+        if self._ownership.handing_over and not self._stopping.is_set():
+            return LostOwnership()
         return Stopped()

@@ -74,14 +74,18 @@ def register(spark: SparkSession) -> None:
     """Register the Python data source ``flowwarden`` with ``spark``.
 
     Afterwards ``spark.readStream.format("flowwarden").option("uri", ...)`` reads change events;
-    see :class:`~flowwarden.spark.source.reader.FlowWardenDataSource` for the options.
+    see :class:`~flowwarden.spark.source.reader.FlowWardenDataSource` for the options. The
+    session's option redaction (``spark.sql.redaction.options.regex``) is extended to cover
+    ``uri``, so ``explain()`` and the query's plan print the URI as redacted.
     """
     from flowwarden.spark._extra import STREAMING_SOURCE_PYSPARK, require, require_pyspark
 
     pyspark = require("pyspark", "the flowwarden streaming source")
     require_pyspark(pyspark.__version__, STREAMING_SOURCE_PYSPARK, "the flowwarden streaming source")
+    from flowwarden.spark.session import redact_uri_options
     from flowwarden.spark.source.reader import FlowWardenDataSource
 
+    redact_uri_options(spark)
     spark.dataSource.register(FlowWardenDataSource)
 
 

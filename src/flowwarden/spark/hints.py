@@ -80,15 +80,12 @@ class _Tokens:
             self.fail(f"expected {punct!r}, found {token[1]!r}")
 
     def fail(self, why: str) -> NoReturn:
-        raise HintsError(f"cannot read the schema hints {self.text!r}: {why}", self.text)
-
-
-class HintsError(ConfigurationError):
-    """Schema hints that are not a DDL field list; ``reason`` is the message without the option."""
-
-    def __init__(self, reason: str, text: str) -> None:
-        self.reason = reason
-        super().__init__(reason, option="schema_hints", value=text, allowed=_HINTS_ALLOWED)
+        raise ConfigurationError(
+            f"cannot read the schema hints {self.text!r}: {why}",
+            option="schema_hints",
+            value=self.text,
+            allowed=_HINTS_ALLOWED,
+        )
 
 
 def parse_hints(text: str) -> list[tuple[tuple[str, ...], ValueSpec]]:
@@ -181,4 +178,4 @@ def _ddl_type(tokens: _Tokens) -> ValueSpec:
     tokens.fail(f"{word!r} is not a Spark type")
 
 
-__all__ = ["HintsError", "parse_hints"]
+__all__ = ["parse_hints"]

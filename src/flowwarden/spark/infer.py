@@ -44,7 +44,7 @@ from bson.objectid import ObjectId
 from flowwarden.errors import ConfigurationError
 from flowwarden.spark.convert.spec_compiler import EXTENDED_JSON_METADATA, document_spec
 from flowwarden.spark.convert.valuespec import FieldSpec, Kind, ValueSpec
-from flowwarden.spark.hints import HintsError, parse_hints
+from flowwarden.spark.hints import parse_hints
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SAMPLE_SIZE",
     "MAP_MINIMUM_KEYS",
-    "HintsError",
     "apply_hints",
     "document_ddl",
     "infer_document_spec",

@@ -31,9 +31,9 @@ from bson.timestamp import Timestamp
 from pydantic import BaseModel
 
 from flowwarden.config import SchemaMode
+from flowwarden.errors import UndecodableEventError
 from flowwarden.spark import events_to_arrow
 from flowwarden.spark.convert import native
-from flowwarden.spark.convert.arrow import UndecodableEventError
 from flowwarden.spark.convert.extjson import JsonMode
 from flowwarden.spark.convert.plan import conversion_plan
 

@@ -339,6 +339,35 @@ def test_an_available_now_run_ends_without_waiting_for_new_events(
         reader.stop()
 
 
+def test_planning_and_replaying_read_the_position_without_copying_it_per_event(
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PyMongo's ``resume_token`` hands out a deep copy; the planner and the executor look at the
+    position after every event, so they read the stream's own token instead."""
+    from pymongo.synchronous.change_stream import ChangeStream
+
+    owner = next(cls for cls in ChangeStream.__mro__ if "resume_token" in vars(cls))
+    copied = vars(owner)["resume_token"]
+    reads: list[int] = []
+    counted = property(lambda stream: reads.append(1) or copied.fget(stream))
+    monkeypatch.setattr(owner, "resume_token", counted)
+    reader = reader_for(mongodb_uri, db_name)
+    try:
+        start = reader.initialOffset()
+        client[db_name]["orders"].insert_many([{"n": n} for n in range(200)])
+        reader.prepareForTriggerAvailableNow()
+        end = reader.latestOffset(start, ReadMaxRows(1000))
+        reader.commit(end)  # the planned events are dropped: the executor reads them from MongoDB
+        replayed = list(reader._replay(reader._resume_options(stream_offset(typed(start))), token_of(end)))
+        assert len(replayed) == 200
+    finally:
+        reader.stop()
+    assert len(reads) < 10, f"{len(reads)} copies of the position for 200 events"
+
+
 def test_a_replay_ends_at_the_range_end_without_an_empty_get_more(
     client: pymongo.MongoClient[dict[str, Any]], mongodb_uri: str, db_name: str
 ) -> None:
@@ -956,28 +985,6 @@ def test_not_null_fields_are_refused_with_a_reason() -> None:
     source = SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/", "schema": "sku STRING NOT NULL"})
     with pytest.raises(ConfigurationError, match=r"full_document\.sku NOT NULL"):
         FlowWardenStreamReader(source, StructType(fields))
-
-
-def test_the_uri_is_redacted_from_plans_with_the_documented_setting(spark: SparkSession) -> None:
-    """docs/spark-clusters.md: spark.sql.redaction.options.regex=(?i)url|uri keeps the URI, and
-    its password, out of explain() and the Spark UI."""
-    import contextlib
-    import io
-
-    def plan() -> str:
-        frame = spark.readStream.format("flowwarden").option("uri", "mongodb://u:s3cret@h:1/").load()
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            frame.explain(True)
-        return out.getvalue()
-
-    assert "s3cret" in plan()  # Spark's default redacts options named like "url" only
-    spark.conf.set("spark.sql.redaction.options.regex", "(?i)url|uri")
-    try:
-        text = plan()
-    finally:
-        spark.conf.unset("spark.sql.redaction.options.regex")
-    assert "s3cret" not in text and "uri=*********(redacted)" in text
 
 
 # ----------------------------------------------------------------------------------------------

@@ -207,26 +207,49 @@ _extend_type_operator()
 
 
 def _extend_expressions() -> None:
-    """Teach the engine's expression parser ``$toHashedIndexKey`` (MongoDB 7.0+), which it lacks,
+    """Teach the engine's expression parser what MongoDB has and it lacks or gets wrong:
+    ``$toHashedIndexKey`` (MongoDB 7.0+); ``$type`` and ``$mergeObjects`` as expressions;
+    ``$regexMatch`` of a null or missing input, which MongoDB answers false (the engine raises);
+    ``$not`` of its one-element argument list (the engine negates the list, which is always true);
     and ``$mod`` of two integers, which it computes in floating point (so the remainder of a
     64-bit hash came out wrong).
 
     Every aggregation expression (``$expr`` in a filter, ``$addFields``, ``$project``) goes through
-    ``_Parser.parse``; the replacement answers those two and hands everything else (``$mod`` of
+    ``_Parser.parse``; the replacement answers those and hands everything else (``$mod`` of
     doubles included) to the original. A missing operand hashes as null.
     """
     original = _aggregate._Parser.parse
     if getattr(original, "_flowwarden_extended", False):
         return
 
+    def operand(parser: Any, expression: Any) -> Any:
+        """The value of ``expression``, or ``_MISSING_VALUE`` for a field that is not there."""
+        try:
+            return parser.parse(expression)
+        except KeyError:
+            return _MISSING_VALUE
+
     def parse(self: Any, expression: Any) -> Any:
         if isinstance(expression, dict) and len(expression) == 1:
             if "$toHashedIndexKey" in expression:
-                try:
-                    operand = self.parse(expression["$toHashedIndexKey"])
-                except KeyError:
-                    operand = None
-                return hashed_index_key(operand)
+                value = operand(self, expression["$toHashedIndexKey"])
+                return hashed_index_key(None if value is _MISSING_VALUE else value)
+            if "$type" in expression:
+                return expression_type(operand(self, _single_argument(expression["$type"], "$type")))
+            if "$mergeObjects" in expression:
+                arguments = expression["$mergeObjects"]
+                if not isinstance(arguments, list):
+                    arguments = [arguments]
+                return merge_objects([operand(self, argument) for argument in arguments])
+            negated = expression.get("$not")
+            if isinstance(negated, list) and len(negated) == 1:
+                # {$not: [<expression>]}: the engine takes the list itself for the operand.
+                return not _expression_truth(operand(self, negated[0]))
+            spec = expression.get("$regexMatch")
+            if isinstance(spec, dict) and "input" in spec:
+                value = operand(self, spec["input"])
+                if value is None or value is _MISSING_VALUE:
+                    return False
             operands = expression.get("$mod")
             if isinstance(operands, list) and len(operands) == 2:
                 dividend, divisor = self.parse_many(operands)
@@ -236,6 +259,65 @@ def _extend_expressions() -> None:
 
     parse._flowwarden_extended = True  # type: ignore[attr-defined]
     _aggregate._Parser.parse = parse  # type: ignore[method-assign]
+
+
+_MISSING_VALUE: Any = object()
+
+# $type's answer for each type, in an order where no test answers for a value an earlier one
+# should have (bool before the numbers: a Python bool is an int).
+_EXPRESSION_TYPES = (
+    "bool", "int", "long", "double", "decimal", "string", "object", "array", "binData", "objectId",
+    "date", "null", "regex", "javascript", "javascriptWithScope", "timestamp", "minKey", "maxKey",
+)  # fmt: skip
+
+
+def _single_argument(argument: Any, operator: str) -> Any:
+    if isinstance(argument, list):
+        if len(argument) != 1:
+            raise CommandError(
+                16020, f"Expression {operator} takes exactly 1 arguments. {len(argument)} were passed in."
+            )
+        return argument[0]
+    return argument
+
+
+def expression_type(value: Any) -> str:
+    """The ``$type`` expression's answer: the BSON type alias of ``value``, ``"missing"`` for a
+    field that is not there."""
+    if value is _MISSING_VALUE:
+        return "missing"
+    for name in _EXPRESSION_TYPES:
+        if _TYPE_TESTS[name](value):
+            return name
+    raise CommandError(2, f"$type cannot name the type of {value!r}")
+
+
+def _expression_truth(value: Any) -> bool:
+    """How an aggregation expression reads ``value`` as a condition: false, null, missing and
+    zero are false; everything else (an empty string or array too) is true."""
+    if value is _MISSING_VALUE or value is None or value is False:
+        return False
+    if isinstance(value, Decimal128):
+        return bool(value.to_decimal() != 0)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value != 0
+    return True
+
+
+def merge_objects(values: list[Any]) -> dict[str, Any]:
+    """``$mergeObjects``: the documents merged left to right; null and missing ones are skipped."""
+    merged: dict[str, Any] = {}
+    for value in values:
+        if value is None or value is _MISSING_VALUE:
+            continue
+        if not isinstance(value, Mapping):
+            raise CommandError(
+                40400,
+                f"$mergeObjects requires object inputs, but input {value!r} is of type "
+                f"{expression_type(value)}",
+            )
+        merged.update(value)
+    return merged
 
 
 def _integer(value: Any) -> bool:

@@ -159,6 +159,8 @@ def _evaluate(expr: Any, doc: Event) -> Any:
         return _MISSING
     except NotImplementedError as exc:
         raise CommandError(168, f"the embedded server cannot evaluate expression {expr!r}: {exc}") from None
+    except CommandError:
+        raise  # already MongoDB's error for it, code included
     except Exception as exc:  # the engine's OperationFailure and friends: report as a bad expression
         raise CommandError(2, f"Invalid expression {expr!r}: {exc}") from None
 

@@ -1,8 +1,9 @@
 """The options of the ``flowwarden`` streaming source, read from Spark's strings.
 
 An option the decorators also have (``database``, ``full_document``, ``split_large_events``,
-``start_position``, ``mode``...) has the same name, values and default here, and is checked by
-the same model: each string is turned into the field's type and validated by the option model
+``collections``, ``exclude_fields``, ``hash_fields``, ``start_position``, ``mode``...) has the same
+name, values and default here (a list is a JSON array or names separated by commas), and is
+checked by the same model: each string is turned into the field's type and validated by the option model
 that declares it (:data:`SHARED`). The source's own options (``uri``, ``pipeline``,
 ``max_events_per_trigger``, ``schema``, ``json_mode``, ``partitions``) are declared in
 :class:`SourceOnlyOptions`. ``schema=infer`` samples the collection once, when Spark asks the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -40,6 +42,12 @@ from flowwarden.config.delivery import INFER
 from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.buckets import MAX_PARTITIONS
 from flowwarden.mongo.large_events import with_split_stage
+from flowwarden.mongo.sensitive_fields import (
+    FieldHasher,
+    exclusion_stages,
+    salted_hasher,
+    snapshot_projection,
+)
 from flowwarden.spark.convert.extjson import JsonMode
 from flowwarden.spark.convert.valuespec import ValueSpec
 
@@ -57,6 +65,11 @@ SHARED: dict[str, type[Options]] = {
     "max_await_time_ms": ChangeStreamOptions,
     "split_large_events": ChangeStreamOptions,
     "snapshot": ChangeStreamOptions,
+    "collections": ChangeStreamOptions,
+    "exclude_collections": ChangeStreamOptions,
+    "exclude_fields": ChangeStreamOptions,
+    "hash_fields": ChangeStreamOptions,
+    "hash_salt_env": ChangeStreamOptions,
     "start_position": CheckpointOptions,
     "start_at": CheckpointOptions,
     "on_history_lost": CheckpointOptions,
@@ -172,6 +185,13 @@ class SourceOptions:
     document_spec: ValueSpec | None = None
     """The inferred document schema (set by :meth:`with_inferred_schema`), which also keeps
     where values are Extended JSON, which a DDL string cannot say."""
+    collections: tuple[str, ...] | None = None
+    exclude_collections: tuple[str, ...] = ()
+    exclude_fields: tuple[str, ...] = ()
+    hash_fields: tuple[str, ...] = ()
+    hasher: FieldHasher | None = dataclasses.field(default=None, repr=False, compare=False)
+    """Hashes ``hash_fields`` with the salt read from ``hash_salt_env`` when the source was
+    created (on the driver); it travels to the executors with the reader."""
     name: str | None = None
     """The stream name snapshot requests address; None: the query takes none."""
     signals_database: str = "flowwarden"
@@ -233,6 +253,11 @@ class SourceOptions:
             infer_schema=infer,
             sample_size=frame.sample_size,
             schema_hints=frame.schema_hints,
+            collections=stream.collections,
+            exclude_collections=stream.exclude_collections,
+            exclude_fields=stream.exclude_fields,
+            hash_fields=stream.hash_fields,
+            hasher=salted_hasher(stream.hash_fields, stream.hash_salt_env, owner=OWNER),
             name=own.name,
             signals_database=own.signals_database or stream.database or _cluster_signals_database(),
         )
@@ -259,15 +284,43 @@ class SourceOptions:
         return dataclasses.replace(self, schema_ddl=ddl, document_spec=spec)
 
     @property
+    def stream(self) -> ChangeStreamOptions:
+        """What the source watches, as ``@change_stream`` options (their stages come from there)."""
+        return ChangeStreamOptions(
+            database=self.database,
+            collection=self.collection,
+            collections=self.collections,
+            exclude_collections=self.exclude_collections,
+        )
+
+    @property
     def stream_pipeline(self) -> tuple[dict[str, Any], ...]:
         """The stages the source's change streams run after ``$changeStream``: for a database or
-        cluster, the one leaving out flowwarden's own collections; ``pipeline``; then
+        cluster, the one leaving out flowwarden's own collections and the one keeping the
+        selected collections; ``pipeline``; the stages removing ``exclude_fields``; then
         ``$changeStreamSplitLargeEvent`` with ``split_large_events``."""
-        own = ChangeStreamOptions(database=self.database, collection=self.collection).own_collections_stage()
-        stages = self.pipeline if own is None else (own, *self.pipeline)
-        if not self.split_large_events:
-            return stages
-        return tuple(with_split_stage(stages))
+        return self._stages(exclusion_stages(self.exclude_fields))
+
+    @property
+    def counting_pipeline(self) -> tuple[dict[str, Any], ...]:
+        """:attr:`stream_pipeline` for a stream that only finds where a micro-batch ends and does
+        not split large events: without the stages removing fields, which never leave an event
+        out (and would have it look up documents it does not bring back)."""
+        return self._stages([])
+
+    def _stages(self, exclusion: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+        stream = self.stream
+        stages = [
+            stage for stage in (stream.own_collections_stage(), stream.selection_stage()) if stage is not None
+        ]
+        stages.extend(self.pipeline)
+        stages.extend(exclusion)
+        return tuple(with_split_stage(stages)) if self.split_large_events else tuple(stages)
+
+    @property
+    def snapshot_projection(self) -> dict[str, int] | None:
+        """The find projection of the copy: ``exclude_fields`` left out."""
+        return snapshot_projection(self.exclude_fields)
 
     @property
     def namespace(self) -> str:
@@ -370,9 +423,36 @@ def _typed(name: str, model: type[Options], text: str) -> Any:
                 value=text,
                 allowed=model.allowed[name],
             ) from None
-    if name in ("database", "collection"):
+    if name in ("database", "collection", "hash_salt_env"):
         return text or None  # an empty option is no option
+    if name in LIST_OPTIONS:
+        return _names(name, text)
     return text
+
+
+LIST_OPTIONS = frozenset({"collections", "exclude_collections", "exclude_fields", "hash_fields"})
+
+
+def _names(name: str, text: str) -> tuple[str, ...] | None:
+    """A list option: a JSON array of strings, or names separated by commas (a pattern holding a
+    comma needs the JSON form); empty: none."""
+    if text.strip().startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{name} is not a JSON array: {exc}",
+                owner=OWNER,
+                option=name,
+                value=text,
+                allowed='a JSON array of strings such as ["orders", "re:inv_.*"], or names separated '
+                "by commas",
+            ) from exc
+        return tuple(items) if isinstance(items, list) else items
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        return None if name == "collections" else ()
+    return tuple(items)
 
 
 def _start_at(text: str) -> Any:
@@ -405,4 +485,4 @@ def _pipeline(text: str) -> tuple[dict[str, Any], ...]:
     return validate_options(PipelineOptions, OWNER, {"stages": stages}, label=LABEL).stages
 
 
-__all__ = ["DEFAULT_MAX_EVENTS_PER_TRIGGER", "SHARED", "SourceOnlyOptions", "SourceOptions"]
+__all__ = ["DEFAULT_MAX_EVENTS_PER_TRIGGER", "LIST_OPTIONS", "SHARED", "SourceOnlyOptions", "SourceOptions"]

@@ -145,10 +145,15 @@ def begin(
     """The copy's progress before its first chunk, at the stream position ``token``;
     :class:`~flowwarden.mongo.signals.RequestProblem` when the query cannot serve it."""
     namespaces = request_namespaces(
-        request.collections, database=options.database, collection=options.collection
+        request.collections,
+        database=options.database,
+        collection=options.collection,
+        selection=options.stream.selection,
     )
     if namespaces is None:
-        namespaces = source_snapshot.namespaces(client, options.database, options.collection)
+        namespaces = source_snapshot.namespaces(
+            client, options.database, options.collection, options.stream.selection
+        )
     if not namespaces:
         raise RequestProblem("the query watches no collection to copy")
     own = all_of(query, request.filter or {})
@@ -184,9 +189,11 @@ def plan_chunk(
     chunk_size: int,
     watch: Callable[..., Any],
     max_bytes: int,
+    projection: Mapping[str, Any] | None = None,
 ) -> Chunk | None:
     """The micro-batch from ``progress`` (the start's copy state, at its token) that hands over
-    the next chunk (see the module docstring); None once no chunk is left."""
+    the next chunk (see the module docstring), its documents read with ``projection`` (the
+    excluded fields left out by the server); None once no chunk is left."""
     own = all_of(query, load_filter(progress.filter))
     low = token_cluster_time({"_data": progress.token})
     with raw_client.start_session(causal_consistency=True) as session:
@@ -195,7 +202,9 @@ def plan_chunk(
         while True:
             documents: list[Any] = []
             if not isinstance(end_id, MinKey):
-                documents = _find(raw_client, progress.namespaces[at], own, last, end_id, chunk_size, session)
+                documents = _find(
+                    raw_client, progress.namespaces[at], own, last, end_id, chunk_size, session, projection
+                )
             if documents:
                 break
             at += 1
@@ -244,11 +253,14 @@ def _find(
     through: Any,
     limit: int,
     session: Any,
+    projection: Mapping[str, Any] | None,
 ) -> list[Any]:
     database, collection = namespace.split(".", 1)
     target = raw_client[database][collection].with_options(read_concern=_MAJORITY)
     selected = all_of(query, id_range(after, through))
-    cursor = target.find(selected, sort=[("_id", 1)], limit=limit, batch_size=limit, session=session)
+    cursor = target.find(
+        selected, projection=projection, sort=[("_id", 1)], limit=limit, batch_size=limit, session=session
+    )
     with cursor:
         return list(cursor)
 
@@ -315,6 +327,7 @@ def replay_rows(
     end: RequestedOffset,
     query: Mapping[str, Any],
     events: Iterable[RawBSONDocument],
+    projection: Mapping[str, Any] | None = None,
 ) -> Iterator[RawBSONDocument]:
     """``events`` (the range's, replayed), then the chunk's rows read again, less those of the
     documents an event between the watermarks changed."""
@@ -333,7 +346,7 @@ def replay_rows(
     if isinstance(start, RequestedOffset) and start.request == end.request and start.at == end.at:
         lower = load_id(start.last_id)
     own = all_of(query, load_filter(end.filter))
-    for document in _find(raw_client, namespace, own, lower, load_id(end.last_id), 0, None):
+    for document in _find(raw_client, namespace, own, lower, load_id(end.last_id), 0, None, projection):
         if document_key(plain_id(document["_id"])) not in changed:
             yield snapshot_row(document, database, collection, end.high, raw=True)
 

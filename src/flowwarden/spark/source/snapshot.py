@@ -18,7 +18,9 @@ namespace ``at`` of the end offset with ``_id`` in (start ``last_id``, end ``las
 first ``_id`` when the start offset is of an earlier namespace). Once every document was read,
 one empty micro-batch ends at the same offset with ``done``, so the copy ends at a fixed
 point whatever is inserted later; a change-stream offset after it holds the events after ``T``
-(with ``snapshot=initial_only`` nothing follows it). Planning reads a micro-batch's documents and
+(with ``snapshot=initial_only`` nothing follows it). A database or cluster source copies the
+collections its ``collections`` and ``exclude_collections`` select, and its ``exclude_fields``
+are left out of the documents by the server (a projection). Planning reads a micro-batch's documents and
 carries them to the executor; a micro-batch Spark replays without planning it again reads that
 ``_id`` range again, as the documents are then (their changes since ``T`` follow as change
 events anyway). Rows are :func:`~flowwarden.mongo.initial_copy.snapshot_row`\\ s.
@@ -42,6 +44,7 @@ from flowwarden.mongo.initial_copy import (
     plain_id,
     snapshot_row,
 )
+from flowwarden.mongo.namespaces import NamespaceSelection
 from flowwarden.spark.source.offsets import SnapshotOffset, dump_id, load_id
 
 
@@ -78,8 +81,11 @@ def bound(raw_client: Any, namespace: str | None, query: Mapping[str, Any]) -> A
     return MinKey()
 
 
-def namespaces(client: Any, database: str | None, collection: str | None) -> list[str]:
-    """The collections a source copies, in order (as the connector's snapshot chooses them)."""
+def namespaces(
+    client: Any, database: str | None, collection: str | None, selection: NamespaceSelection | None = None
+) -> list[str]:
+    """The collections a source copies, in order (as the connector's snapshot chooses them):
+    for a database or cluster, those ``selection`` selects (every one without it)."""
     if database is not None and collection is not None:
         return [f"{database}.{collection}"]
     databases = (
@@ -90,12 +96,21 @@ def namespaces(client: Any, database: str | None, collection: str | None) -> lis
     found: list[str] = []
     for name in databases:
         collections = client[name].list_collection_names(filter={"type": "collection"})
-        found.extend(f"{name}.{each}" for each in sorted(collections) if copied_collection(each))
+        found.extend(
+            f"{name}.{each}"
+            for each in sorted(collections)
+            if copied_collection(each) and (selection is None or selection.selects(name, each))
+        )
     return found
 
 
 def plan_chunk(
-    raw_client: Any, start: SnapshotOffset, max_rows: int, max_bytes: int, query: Mapping[str, Any]
+    raw_client: Any,
+    start: SnapshotOffset,
+    max_rows: int,
+    max_bytes: int,
+    query: Mapping[str, Any],
+    projection: Mapping[str, Any] | None = None,
 ) -> tuple[SnapshotOffset, bytes] | None:
     """The next micro-batch of the copy after ``start``: its end offset and its rows' BSON back
     to back; None when every document was read."""
@@ -110,7 +125,8 @@ def plan_chunk(
         last_id: Any = None
         database, collection = names[at].split(".", 1)
         empty = isinstance(end_id, MinKey)
-        for document in () if empty else _documents(raw_client, names[at], query, last, end_id, max_rows):
+        found = () if empty else _documents(raw_client, names[at], query, last, end_id, max_rows, projection)
+        for document in found:
             row = snapshot_row(document, database, collection, cluster_time, raw=True)
             rows.append(row.raw)
             size += len(row.raw)
@@ -133,7 +149,11 @@ def plan_chunk(
 
 
 def replay_chunk(
-    raw_client: Any, start: SnapshotOffset, end: SnapshotOffset, query: Mapping[str, Any]
+    raw_client: Any,
+    start: SnapshotOffset,
+    end: SnapshotOffset,
+    query: Mapping[str, Any],
+    projection: Mapping[str, Any] | None = None,
 ) -> Iterator[RawBSONDocument]:
     """The rows of the range (start, end] of the copy, read again (see the module docstring)."""
     namespace = end.namespaces[end.at]
@@ -141,18 +161,27 @@ def replay_chunk(
     upper = load_id(end.last_id)
     cluster_time = token_cluster_time({"_data": end.token})
     database, collection = namespace.split(".", 1)
-    for document in _documents(raw_client, namespace, query, lower, upper, None):
+    for document in _documents(raw_client, namespace, query, lower, upper, None, projection):
         yield snapshot_row(document, database, collection, cluster_time, raw=True)
 
 
 def _documents(
-    raw_client: Any, namespace: str, query: Mapping[str, Any], after: Any, through: Any, limit: int | None
+    raw_client: Any,
+    namespace: str,
+    query: Mapping[str, Any],
+    after: Any,
+    through: Any,
+    limit: int | None,
+    projection: Mapping[str, Any] | None,
 ) -> Iterator[RawBSONDocument]:
     """The documents of ``namespace`` matching ``query`` with ``_id`` after ``after`` (MinKey:
-    from the first) and up to ``through`` (an ``_id`` read before), in ``_id`` order."""
+    from the first) and up to ``through`` (an ``_id`` read before), in ``_id`` order, with
+    ``projection`` (the excluded fields left out by the server)."""
     database, collection = namespace.split(".", 1)
     filter_ = all_of(query, id_range(after, through))
-    cursor = raw_client[database][collection].find(filter_, sort=[("_id", 1)], limit=limit or 0)
+    cursor = raw_client[database][collection].find(
+        filter_, projection=projection, sort=[("_id", 1)], limit=limit or 0
+    )
     with cursor:
         yield from cursor
 

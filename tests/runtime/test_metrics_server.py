@@ -1,0 +1,104 @@
+"""The metrics server under many scrapers and idle connections: every request is answered, the
+threads it uses stay few, and idle connections are closed."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from flowwarden.runtime import metrics
+from flowwarden.runtime.metrics import MetricsServer
+
+
+@pytest.fixture
+def server() -> Iterator[MetricsServer]:
+    served = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=lambda: {"orders": "STARTING"})
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+def get(server: MetricsServer, path: str, method: str = "GET") -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def idle_connections(server: MetricsServer, count: int) -> list[socket.socket]:
+    """``count`` connections that send nothing."""
+    return [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(count)]
+
+
+def closed(connection: socket.socket) -> bool:
+    """Whether the server closed ``connection`` (an idle one: no answer comes first)."""
+    try:
+        return connection.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:  # the socket's deadline: still open
+        return False
+
+
+def test_each_path_answers(server):
+    assert get(server, "/healthz") == (200, b"ok\n")
+    status, body = get(server, "/readyz")
+    assert status == 503 and b'"orders": "STARTING"' in body
+    status, body = get(server, "/metrics")
+    assert status == 200 and b"# TYPE" in body
+    assert get(server, "/metrics", method="HEAD") == (200, b"")
+    assert get(server, "/nothing")[0] == 404
+    assert get(server, "/metrics", method="POST")[0] == 405
+
+
+def test_idle_connections_take_no_thread_each_and_scrapers_are_answered(server):
+    threads_before = threading.active_count()
+    idle = idle_connections(server, 300)
+    try:
+        # Connections are accepted in order: once a later one is answered, the idle ones before it
+        # have been accepted too (a server with a thread per connection has started 300 by now).
+        assert get(server, "/healthz") == (200, b"ok\n")
+        started = threading.active_count() - threads_before
+        assert started <= metrics.ANSWER_THREADS + 1, f"{started} threads for 300 idle connections"
+        with ThreadPoolExecutor(50) as scrapers:
+            answers = list(scrapers.map(lambda _: get(server, "/metrics")[0], range(400)))
+        assert answers.count(200) == 400, f"{answers.count(200)} of 400 scrapes answered"
+    finally:
+        for connection in idle:
+            connection.close()
+
+
+def test_a_connection_that_sends_no_request_is_closed(monkeypatch):
+    monkeypatch.setattr(metrics, "CONNECTION_TIMEOUT_SECONDS", 0.3)
+    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
+    idle = idle_connections(server, 5)
+    try:
+        for connection in idle:
+            assert closed(connection), "the server kept an idle connection open"
+        assert get(server, "/healthz")[0] == 200
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
+
+
+def test_beyond_the_connection_limit_the_oldest_idle_one_makes_room(monkeypatch):
+    monkeypatch.setattr(metrics, "MAX_CONNECTIONS", 10)
+    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
+    idle = idle_connections(server, 10)
+    try:
+        assert get(server, "/healthz")[0] == 200  # the 11th connection, while 10 idle ones are open
+        assert closed(idle[0]), "the oldest idle connection was not closed"
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
