@@ -40,6 +40,8 @@ from flowwarden.mongo.calls import Procedure, call, find_all
 from flowwarden.mongo.initial_copy import INTERNAL_PREFIX, copied_collection
 from flowwarden.mongo.namespaces import NamespaceSelection
 
+DEFAULT_CHECKPOINT_DATABASE = "flowwarden"
+"""Where a connector keeps its cluster streams' checkpoints, and so their signals, by default."""
 SIGNALS_COLLECTION = "_fw_signals"
 SNAPSHOT_KIND = "snapshot"
 WATERMARK_KIND = "watermark"

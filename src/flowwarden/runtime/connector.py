@@ -40,6 +40,7 @@ from flowwarden.mongo.redaction import (
     redact_uri as redact_uri,  # re-exported: the runtime logs and exports it
 )
 from flowwarden.mongo.signals import (
+    DEFAULT_CHECKPOINT_DATABASE,
     SIGNALS_COLLECTION,
     RequestProblem,
     insert_request,
@@ -58,7 +59,6 @@ from flowwarden.runtime.stream import StreamRunner
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHECKPOINT_DATABASE = "flowwarden"
 _CLOSE_TIMEOUT_SECONDS = 2.0
 
 

@@ -48,6 +48,7 @@ from flowwarden.mongo.sensitive_fields import (
     salted_hasher,
     snapshot_projection,
 )
+from flowwarden.mongo.signals import DEFAULT_CHECKPOINT_DATABASE
 from flowwarden.spark.convert.extjson import JsonMode
 from flowwarden.spark.convert.valuespec import ValueSpec
 
@@ -342,8 +343,6 @@ class SourceOptions:
 def _cluster_signals_database() -> str:
     """Where a query over the whole deployment looks for requests: where a connector's cluster
     streams keep their checkpoints (and signals) by default."""
-    from flowwarden.runtime.connector import DEFAULT_CHECKPOINT_DATABASE
-
     return DEFAULT_CHECKPOINT_DATABASE
 
 
