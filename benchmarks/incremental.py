@@ -13,8 +13,9 @@ collection with ``--documents`` documents, then runs, each in a process of its o
 
 Once the stream is open and the writer at its pace, it requests an incremental snapshot with
 ``--chunk`` documents per chunk and times it from the request to the progress stored as done. It
-prints the documents copied per second, the rows the watermark rule left out, and the writes the
-writer made meanwhile (the rate it held). Figures only: nothing here asserts.
+prints the documents copied per second, the rows the watermark rule left out, the writes the
+writer made meanwhile (the rate it held), and the machine's load averages before and after, as
+uptime shows them. Figures only: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ def _writes(client: pymongo.MongoClient[Any]) -> int:
     return int(found.get("writes", 0))
 
 
+def _load() -> str:
+    """The machine's load averages, as uptime shows them: the figures depend on what else ran."""
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def _wait(what: str, predicate: Any, timeout: float = 600) -> Any:
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
@@ -128,6 +134,8 @@ def main() -> None:
         child_connector(args.uri, args.kind, args.chunk)
         return
 
+    print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(f"load before (1, 5, 15 min): {_load()}")
     processes: list[subprocess.Popen[bytes]] = []
     uri = args.uri
     if uri is None:
@@ -176,6 +184,7 @@ def main() -> None:
             f"{(copied + dropped) / seconds:,.0f} documents/s; the writer made {writes:,} writes "
             f"meanwhile ({writes / seconds:,.0f}/s, asked {args.write_rate:g}/s)"
         )
+        print(f"load after (1, 5, 15 min): {_load()}; {os.cpu_count()} cores")
     finally:
         for process in reversed(processes):
             process.terminate()
