@@ -16,7 +16,7 @@ from typing import Any
 
 import pymongo
 import pytest
-from bson import ObjectId
+from bson import MinKey, ObjectId
 
 from flowwarden import (
     ChangeEvent,
@@ -599,3 +599,72 @@ def test_a_stop_ends_the_look_for_requests_even_when_the_driver_swallows_the_can
     finally:
         connector.stop(timeout=20)
     assert connector.status()["orders"].state.value == "STOPPED"
+
+
+def test_a_stream_that_leads_again_goes_on_from_the_progress_stored_meanwhile(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    """While this connector stood by (its lease taken), another took the copy on and stored its
+    progress further: leading again, this one goes on from there, not from what it last knew."""
+    from datetime import datetime, timedelta, timezone
+
+    from flowwarden import StreamState
+
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(100)])
+    delivered: list[Row] = []
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        deployment="single_leader",
+        lease_ttl_seconds=1.5,
+        snapshot_chunk_size=10,
+        max_await_time_ms=50,
+    )
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Orders:
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            if event.operation_type == "snapshot":
+                time.sleep(0.01)  # the copy lasts about a second
+            delivered.append((event.operation_type, event.document_key["_id"]))
+
+    locks, checkpoints = client[db_name]["_fw_locks"], client[db_name]["_fw_checkpoints"]
+    with running(mongodb_uri, [Orders], instance_id="a") as connector:
+        wait_until(lambda: connector.status()["orders"].state == StreamState.RUNNING, what="a leads")
+        connector.request_snapshot("orders")
+        wait_until(lambda: len(delivered) >= 15, what="the copy's first rows")
+        # Another instance takes the stream over, as after a long pause of this one.
+        taken = locks.find_one({"_id": "orders"})["epoch"] + 1
+        later = datetime.now(timezone.utc) + timedelta(hours=1)
+        locks.update_one(
+            {"_id": "orders"},
+            {"$set": {"owner": "z", "ownerToken": "host-z:1:0000", "epoch": taken, "expiresAt": later}},
+        )
+        checkpoints.update_one({"_id": "orders"}, {"$set": {"epoch": taken}})
+        wait_until(lambda: connector.status()["orders"].state == StreamState.STANDBY, what="a to stand by")
+        copied_by_a = len(delivered)
+        assert copied_by_a < 60, "the copy went too far before the lease was taken"
+        # ... and copies up to _id 69, then goes away.
+        checkpoints.update_one(
+            {"_id": "orders"},
+            {
+                "$set": {
+                    "incrementalSnapshot.chunk": 7,
+                    "incrementalSnapshot.lastId": 69,
+                    "incrementalSnapshot.chunkEnd": MinKey(),
+                    "incrementalSnapshot.copied": 70,
+                }
+            },
+        )
+        gone = datetime.fromtimestamp(0, timezone.utc)
+        locks.update_one(
+            {"_id": "orders", "owner": "z"},
+            {"$set": {"owner": None, "ownerToken": None, "expiresAt": gone}},
+        )
+        wait_until(lambda: _done(connector), what="the copy to end after a leads again")
+    after = [key for operation, key in delivered[copied_by_a:] if operation == "snapshot"]
+    assert after == list(range(70, 100))
+    assert _progress(connector).copied == 100

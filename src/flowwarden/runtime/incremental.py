@@ -47,9 +47,11 @@ were handled. After a crash, a re-open, a stop or a lost lease, a window that wa
 dropped and its chunk, still planned, is read again (the same ``_id`` range, the documents as
 they are then) with new watermarks: no chunk is lost, and at most the one in hand is handed
 over twice (when the process ended after its rows were handled and before it was stored as
-finished). A chunk's rows are never handed over after an event past its ``H`` in one run. A
-request cancelled, or no longer there, ends the copy at its next step: the window open then is
-dropped, and the progress is stored as ``cancelled``.
+finished). Each time the stream reads again, the progress is loaded again from the record, so a
+stream that stood by while another process copied on (a lease lost, a bucket handed over) goes on
+from where that one stopped. A chunk's rows are never handed over after an event past its
+``H`` in one run. A request cancelled, or no longer there, ends the copy at its next step: the
+window open then is dropped, and the progress is stored as ``cancelled``.
 """
 
 from __future__ import annotations
@@ -188,9 +190,16 @@ class IncrementalSnapshot:
     # -- the read loop's side --------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget the window a reading stream had open: the stream reads again from its
-        checkpoint, and the chunk, still planned, is read again with new watermarks."""
+        """Forget what a reading stream had in hand: it reads again from its checkpoint, and so
+        does the copy. The window open is dropped (its chunk, still planned, is read again with
+        new watermarks), and the progress is loaded again from the checkpoint record at the next
+        look for requests: while this stream did not read (a lease lost, a bucket handed over to
+        another member of its fleet), another process may have copied on and stored further."""
         self._window = None
+        self._loaded = False
+        self._request = self._reader = self._queued = None
+        self._stop_reason = None
+        self._settle()
 
     def due(self, change: Any, empty: bool) -> bool:
         """Whether :meth:`step` must run before the read loop hands ``change`` over; between the
@@ -494,7 +503,7 @@ class IncrementalSnapshot:
         """Read this stream's requests once and note what the read loop is to do."""
         if not self._loaded:
             checkpoint = await self._store.load(self.name)
-            if self.progress is None and checkpoint is not None:
+            if checkpoint is not None:
                 self.progress = checkpoint.incremental_snapshot
             self._loaded = True
         names = [self.name]
