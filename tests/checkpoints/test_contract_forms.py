@@ -20,7 +20,7 @@ from flowwarden.checkpoints.contract import (
 )
 
 STORE_TESTS = 27
-SNAPSHOT_TESTS = 7
+SNAPSHOT_TESTS = 12
 
 
 def names_of_tests(cls: type) -> set[str]:

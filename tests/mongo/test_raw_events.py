@@ -54,6 +54,16 @@ def test_id_and_operation_type_are_read_after_fields_of_every_type() -> None:
     assert event.get("operationType") == "insert"
 
 
+def test_the_document_key_and_the_namespace_are_read_alone_as_dicts() -> None:
+    key = {"_id": {"region": "eu", "n": Int64(3)}}
+    ns = {"db": "shop", "coll": "orders"}
+    event = raw_event({**EVERY_TYPE, "_id": TOKEN, "ns": ns, "documentKey": key, "fullDocument": {"a": 1}})
+    assert event["documentKey"] == key and type(event["documentKey"]) is dict
+    assert event.get("documentKey") == key and event.get("ns") == ns and type(event["ns"]) is dict
+    assert vars(RawBSONDocument)["_RawBSONDocument__inflated_doc"].__get__(event) is None
+    assert raw_event({"_id": TOKEN}).get("documentKey") is None
+
+
 def test_a_lookup_decodes_nothing_else() -> None:
     event = raw_event({"_id": TOKEN, "operationType": "update", "fullDocument": {"a": 1}})
     event["_id"], event["operationType"]

@@ -705,5 +705,7 @@ def test_the_operations_table_lists_every_metric_with_its_type_and_labels(mongod
         wait_until(lambda: handled == ["snapshot"], what="the snapshot row")
         orders.insert_one({"_id": 1})
         wait_until(lambda: handled == ["snapshot", "insert"], what="the change after it")
+        connector.request_snapshot("orders")  # the incremental snapshot's families get samples
+        wait_until(lambda: handled.count("snapshot") == 3, what="the requested snapshot's rows")
         exposed = wait_until(lambda: every_family(connector), what="samples in every family")
     assert exposed == documented_metrics()

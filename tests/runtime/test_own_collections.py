@@ -27,6 +27,7 @@ def test_a_database_stream_never_sees_its_own_checkpoint_saves(mongodb_uri, clie
         client[db_name]["_fw_dlq"].insert_one({"note": "written by someone else, still ours"})
         client[db_name].marker.insert_one({"_id": "last"})
         wait_until(lambda: ("insert", db_name, "marker") in seen, what="the marker")
+        wait_until(lambda: connector.status()["everything"].events_processed >= 4, what="the count")
         processed = connector.status()["everything"].events_processed
     assert seen == [("insert", db_name, "orders")] * 3 + [("insert", db_name, "marker")]
     assert processed == 4
@@ -39,6 +40,10 @@ def test_a_cluster_stream_never_sees_the_checkpoint_database(mongodb_uri, client
         client[db_name].orders.insert_one({"_id": 1})
         client[db_name].marker.insert_one({"_id": "last"})
         wait_until(lambda: ("insert", db_name, "marker") in seen, what="the marker")
+        # An event counts once its save (save_every_n=1) is through, just after its method ran.
+        wait_until(
+            lambda: connector.status()["everything"].events_processed >= len(seen), what="the count"
+        )
         processed = connector.status()["everything"].events_processed
     ours = [event for event in seen if event[1] in (db_name, f"{db_name}_fw")]
     assert ours == [("insert", db_name, "orders"), ("insert", db_name, "marker")]

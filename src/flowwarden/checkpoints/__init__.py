@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from flowwarden.checkpoints.memory import InMemoryCheckpointStore as InMemoryCheckpointStore
     from flowwarden.checkpoints.model import DEFAULT_COLLECTION as DEFAULT_COLLECTION
     from flowwarden.checkpoints.model import Checkpoint as Checkpoint
+    from flowwarden.checkpoints.model import IncrementalProgress as IncrementalProgress
+    from flowwarden.checkpoints.model import IncrementalState as IncrementalState
     from flowwarden.checkpoints.model import SaveResult as SaveResult
     from flowwarden.checkpoints.model import SnapshotProgress as SnapshotProgress
     from flowwarden.checkpoints.mongo import AsyncMongoCheckpointStore as AsyncMongoCheckpointStore
@@ -38,6 +40,8 @@ _LAZY = {
     "InMemoryCheckpointStore": "flowwarden.checkpoints.memory",
     "DEFAULT_COLLECTION": "flowwarden.checkpoints.model",
     "Checkpoint": "flowwarden.checkpoints.model",
+    "IncrementalProgress": "flowwarden.checkpoints.model",
+    "IncrementalState": "flowwarden.checkpoints.model",
     "SaveResult": "flowwarden.checkpoints.model",
     "SnapshotProgress": "flowwarden.checkpoints.model",
     "AsyncMongoCheckpointStore": "flowwarden.checkpoints.mongo",
@@ -57,6 +61,8 @@ __all__ = [
     "CheckpointStore",
     "FileCheckpointStore",
     "InMemoryCheckpointStore",
+    "IncrementalProgress",
+    "IncrementalState",
     "MongoCheckpointStore",
     "SaveResult",
     "SnapshotProgress",

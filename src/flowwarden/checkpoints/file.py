@@ -28,11 +28,18 @@ from typing import Any, TypeVar
 
 from bson import json_util
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress, utc_now
+from flowwarden.checkpoints.model import (
+    Checkpoint,
+    IncrementalProgress,
+    SaveResult,
+    SnapshotProgress,
+    utc_now,
+)
 from flowwarden.checkpoints.transitions import (
     apply_rewind,
     apply_save,
     apply_save_batch_end,
+    apply_save_incremental,
     apply_save_seen,
     apply_save_snapshot,
 )
@@ -123,6 +130,12 @@ class FileCheckpointStore:
     def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
         def change(current: Checkpoint | None) -> tuple[SaveResult, Checkpoint | None]:
             return apply_save_snapshot(current, stream_id, progress, epoch, utc_now())
+
+        return self._modify(stream_id, change)
+
+    def save_incremental(self, stream_id: str, progress: IncrementalProgress, epoch: int) -> SaveResult:
+        def change(current: Checkpoint | None) -> tuple[SaveResult, Checkpoint | None]:
+            return apply_save_incremental(current, stream_id, progress, epoch, utc_now())
 
         return self._modify(stream_id, change)
 

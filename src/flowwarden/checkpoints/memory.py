@@ -14,11 +14,18 @@ from dataclasses import replace
 from datetime import datetime
 from typing import ClassVar
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress, utc_now
+from flowwarden.checkpoints.model import (
+    Checkpoint,
+    IncrementalProgress,
+    SaveResult,
+    SnapshotProgress,
+    utc_now,
+)
 from flowwarden.checkpoints.transitions import (
     apply_rewind,
     apply_save,
     apply_save_batch_end,
+    apply_save_incremental,
     apply_save_seen,
     apply_save_snapshot,
 )
@@ -65,6 +72,11 @@ class InMemoryCheckpointStore:
     def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
         return self._apply(
             stream_id, lambda current, now: apply_save_snapshot(current, stream_id, progress, epoch, now)
+        )
+
+    def save_incremental(self, stream_id: str, progress: IncrementalProgress, epoch: int) -> SaveResult:
+        return self._apply(
+            stream_id, lambda current, now: apply_save_incremental(current, stream_id, progress, epoch, now)
         )
 
     def _apply(

@@ -44,6 +44,7 @@ F_UPDATED_AT = "updatedAt"
 F_METADATA = "metadata"
 F_BATCH_END = "batchEndToken"
 F_SNAPSHOT = "snapshot"
+F_INCREMENTAL = "incrementalSnapshot"
 
 DEFAULT_COLLECTION = "_fw_checkpoints"
 
@@ -189,6 +190,125 @@ class SnapshotProgress:
         )
 
 
+class IncrementalState(str, enum.Enum):
+    """Where an incremental snapshot is."""
+
+    RUNNING = "running"
+    """Copying: chunks are read and handed over between the stream's changes."""
+    DONE = "done"
+    """Every chunk was handed over."""
+    CANCELLED = "cancelled"
+    """Stopped before the end: its request was cancelled, or no longer exists."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class IncrementalProgress:
+    """How far an incremental snapshot (a copy requested while the stream runs) has come.
+
+    ``request`` is the id of its request in ``_fw_signals``. The copy goes through
+    ``namespaces`` in order, each in ``_id`` order, in chunks, as the initial snapshot does
+    (:class:`SnapshotProgress`): ``end_id`` is the bound of ``namespace`` read when its copy
+    began (MinKey: nothing to copy), ``last_id`` the last ``_id`` of the last finished chunk
+    (MinKey: none yet), ``chunk`` counts the chunks planned, and ``chunk_end`` is the last
+    ``_id`` of chunk number ``chunk`` while it is planned and not finished (MinKey: none is). A
+    planned chunk is read again as the same ``_id`` range ``(last_id, chunk_end]`` after a
+    restart.
+
+    ``copied`` counts the rows handed over by finished chunks; ``dropped`` the rows left out
+    because their document changed between the chunk's watermarks (its change was delivered
+    instead). Within one request progress never goes back: :attr:`order` only grows.
+    """
+
+    request: str
+    namespaces: tuple[str, ...]
+    namespace: str
+    end_id: Any = field(default_factory=MinKey)
+    last_id: Any = field(default_factory=MinKey)
+    chunk: int = 0
+    chunk_end: Any = field(default_factory=MinKey)
+    copied: int = 0
+    dropped: int = 0
+    total: int | None = None
+    """An estimate of the documents to copy, taken when the copy began (for progress only)."""
+    state: IncrementalState = IncrementalState.RUNNING
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "namespaces", tuple(self.namespaces))
+        object.__setattr__(self, "state", IncrementalState(self.state))
+
+    @property
+    def pending(self) -> bool:
+        """Whether chunk number :attr:`chunk` is planned and its handling not finished."""
+        return not isinstance(self.chunk_end, MinKey)
+
+    @property
+    def running(self) -> bool:
+        return self.state is IncrementalState.RUNNING
+
+    @property
+    def order(self) -> int:
+        """Orders the saves of one request: each chunk is planned, then finished; the end
+        (done or cancelled) is last."""
+        return self.chunk * 2 + (0 if self.pending else 1) + (0 if self.running else 2)
+
+    def to_document(self) -> dict[str, Any]:
+        document = {
+            "request": self.request,
+            "namespaces": list(self.namespaces),
+            "namespace": self.namespace,
+            "endId": self.end_id,
+            "lastId": self.last_id,
+            "chunk": self.chunk,
+            "copied": self.copied,
+            "dropped": self.dropped,
+            "total": self.total,
+            "state": self.state.value,
+            "order": self.order,
+            "startedAt": self.started_at,
+            "endedAt": self.ended_at,
+        }
+        if self.pending:
+            document["chunkEnd"] = self.chunk_end
+        return document
+
+    @classmethod
+    def from_document(cls, document: Any) -> IncrementalProgress:
+        name = F_INCREMENTAL
+        if not isinstance(document, Mapping):
+            raise ValueError(f"{name} must be a document, got {type(document).__name__}")
+        request = document.get("request")
+        if not isinstance(request, str) or not request:
+            raise ValueError(f"{name}.request must be the id of a request, got {request!r}")
+        namespaces = document.get("namespaces")
+        if not isinstance(namespaces, (list, tuple)) or not all(isinstance(n, str) for n in namespaces):
+            raise ValueError(f"{name}.namespaces must be a list of namespace names")
+        namespace = document.get("namespace")
+        if not isinstance(namespace, str):
+            raise ValueError(f"{name}.namespace must be a namespace name, got {namespace!r}")
+        state = document.get("state")
+        if state not in {member.value for member in IncrementalState}:
+            allowed = ", ".join(member.value for member in IncrementalState)
+            raise ValueError(f"{name}.state must be one of {allowed}, got {state!r}")
+        total = document.get("total")
+        return cls(
+            request=request,
+            namespaces=tuple(namespaces),
+            namespace=namespace,
+            end_id=document.get("endId", MinKey()),
+            last_id=document.get("lastId", MinKey()),
+            chunk=_read_int(document.get("chunk"), f"{name}.chunk"),
+            chunk_end=document.get("chunkEnd", MinKey()),
+            copied=_read_int(document.get("copied"), f"{name}.copied"),
+            dropped=_read_int(document.get("dropped"), f"{name}.dropped"),
+            total=None if total is None else _read_int(total, f"{name}.total"),
+            state=IncrementalState(state),
+            started_at=_read_time(document.get("startedAt"), f"{name}.startedAt"),
+            ended_at=_read_time(document.get("endedAt"), f"{name}.endedAt"),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
     """One stream's stored position, built with keywords; every field but ``stream_id`` defaults.
@@ -223,6 +343,9 @@ class Checkpoint:
     snapshot: SnapshotProgress | None = None
     """The initial snapshot's progress, for streams with ``snapshot`` other than NEVER; None when
     none was ever started (or the position was rewound since)."""
+    incremental_snapshot: IncrementalProgress | None = None
+    """The progress of the newest incremental snapshot (``flowwarden snapshot request``); None
+    when none was ever requested. Not tied to a position: a rewind keeps it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.stream_id, str) or not self.stream_id:
@@ -276,6 +399,8 @@ class Checkpoint:
             document[F_BATCH_END] = copy_token(self.batch_end_token)
         if self.snapshot is not None:
             document[F_SNAPSHOT] = self.snapshot.to_document()
+        if self.incremental_snapshot is not None:
+            document[F_INCREMENTAL] = self.incremental_snapshot.to_document()
         return document
 
     @classmethod
@@ -315,6 +440,7 @@ class Checkpoint:
                 metadata=dict(metadata),
                 batch_end_token=_read_token(document.get(F_BATCH_END), F_BATCH_END),
                 snapshot=_read_snapshot(document.get(F_SNAPSHOT)),
+                incremental_snapshot=_read_incremental(document.get(F_INCREMENTAL)),
             )
         except (ValueError, TypeError, OverflowError) as exc:
             sid = stream_id if isinstance(stream_id, str) else None
@@ -327,6 +453,10 @@ class Checkpoint:
 
 def _read_snapshot(value: Any) -> SnapshotProgress | None:
     return None if value is None else SnapshotProgress.from_document(value)
+
+
+def _read_incremental(value: Any) -> IncrementalProgress | None:
+    return None if value is None else IncrementalProgress.from_document(value)
 
 
 def _read_token(value: Any, name: str) -> dict[str, Any] | None:
@@ -378,8 +508,11 @@ def _read_time(value: Any, name: str) -> datetime | None:
 __all__ = [
     "DEFAULT_COLLECTION",
     "F_BATCH_END",
+    "F_INCREMENTAL",
     "F_SNAPSHOT",
     "Checkpoint",
+    "IncrementalProgress",
+    "IncrementalState",
     "SaveResult",
     "SnapshotProgress",
     "copy_token",

@@ -34,6 +34,7 @@ from flowwarden.checkpoints.model import (
     F_EPOCH,
     F_EVENTS,
     F_ID,
+    F_INCREMENTAL,
     F_INSTANCE,
     F_INSTANCE_TOKEN,
     F_METADATA,
@@ -44,6 +45,7 @@ from flowwarden.checkpoints.model import (
     F_SNAPSHOT,
     F_UPDATED_AT,
     Checkpoint,
+    IncrementalProgress,
     SaveResult,
     SnapshotProgress,
     copy_token,
@@ -51,6 +53,7 @@ from flowwarden.checkpoints.model import (
     utc_now,
 )
 from flowwarden.checkpoints.transitions import (
+    apply_save_incremental,
     apply_save_snapshot,
     check_epoch,
     is_newer,
@@ -304,6 +307,34 @@ def _save_snapshot(
     return _upsert(collection, stream_id, (query, update), collided)
 
 
+def _save_incremental(
+    collection: Any, stream_id: str, progress: IncrementalProgress, epoch: int
+) -> Procedure[SaveResult]:
+    # Progress of the stored request only moves forward; another request's replaces it.
+    query = {
+        F_ID: stream_id,
+        "$and": [
+            _epoch_allows(epoch),
+            {
+                "$or": [
+                    {F_INCREMENTAL: None},
+                    {f"{F_INCREMENTAL}.request": {"$ne": progress.request}},
+                    {f"{F_INCREMENTAL}.order": {"$lt": progress.order}},
+                ]
+            },
+        ],
+    }
+    update = _upsert_update({F_INCREMENTAL: progress.to_document(), F_EPOCH: epoch, F_UPDATED_AT: utc_now()})
+
+    def collided(current: Checkpoint | None) -> SaveResult | None:
+        if current is None:
+            return None
+        result, _ = apply_save_incremental(current, stream_id, progress, epoch, utc_now())
+        return SaveResult.IGNORED if result is SaveResult.IGNORED else None
+
+    return _upsert(collection, stream_id, (query, update), collided)
+
+
 def _save(collection: Any, checkpoint: Checkpoint) -> Procedure[SaveResult]:
     write = _save_write(checkpoint)
     assert checkpoint.last_processed_token is not None
@@ -390,6 +421,9 @@ class MongoCheckpointStore:
     def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
         return run(_save_snapshot(self.collection, stream_id, progress, epoch))
 
+    def save_incremental(self, stream_id: str, progress: IncrementalProgress, epoch: int) -> SaveResult:
+        return run(_save_incremental(self.collection, stream_id, progress, epoch))
+
     def delete(self, stream_id: str) -> bool:
         return run(_delete(self.collection, stream_id))
 
@@ -435,6 +469,9 @@ class AsyncMongoCheckpointStore:
 
     async def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
         return await run_async(_save_snapshot(self.collection, stream_id, progress, epoch))
+
+    async def save_incremental(self, stream_id: str, progress: IncrementalProgress, epoch: int) -> SaveResult:
+        return await run_async(_save_incremental(self.collection, stream_id, progress, epoch))
 
     async def delete(self, stream_id: str) -> bool:
         return await run_async(_delete(self.collection, stream_id))

@@ -31,7 +31,7 @@ import builtins
 import inspect
 from typing import Any, Protocol, runtime_checkable
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
+from flowwarden.checkpoints.model import Checkpoint, IncrementalProgress, SaveResult, SnapshotProgress
 from flowwarden.errors import ConfigurationError
 from flowwarden.events import ResumeToken
 
@@ -119,18 +119,27 @@ class AsyncCheckpointStore(Protocol):
 
 @runtime_checkable
 class SnapshotStore(Protocol):
-    """The one more method a store needs for streams with an initial snapshot (``@change_stream(
-    snapshot=...)``); stores without it run every other stream. An asyncio store's method is a
-    coroutine with the same signature.
+    """The two more methods a store needs for snapshots: ``save_snapshot`` for streams with an
+    initial snapshot (``@change_stream(snapshot=...)``), ``save_incremental`` for incremental
+    snapshots (``flowwarden snapshot request``); stores without them run every other stream. An
+    asyncio store's methods are coroutines with the same signatures.
 
     ``save_snapshot`` writes ``progress`` as the record's snapshot progress (creating the record if
     missing), fenced by ``epoch`` like :meth:`CheckpointStore.save_seen`, and touches no token.
     Progress of the snapshot already stored (same ``progress.token``) never goes back: IGNORED
     when the stored :attr:`~flowwarden.checkpoints.model.SnapshotProgress.order` is the same or
     higher. Progress of another snapshot replaces it. :meth:`CheckpointStore.rewind` clears it.
+
+    ``save_incremental`` does the same for the record's incremental snapshot progress, keyed by
+    ``progress.request`` instead of a token (IGNORED when the stored
+    :attr:`~flowwarden.checkpoints.model.IncrementalProgress.order` of the same request is the
+    same or higher; another request's progress replaces it); :meth:`CheckpointStore.rewind`
+    keeps it.
     """
 
     def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult: ...
+
+    def save_incremental(self, stream_id: str, progress: IncrementalProgress, epoch: int) -> SaveResult: ...
 
 
 def store_problem(store: object) -> str | None:
@@ -225,4 +234,13 @@ class AwaitableStore:
 
     async def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
         result: SaveResult = await self._call("save_snapshot", stream_id, progress, epoch)
+        return result
+
+    @property
+    def keeps_incremental(self) -> bool:
+        """Whether the store has ``save_incremental`` (see :class:`SnapshotStore`)."""
+        return callable(getattr(self.store, "save_incremental", None))
+
+    async def save_incremental(self, stream_id: str, progress: IncrementalProgress, epoch: int) -> SaveResult:
+        result: SaveResult = await self._call("save_incremental", stream_id, progress, epoch)
         return result

@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
+from flowwarden.checkpoints.model import Checkpoint, IncrementalProgress, SaveResult, SnapshotProgress
 from flowwarden.errors import FencedError
 from flowwarden.events import ResumeToken, token_data
 
@@ -65,6 +65,7 @@ def apply_save(
         metadata=checkpoint.metadata,
         batch_end_token=None if current is None else current.batch_end_token,
         snapshot=None if current is None else current.snapshot,
+        incremental_snapshot=None if current is None else current.incremental_snapshot,
     )
 
 
@@ -87,6 +88,24 @@ def apply_save_snapshot(
         and token_data(stored.token) == token_data(progress.token)
         and stored.order >= progress.order
     ):
+        return SaveResult.IGNORED, current
+    return SaveResult.STORED, replace(current, **changed)
+
+
+def apply_save_incremental(
+    current: Checkpoint | None, stream_id: str, progress: IncrementalProgress, epoch: int, now: datetime
+) -> tuple[SaveResult, Checkpoint]:
+    """The record after ``save_incremental(stream_id, progress, epoch)``, and whether it changed.
+
+    Progress of the request already stored (same ``progress.request``) only moves forward (a
+    higher :attr:`~IncrementalProgress.order`); progress of another request replaces it.
+    """
+    check_epoch(current, stream_id, epoch)
+    changed: dict[str, Any] = {"incremental_snapshot": progress, "epoch": epoch, "updated_at": now}
+    if current is None:
+        return SaveResult.STORED, Checkpoint(stream_id=stream_id, **changed)
+    stored = current.incremental_snapshot
+    if stored is not None and stored.request == progress.request and stored.order >= progress.order:
         return SaveResult.IGNORED, current
     return SaveResult.STORED, replace(current, **changed)
 
@@ -132,7 +151,8 @@ def apply_rewind(
     """The record after ``rewind(stream_id, token)``; None when there is still no record.
 
     A rewind also forgets the batch end (the batch it ended is not the next one any more) and
-    the snapshot's progress: the stream goes on from the position it was rewound to.
+    the initial snapshot's progress: the stream goes on from the position it was rewound to.
+    An incremental snapshot's progress is kept: it is not tied to a position.
     """
     if token is not None:
         token_data(token)
@@ -156,6 +176,7 @@ __all__ = [
     "apply_rewind",
     "apply_save",
     "apply_save_batch_end",
+    "apply_save_incremental",
     "apply_save_seen",
     "apply_save_snapshot",
     "check_epoch",

@@ -1,5 +1,6 @@
 """The ``flowwarden`` command: run handler classes, see where streams stand, inspect and move
-checkpoints, work the dead-letter queue, start the embedded replica set, run the demo.
+checkpoints, work the dead-letter queue, request snapshots of running streams, start the
+embedded replica set, run the demo.
 
 This package owns what a shell sees. Every failure it knows of ends as one line on stderr that
 starts with ``flowwarden:``, says what was wrong and what to do, and one of these exit codes
@@ -14,7 +15,7 @@ starts with ``flowwarden:``, says what was wrong and what to do, and one of thes
   start-up, or MongoDB refusing a command for a reason other than the credentials; and for
   ``status``, a stream whose position has left the oplog (its history is lost).
 - 3: the MongoDB deployment could not be reached or refused the credentials, when the command
-  needed it (``checkpoints``, ``status``, ``dlq``).
+  needed it (``checkpoints``, ``status``, ``dlq``, ``snapshot``).
 - 130: interrupted (Ctrl-C), or stopped at once by a second SIGINT/SIGTERM during ``run``'s
   graceful stop.
 
@@ -23,8 +24,8 @@ It never prints a traceback for those, and never prints a URI's password: URIs g
 ``FLOWWARDEN_*`` environment variables or a TOML file: see :mod:`flowwarden.cli.settings`.
 
 Modules: :mod:`~flowwarden.cli.common` (exit codes, errors, the client), :mod:`~.settings`,
-:mod:`~.run`, :mod:`~.checkpoints`, :mod:`~.status`, :mod:`~.dlq`, :mod:`~.local` (the embedded
-replica set and the demo).
+:mod:`~.run`, :mod:`~.checkpoints`, :mod:`~.status`, :mod:`~.dlq`, :mod:`~.snapshot`,
+:mod:`~.local` (the embedded replica set and the demo).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from flowwarden.cli import checkpoints, dlq, local, run, status
+from flowwarden.cli import checkpoints, dlq, local, run, snapshot, status
 from flowwarden.cli.common import EXIT_CODE_MEANINGS, CommandError, ExitCode, Parser, report, say
 from flowwarden.cli.settings import load, unknown_variables
 
@@ -106,16 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
         status.add_parser(sub, connection),
         checkpoints.add_parser(sub, connection),
         dlq.add_parser(sub, connection),
+        snapshot.add_parser(sub, connection),
         *local.add_parsers(sub),
     ]
     commands[0].set_defaults(func=run.run, needs_settings=True)
     commands[1].set_defaults(func=status.status, needs_settings=True)
     commands[2].set_defaults(func=checkpoints.checkpoints, needs_settings=True)
     commands[3].set_defaults(func=dlq.dlq, needs_settings=True)
+    commands[4].set_defaults(func=snapshot.snapshot, needs_settings=True)
     for command in commands:
-        command.epilog = parser.epilog
-        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        for each in (command, *_subcommands(command)):
+            each.epilog = parser.epilog
+            each.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of a command's own subcommands (``snapshot request``...)."""
+    return [
+        each
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for each in action.choices.values()
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,7 +43,7 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     "MongoDB refused for a reason other than the credentials; for status: a stream whose position has "
     "left the oplog",
     ExitCode.MONGODB_UNAVAILABLE: "MongoDB could not be reached within server_selection_timeout, or "
-    "refused the credentials (run at start-up, checkpoints, status, dlq)",
+    "refused the credentials (run at start-up, checkpoints, status, dlq, snapshot)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C) before the command finished (embedded-mongo exits 0: "
     "Ctrl-C is how it stops), or run stopped at once by a second SIGINT/SIGTERM",
 }

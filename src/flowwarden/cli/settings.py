@@ -43,7 +43,7 @@ from pydantic_settings import (
 from flowwarden.cli.common import CommandError, ExitCode, mongo_client
 from flowwarden.cli.logs import LogFormat, LogLevel
 from flowwarden.mongo.redaction import redact_uri
-from flowwarden.runtime.connector import DEFAULT_CHECKPOINT_DATABASE
+from flowwarden.mongo.signals import DEFAULT_CHECKPOINT_DATABASE
 from flowwarden.runtime.preflight import database_name_problem, instance_id_problem
 
 if TYPE_CHECKING:

@@ -85,6 +85,7 @@ def _row(
         "leaseHolderToken": holder_token,
         "inOplog": None,
         "snapshot": None,
+        "incrementalSnapshot": None,
         "unreadable": reason,
     }
     if checkpoint is None:
@@ -99,6 +100,16 @@ def _row(
     if checkpoint.snapshot is not None:
         progress = checkpoint.snapshot
         row["snapshot"] = {"copied": progress.copied, "total": progress.total, "done": progress.done}
+    if checkpoint.incremental_snapshot is not None:
+        requested = checkpoint.incremental_snapshot
+        row["incrementalSnapshot"] = {
+            "request": requested.request,
+            "state": requested.state.value,
+            "copied": requested.copied,
+            "dropped": requested.dropped,
+            "total": requested.total,
+            "namespace": requested.namespace,
+        }
     token = checkpoint.resume_token
     if token is not None:
         at = token_cluster_time(token)
@@ -158,6 +169,19 @@ def _snapshot_text(snapshot: dict[str, Any] | None) -> str:
     return f"{snapshot['copied']:,}" + ("" if total is None else f" of ~{total:,}")
 
 
+def _requested_text(requested: dict[str, Any] | None) -> str:
+    """An incremental snapshot's progress: "copying: 1,200 of ~5,000 (3 left out)", "done: 5,000"."""
+    if requested is None:
+        return "-"
+    total = requested["total"]
+    text = f"{requested['state']}: {requested['copied']:,}"
+    if requested["state"] == "running":
+        text = f"copying: {requested['copied']:,}" + ("" if total is None else f" of ~{total:,}")
+    if requested["dropped"]:
+        text += f" ({requested['dropped']:,} left out)"
+    return text
+
+
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
@@ -182,11 +206,12 @@ def _print_table(
         ("lease holder", "left"),
         ("in oplog", "left"),
         ("snapshot", "left"),
+        ("requested snapshot", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in rows:
         if row["unreadable"]:
-            table.add_row(str(row["stream"]), f"unreadable: {row['unreadable']}", *[""] * 7)
+            table.add_row(str(row["stream"]), f"unreadable: {row['unreadable']}", *[""] * 8)
             continue
         table.add_row(
             str(row["stream"]),
@@ -198,6 +223,7 @@ def _print_table(
             _instance_text(row["leaseHolder"], row["leaseHolderToken"]),
             {True: "yes", False: "NO: history lost", None: "?"}[row["inOplog"]],
             _snapshot_text(row["snapshot"]),
+            _requested_text(row["incrementalSnapshot"]),
         )
     console.print(table)
     if members:
@@ -222,7 +248,8 @@ def add_parser(sub: argparse._SubParsersAction[Parser], connection: Parser) -> a
         "seen events happened, how many seconds its resume position is behind the cluster's "
         "current time, events processed, the instance that saved it and the holder of its lease "
         "(each by instance id and instance token, which tells apart processes given the same id), "
-        "and whether its position is still in the oplog; then the members sharing each partitioned "
+        "whether its position is still in the oplog, and its snapshots' progress (initial, and "
+        "requested with `flowwarden snapshot request`); then the members sharing each partitioned "
         "single_leader stream and the buckets each one holds. Exits 2 when a position has left the oplog "
         "(its history is lost), 1 when a document cannot be read.",
     )

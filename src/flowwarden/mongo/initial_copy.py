@@ -120,6 +120,27 @@ def snapshot_row(document: Any, database: str, collection: str, cluster_time: An
     return event
 
 
+def document_key(value: Any) -> Any:
+    """A hashable key of an ``_id`` value: equal for the ``_id`` values MongoDB holds equal.
+
+    Numbers compare by value in MongoDB (``1``, ``1.0`` and ``NumberLong(1)`` are one ``_id``),
+    so a number is keyed by its value; any other value by its BSON bytes."""
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, (int, Int64)):
+        return ("n", int(value))
+    if isinstance(value, float):
+        return ("n", int(value)) if value.is_integer() else ("n", value)
+    if isinstance(value, Decimal128):
+        number = value.to_decimal()
+        if number.is_finite() and number == number.to_integral_value():
+            return ("n", int(number))
+        return ("d", str(number.normalize()))
+    if isinstance(value, str):
+        return ("s", value)
+    return ("v", bson.encode({"v": value}))
+
+
 def plain_id(value: Any) -> Any:
     """An ``_id`` read as raw BSON, as a plain value a store can keep."""
     if isinstance(value, RawBSONDocument):
@@ -222,6 +243,7 @@ __all__ = [
     "copied_collection",
     "copied_database",
     "copy_filter",
+    "document_key",
     "document_query",
     "id_range",
     "plain_id",

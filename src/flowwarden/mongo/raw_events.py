@@ -33,6 +33,10 @@ _FIXED.update({0x7F: 0, 0xFF: 0})
 
 _INFLATED = vars(RawBSONDocument).get("_RawBSONDocument__inflated_doc")
 
+# Sub-documents looked up are decoded leniently: a document key whose text is not UTF-8 still
+# compares equal to the same _id read from the collection with surrogateescape.
+_LENIENT: CodecOptions[dict[str, Any]] = CodecOptions(unicode_decode_error_handler="surrogateescape")
+
 _MISSING = object()
 _UNKNOWN = object()
 
@@ -57,12 +61,14 @@ def value_size(kind: int, data: bytes, start: int) -> int | None:
 
 
 class RawEvent(RawBSONDocument):
-    """A ``RawBSONDocument`` whose ``_id`` and ``operationType`` are read without decoding the rest.
+    """A ``RawBSONDocument`` whose ``_id``, ``operationType``, ``documentKey`` and ``ns`` are read
+    without decoding the rest.
 
-    ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event; every other
-    field reads as it does from a ``RawBSONDocument``. Each of the two is looked up once and kept
-    (the driver, the read loop and the batch each read them): a token as its ``_data`` string,
-    handed out as a new dict every time, so no reader can change what the next one gets.
+    ``event["_id"]`` is a plain dict (``{"_data": "<hex>"}``), as in a decoded event, and so are
+    ``event["documentKey"]`` and ``event["ns"]``; every other field reads as it does from a
+    ``RawBSONDocument``. The token and the operation are looked up once and kept (the driver, the
+    read loop and the batch each read them): a token as its ``_data`` string, handed out as a new
+    dict every time, so no reader can change what the next one gets.
     """
 
     __slots__ = ("_operation", "_token_data")
@@ -98,6 +104,12 @@ class RawEvent(RawBSONDocument):
                     return operation
                 self._operation = operation
             return operation
+        if key == "documentKey" or key == "ns":
+            value = _lookup(self.raw, key)
+            if value is _MISSING:
+                raise KeyError(key)
+            if value is not _UNKNOWN:
+                return value
         return super().__getitem__(key)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -125,7 +137,7 @@ def _lookup(raw: bytes | memoryview, key: str) -> Any:
         if data[pos + 1 : name_end] == wanted:
             if kind == _DOCUMENT:
                 length = _INT32.unpack_from(data, value)[0]
-                return bson.decode(data[value : value + length])
+                return bson.decode(data[value : value + length], codec_options=_LENIENT)
             if kind == _STRING:
                 length = _INT32.unpack_from(data, value)[0]
                 return data[value + 4 : value + 3 + length].decode()

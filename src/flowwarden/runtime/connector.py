@@ -34,10 +34,18 @@ from flowwarden.config import DeadLetterOptions, Deployment, OnError, SchemaMode
 from flowwarden.config.spec import partition_specs
 from flowwarden.decorators import StreamSpec, stream_spec
 from flowwarden.errors import ConfigurationError
-from flowwarden.mongo.calls import maybe_await
+from flowwarden.mongo.calls import maybe_await, run, run_async
 from flowwarden.mongo.positions import reachable
 from flowwarden.mongo.redaction import (
     redact_uri as redact_uri,  # re-exported: the runtime logs and exports it
+)
+from flowwarden.mongo.signals import (
+    DEFAULT_CHECKPOINT_DATABASE,
+    SIGNALS_COLLECTION,
+    RequestProblem,
+    insert_request,
+    request_document,
+    request_namespaces,
 )
 from flowwarden.runtime.connections import check_pool_size, client_pool_size, make_client, uri_pool_size
 from flowwarden.runtime.dead_letter import DeadLetterWriter
@@ -51,7 +59,6 @@ from flowwarden.runtime.stream import StreamRunner
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHECKPOINT_DATABASE = "flowwarden"
 _CLOSE_TIMEOUT_SECONDS = 2.0
 
 
@@ -154,6 +161,7 @@ class Connector:
         self._spark_log = spark_log
         self._spark_lock = threading.Lock()
         self._runners: list[StreamRunner] = []
+        self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -214,6 +222,7 @@ class Connector:
         else:
             assert self._uri is not None
             client = make_client(self._uri, len(self.specs))
+        self._client = client
         watching = asyncio.create_task(observability.run(client), name="flowwarden-observability")
         fleets = self._fleets(client)
         membership = [asyncio.create_task(f.run(), name=f"flowwarden-fleet:{n}") for n, f in fleets.items()]
@@ -247,6 +256,7 @@ class Connector:
             await asyncio.gather(watching, return_exceptions=True)
             COLLECTOR.discard(self)
             observability.close()
+            self._client = None
             if self._given_client is None:
                 await _close_client(client)
         errors = self.stream_errors()
@@ -353,6 +363,118 @@ class Connector:
             }
         return {runner.name: runner.status() for runner in self._runners}
 
+    def request_snapshot(
+        self,
+        stream: str,
+        collections: Iterable[str] | None = None,
+        filter: Mapping[str, Any] | None = None,
+        *,
+        chunk_size: int | None = None,
+    ) -> str:
+        """Ask ``stream`` for an incremental snapshot; returns the request's id.
+
+        The stream copies the documents of ``collections`` (None: every collection it covers)
+        that ``filter`` (a find filter) matches, in chunks of ``chunk_size`` (default: its
+        ``snapshot_chunk_size``) handed over between its changes as ``operation_type
+        "snapshot"`` rows (see :mod:`flowwarden.runtime.incremental`). ``stream`` names one of
+        this connector's streams; a partitioned class's name makes each bucket copy its own
+        documents. The request is a document in ``_fw_signals`` of the stream's checkpoint
+        database, taken by whichever process runs the stream, at its next heartbeat.
+
+        Writes through the running connector's client, or, before it runs, through a client of
+        its URI. On the connector's own event loop, ``await`` :meth:`request_snapshot_async`.
+        """
+        document, database = self._snapshot_request(stream, collections, filter, chunk_size)
+        loop = self._loop
+        if loop is not None and loop.is_running() and self._client is not None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                raise RuntimeError(
+                    "request_snapshot() would block the connector's own event loop; "
+                    "use `await connector.request_snapshot_async(...)` there"
+                )
+            future = asyncio.run_coroutine_threadsafe(self._insert_request(document, database), loop)
+            return future.result(timeout=60)
+        if self._uri is None:
+            raise ConfigurationError(
+                "a connector given a client writes snapshot requests through it while it runs; "
+                "start the connector first, or write the request with `flowwarden snapshot request`",
+                owner="Connector",
+                option="request_snapshot",
+            )
+        import pymongo
+
+        client: pymongo.MongoClient[dict[str, Any]]
+        with pymongo.MongoClient(self._uri, appname="flowwarden") as client:
+            return run(insert_request(client[database][SIGNALS_COLLECTION], document))
+
+    async def request_snapshot_async(
+        self,
+        stream: str,
+        collections: Iterable[str] | None = None,
+        filter: Mapping[str, Any] | None = None,
+        *,
+        chunk_size: int | None = None,
+    ) -> str:
+        """:meth:`request_snapshot` for code running on the connector's event loop (a handler, a
+        task beside :meth:`run_async`), or on any loop before the connector runs."""
+        document, database = self._snapshot_request(stream, collections, filter, chunk_size)
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            return await self._insert_request(document, database)
+        if self._uri is None:
+            raise ConfigurationError(
+                "a connector given a client writes snapshot requests through it, on its event loop, "
+                "while it runs; start the connector first",
+                owner="Connector",
+                option="request_snapshot",
+            )
+        import pymongo
+
+        client: Any = pymongo.AsyncMongoClient(self._uri, appname="flowwarden")
+        try:
+            return await run_async(insert_request(client[database][SIGNALS_COLLECTION], document))
+        finally:
+            await client.close()
+
+    async def _insert_request(self, document: dict[str, Any], database: str) -> str:
+        return await run_async(insert_request(self._client[database][SIGNALS_COLLECTION], document))
+
+    def _snapshot_request(
+        self,
+        stream: str,
+        collections: Iterable[str] | None,
+        filter: Mapping[str, Any] | None,
+        chunk_size: int | None,
+    ) -> tuple[dict[str, Any], str]:
+        """The request's document, checked against the stream it names, and its database."""
+        specs = [spec for spec in self.specs if spec.name == stream or spec.stream.name == stream]
+        if not specs:
+            known = sorted({str(spec.stream.name) for spec in self.specs} | {s.name for s in self.specs})
+            raise ConfigurationError(
+                f"this connector runs no stream named {stream!r}",
+                owner="Connector",
+                option="stream",
+                value=stream,
+                allowed=", ".join(known),
+            )
+        spec = specs[0]
+        try:
+            document = request_document(stream, collections, filter, chunk_size)
+            request_namespaces(
+                document["collections"] and tuple(document["collections"]),
+                database=spec.stream.database,
+                collection=spec.stream.collection,
+                selection=spec.stream.selection,
+            )
+        except RequestProblem as problem:
+            raise ConfigurationError(
+                str(problem), owner="Connector.request_snapshot", stream=stream
+            ) from None
+        return document, self._database_for(spec)
+
     def runners(self) -> list[StreamRunner]:
         """The running streams (empty before :meth:`run_async` started them)."""
         return list(self._runners)
@@ -428,6 +550,7 @@ class Connector:
             instance_id=self.instance_id,
             instance_token=self.instance_token,
             locks_collection=db[LOCKS_COLLECTION],
+            signals_collection=db[SIGNALS_COLLECTION],
             dead_letters=dead_letters,
             spark_provider=self._spark_session if spec.dataframe is not None else None,
             metrics=StreamMetrics() if self._observability.exports_metrics else None,

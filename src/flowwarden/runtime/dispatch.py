@@ -8,7 +8,9 @@ lastSeen) only while nothing read is unfinished. The read loop checks one flag p
 :attr:`EventDispatch.halt`; whoever sets it leaves the reason elsewhere (a stop, a lost lease, a
 failed committer, a failed handler task), and the runner's ``halted()`` sorts it out. Reading
 ends with an outcome (:mod:`flowwarden.runtime.outcomes`): stopped, invalidated, re-open, or
-lost ownership; a failure is raised.
+lost ownership; a failure is raised. While an incremental snapshot copies, :attr:`EventDispatch.copying`
+is set and the read loop asks it, item by item, whether a chunk is due before the item
+(:mod:`flowwarden.runtime.incremental`); otherwise that costs one attribute check per event.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, MutableMapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import bson
 from bson.codec_options import CodecOptions
@@ -38,6 +40,22 @@ from flowwarden.runtime.opening import StreamOpener
 from flowwarden.runtime.outcomes import Invalidated, LostOwnership, ReadOutcome, Reopen, Stopped
 from flowwarden.runtime.read_ahead import EmptyRead, FailedRead, ReadAhead
 from flowwarden.runtime.scheduling import KeyedScheduler
+
+
+class Interleaved(Protocol):
+    """Work the read loop interleaves with the stream's events, in stream order (an incremental
+    snapshot's chunks)."""
+
+    def due(self, change: Any, empty: bool) -> bool:
+        """Whether :meth:`step` must run before ``change`` (an event, or an empty read when
+        ``empty``) is handed over."""
+        ...
+
+    async def step(
+        self, change: Any, empty: bool, position: Mapping[str, Any] | None, committer: CheckpointCommitter
+    ) -> None:
+        """The work due before ``change``; ``position`` is the stream's position before it."""
+        ...
 
 
 class EventDispatch:
@@ -107,6 +125,8 @@ class EventDispatch:
         self.events_filtered = 0
         """Events (and snapshot rows) the ``@event_filter`` left out since the stream started."""
         self.last_seen_time: datetime | None = None
+        self.copying: Interleaved | None = None
+        """Set while an incremental snapshot has work for the read loop."""
 
     def _invoker(self, method: Any) -> Invoker:
         return Invoker(
@@ -183,6 +203,11 @@ class EventDispatch:
             if not read_once:
                 read_once = True
                 first_read()
+            copying = self.copying
+            if copying is not None and copying.due(change, kind is EmptyRead):
+                await copying.step(change, kind is EmptyRead, position, committer)
+                if self.halt:
+                    continue  # the item is read again from the checkpoint
             if kind is EmptyRead:
                 token = change.token
                 if batch is not None and not self.halt and batch.due(token):
@@ -430,6 +455,12 @@ class EventDispatch:
                 self.halt = True
             return
         width = max(1, self._concurrency)
+        if width == 1:
+            for row in rows:  # one at a time: no task per row
+                if not await self._snapshot_row(row):
+                    self.halt = True
+                    return
+            return
         for start in range(0, len(rows), width):
             # Each document appears once in a snapshot: its rows need no order among themselves.
             done = await asyncio.gather(*(self._snapshot_row(row) for row in rows[start : start + width]))
@@ -504,4 +535,4 @@ class EventDispatch:
         await committer.flush()
 
 
-__all__ = ["EventDispatch"]
+__all__ = ["EventDispatch", "Interleaved"]

@@ -231,6 +231,27 @@ def _families(runners: list[MeasuredStream]) -> Iterator[Metric]:
     snapshot_done = GaugeMetricFamily(
         "flowwarden_snapshot_done", "1 once the initial snapshot was copied.", labels=["stream"]
     )
+    requested_copied = GaugeMetricFamily(
+        "flowwarden_snapshot_requested_documents_copied",
+        "Rows the newest incremental snapshot handed over, in finished chunks.",
+        labels=["stream", "request"],
+    )
+    requested_dropped = GaugeMetricFamily(
+        "flowwarden_snapshot_requested_documents_dropped",
+        "Rows the newest incremental snapshot left out: their document changed between the chunk's "
+        "watermarks, and the change was delivered instead.",
+        labels=["stream", "request"],
+    )
+    requested_total = GaugeMetricFamily(
+        "flowwarden_snapshot_requested_documents_estimated",
+        "The documents the newest incremental snapshot was to copy, estimated when it began.",
+        labels=["stream", "request"],
+    )
+    requested_running = GaugeMetricFamily(
+        "flowwarden_snapshot_requested_running",
+        "1 while an incremental snapshot copies, 0 once it is done or cancelled.",
+        labels=["stream", "request"],
+    )
     now = time.time()
     for runner in runners:
         name = runner.name
@@ -258,6 +279,14 @@ def _families(runners: list[MeasuredStream]) -> Iterator[Metric]:
             if status.snapshot.total is not None:
                 snapshot_total.add_metric([name], status.snapshot.total)
             snapshot_done.add_metric([name], 1.0 if status.snapshot.done else 0.0)
+        requested = status.incremental_snapshot
+        if requested is not None:
+            labels = [name, requested.request]
+            requested_copied.add_metric(labels, requested.copied)
+            requested_dropped.add_metric(labels, requested.dropped)
+            if requested.total is not None:
+                requested_total.add_metric(labels, requested.total)
+            requested_running.add_metric(labels, 1.0 if requested.running else 0.0)
         if status.last_processed_time is not None:
             behind.add_metric([name], max(0.0, now - status.last_processed_time.timestamp()))
         if status.last_seen_time is not None:
@@ -265,6 +294,7 @@ def _families(runners: list[MeasuredStream]) -> Iterator[Metric]:
     yield from (events, durations, batches, saves, failures, save_seconds, failures_in_row, cannot_save)
     yield from (behind, seen_behind)
     yield from (restarts, state, lease, dead_letters, snapshot_copied, snapshot_total, snapshot_done)
+    yield from (requested_copied, requested_dropped, requested_total, requested_running)
 
 
 COLLECTOR = FlowwardenCollector()

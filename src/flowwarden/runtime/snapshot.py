@@ -49,10 +49,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-import bson
 from bson import MinKey
-from bson.codec_options import CodecOptions
-from bson.raw_bson import RawBSONDocument
 
 from flowwarden.checkpoints import Checkpoint, SnapshotProgress
 from flowwarden.checkpoints.model import utc_now
@@ -61,17 +58,9 @@ from flowwarden.config import Snapshot
 from flowwarden.config.spec import StreamSpec
 from flowwarden.errors import ConfigurationError
 from flowwarden.events import token_cluster_time
-from flowwarden.mongo.initial_copy import (
-    all_of,
-    copied_collection,
-    copied_database,
-    copy_filter,
-    id_range,
-    plain_id,
-    snapshot_row,
-)
-from flowwarden.mongo.sensitive_fields import snapshot_projection
+from flowwarden.mongo.initial_copy import id_range, plain_id
 from flowwarden.runtime.context import stream_logger
+from flowwarden.runtime.copying import CopyReader
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
@@ -94,13 +83,12 @@ class SnapshotCopy:
         self.spec = spec
         self.name = spec.name
         self.mode = spec.stream.snapshot
-        self._client = client
         self._store = store
         self._opener = opener
         self._dispatch = dispatch
-        self._giving_up = giving_up
         self._stopping = stopping
         self.log = stream_logger(__name__, spec.name)
+        self._reader = CopyReader(spec, client=client, opener=opener, giving_up=giving_up)
         self.progress: SnapshotProgress | None = None
         """The newest progress, saved or loaded (status and metrics read it)."""
         self.anew = False
@@ -252,94 +240,20 @@ class SnapshotCopy:
         method = self.spec.batch or self.spec.dataframe
         return size if method is None else min(size, method.max_events)
 
-    def _collection(self, namespace: str) -> Any:
-        """``namespace``'s collection, read as raw BSON always: DataFrame streams keep it, the
-        others decode each document on its own, so one that cannot be decoded is given up alone
-        (see :meth:`_rows`)."""
-        database, _, collection = namespace.partition(".")
-        target = self._client[database][collection]
-        # surrogateescape: reading a raw document's _id inflates all of it, and text that is not
-        # UTF-8 must not stop the copy there (the bytes themselves stay as the server sent them).
-        reading = (self._opener.read_options() or CodecOptions(document_class=RawBSONDocument)).with_options(
-            unicode_decode_error_handler="surrogateescape"
-        )
-        return target.with_options(codec_options=reading)
-
     async def _find(self, namespace: str, ids: dict[str, Any], limit: int = 0) -> list[Any]:
-        """The documents of ``namespace`` in the ``_id`` range ``ids`` that the copy filter
-        matches, in ``_id`` order (at most ``limit``; 0: all)."""
-        query = all_of(copy_filter(self.spec.pipeline), ids)
-        cursor = self._collection(namespace).find(
-            query,
-            projection=snapshot_projection(self.spec.stream.exclude_fields),
-            sort=[("_id", 1)],
-            limit=limit,
-            batch_size=limit or self.spec.stream.snapshot_chunk_size,
-        )
-        documents: list[Any] = await cursor.to_list(None)
-        return documents
+        return await self._reader.find(namespace, ids, limit)
 
     async def _bound(self, namespace: str) -> Any:
-        """The highest ``_id`` of ``namespace`` the copy filter matches (MinKey: none)."""
-        if not namespace:
-            return MinKey()
-        cursor = self._collection(namespace).find(
-            copy_filter(self.spec.pipeline), projection={"_id": 1}, sort=[("_id", -1)], limit=1
-        )
-        found = await cursor.to_list(None)
-        return plain_id(found[0]["_id"]) if found else MinKey()
+        return await self._reader.bound(namespace)
 
     async def _rows(self, documents: list[Any], namespace: str, cluster_time: Any) -> list[Any]:
-        """The snapshot rows of raw ``documents``: kept raw for DataFrame streams, else decoded
-        with the collection's codec options. A document that cannot be decoded gets
-        ``on_exhausted`` at once, alone: decoding it again cannot help (STOP fails the stream
-        before it; SKIP and DEAD_LETTER go on without it)."""
-        database, _, collection = namespace.partition(".")
-        decode: CodecOptions[Any] | None = None
-        if self._opener.read_options() is None:
-            decode = self._client[database][collection].codec_options
-        rows = []
-        for document in documents:
-            if decode is None:
-                rows.append(snapshot_row(document, database, collection, cluster_time, raw=True))
-                continue
-            try:
-                decoded = bson.decode(document.raw, codec_options=decode)
-            except Exception as error:  # whatever the codec raised: this document cannot be read
-                row = snapshot_row(document, database, collection, cluster_time, raw=True)
-                await self._giving_up.undecodable(row.raw, error, in_batch=False)
-                continue
-            rows.append(snapshot_row(decoded, database, collection, cluster_time, raw=False))
-        return rows
+        return await self._reader.rows(documents, namespace, cluster_time)
 
     async def _namespaces(self) -> list[str]:
-        """The collections the stream covers (those ``collections`` and ``exclude_collections``
-        select, as for its changes), in name order."""
-        options = self.spec.stream
-        if options.collection is not None:
-            return [f"{options.database}.{options.collection}"]
-        databases = [options.database] if options.database is not None else await self._databases()
-        selection = options.selection
-        namespaces: list[str] = []
-        for database in databases:
-            names = await self._client[database].list_collection_names(filter={"type": "collection"})
-            namespaces.extend(
-                f"{database}.{name}"
-                for name in sorted(names)
-                if copied_collection(name) and selection.selects(database, name)
-            )
-        return namespaces
-
-    async def _databases(self) -> list[str]:
-        names = await self._client.list_database_names()
-        return sorted(name for name in names if copied_database(name))
+        return await self._reader.namespaces()
 
     async def _estimate(self, namespaces: list[str]) -> int:
-        total = 0
-        for namespace in namespaces:
-            database, _, collection = namespace.partition(".")
-            total += await self._client[database][collection].estimated_document_count()
-        return total
+        return await self._reader.estimate(namespaces)
 
 
 __all__ = ["SnapshotCopy"]

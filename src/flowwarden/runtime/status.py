@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
-from flowwarden.checkpoints.model import SnapshotProgress
+from flowwarden.checkpoints.model import IncrementalProgress, SnapshotProgress
 
 
 class StreamState(str, enum.Enum):
@@ -75,6 +75,9 @@ class StreamStatus:
     unanswered write since the last successful one began. Set once that lasted
     ``SAVE_GRACE_SECONDS`` (10 s), None while writes get through; ``/readyz`` answers 503
     meanwhile."""
+    incremental_snapshot: IncrementalProgress | None = None
+    """The newest incremental snapshot's progress (``state``, ``copied``, ``dropped``, ``total``
+    estimate), once the stream took a request (``flowwarden snapshot request``) or loaded one."""
     events_filtered: int = 0
     """Events (and initial-snapshot rows) the ``@event_filter`` left out since the stream
     started; their positions moved on as handled events' do, and ``events_processed`` counts

@@ -51,6 +51,7 @@ from flowwarden.runtime.dead_letter import DeadLetterWriter
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.fleet import Fleet
+from flowwarden.runtime.incremental import IncrementalSnapshot
 from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import StreamOpener, describe_token
 from flowwarden.runtime.outcomes import (
@@ -97,6 +98,7 @@ class StreamRunner:
         dead_letters: DeadLetterWriter | None,
         spark_provider: Callable[[], Any] | None = None,
         metrics: StreamMetrics | None = None,
+        signals_collection: Any = None,
         fleet: Fleet | None = None,
     ) -> None:
         self.spec = spec
@@ -145,6 +147,15 @@ class StreamRunner:
             dispatch=self._dispatch,
             giving_up=self._giving_up,
             stopping=self._stopping,
+        )
+        self._incremental = IncrementalSnapshot(
+            spec,
+            client=client,
+            store=store,
+            opener=self._opener,
+            dispatch=self._dispatch,
+            giving_up=self._giving_up,
+            signals=signals_collection,
         )
 
         # Status, read from other threads through status(): plain attributes, replaced whole.
@@ -226,6 +237,7 @@ class StreamRunner:
             reason=self.reason,
             events_waiting=self._dispatch.waiting() + (len(reader.items) if (reader := self._reader) else 0),
             snapshot=self._snapshot.progress,
+            incremental_snapshot=self._incremental.progress,
             inferred_schema=batch.inferred_schema if (batch := self._dispatch.batch) is not None else None,
             save_failures_in_row=saving.failures,
             last_save_error=saving.error,
@@ -587,6 +599,15 @@ class StreamRunner:
             read_error=self._opener.read_error,
         )
         self._reader = reader
+        incremental = self._incremental
+        incremental.reset()
+        watching = None
+        read_ended = asyncio.Event()
+        if incremental.enabled:
+            # Requests are looked for while the stream reads: only the read loop can take them.
+            watching = asyncio.create_task(
+                incremental.watch_requests(read_ended), name=f"flowwarden-signals[{self.name}]"
+            )
         try:
             return await self._dispatch.read(
                 reader,
@@ -597,6 +618,10 @@ class StreamRunner:
             )
         finally:
             self._reader = None
+            if watching is not None:
+                read_ended.set()
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
             await reader.close()
 
     def _set_halt(self) -> None:

@@ -21,10 +21,12 @@ from flowwarden.spark.source.offsets import (
     Offset,
     PartitionedOffset,
     ReadFromOffset,
+    RequestedOffset,
     SkippedOffset,
     SnapshotOffset,
     TimeOffset,
     TokenOffset,
+    dump_filter,
     dump_id,
     load_id,
     parse_offset,
@@ -70,6 +72,24 @@ def snapshots(draw: st.DrawFn) -> SnapshotOffset:
     )
 
 
+@st.composite
+def requested(draw: st.DrawFn) -> RequestedOffset:
+    copied = draw(namespaces.filter(bool))
+    query = draw(st.one_of(st.none(), st.dictionaries(st.sampled_from(["a", "b.c"]), ids, max_size=2)))
+    return RequestedOffset(
+        token=draw(tokens),
+        request=str(draw(st.builds(ObjectId))),
+        filter=dump_filter(query),
+        namespaces=copied,
+        at=draw(st.integers(0, len(copied) - 1)),
+        end_id=dump_id(draw(ids)),
+        last_id=dump_id(draw(ids)),
+        copied=draw(st.integers(0, 2**63 - 1)),
+        low=draw(times),
+        high=draw(times),
+    )
+
+
 bucket_kinds: dict[str, st.SearchStrategy[BucketOffset]] = {
     "token": st.builds(TokenOffset, tokens),
     "time": st.builds(TimeOffset, times),
@@ -82,6 +102,7 @@ KINDS: dict[str, st.SearchStrategy[Offset]] = {
         lambda buckets: PartitionedOffset(tuple(buckets))
     ),
     "snapshot": snapshots(),
+    "requested": requested(),
 }
 
 
@@ -133,6 +154,34 @@ EXAMPLES: list[tuple[Offset, dict[str, Any]]] = [
             "last_id": '{"v": {"$minKey": 1}}',
             "copied": 12,
             "done": False,
+        },
+    ),
+    (
+        RequestedOffset(
+            "82AB01",
+            "65a1b2c3d4e5f60718293a4b",
+            dump_filter({"region": "eu"}),
+            ("shop.orders",),
+            0,
+            dump_id(9),
+            dump_id(4),
+            5,
+            Timestamp(5, 1),
+            Timestamp(5, 3),
+        ),
+        {
+            "v": 1,
+            "kind": "requested",
+            "token": "82AB01",
+            "request": "65a1b2c3d4e5f60718293a4b",
+            "filter": '{"region": "eu"}',
+            "namespaces": ["shop.orders"],
+            "at": 0,
+            "end_id": '{"v": {"$numberInt": "9"}}',
+            "last_id": '{"v": {"$numberInt": "4"}}',
+            "copied": 5,
+            "low": {"t": 5, "i": 1},
+            "high": {"t": 5, "i": 3},
         },
     ),
 ]
@@ -245,7 +294,8 @@ def test_an_offset_missing_a_field_is_refused_naming_the_field(document: dict[st
     assert f"the field(s) {reason} are missing" in str(refused(document))
 
 
-SNAPSHOT = EXAMPLES[-1][1]
+SNAPSHOT = EXAMPLES[-2][1]
+REQUESTED = EXAMPLES[-1][1]
 
 
 @pytest.mark.parametrize(
@@ -283,6 +333,12 @@ SNAPSHOT = EXAMPLES[-1][1]
         ({**SNAPSHOT, "namespaces": ["orders"]}, "namespaces are 'database.collection' names"),
         ({**SNAPSHOT, "namespaces": "shop.orders"}, "'namespaces' of a snapshot offset is 'shop.orders'"),
         ({**SNAPSHOT, "done": "yes"}, "'done' of a snapshot offset is 'yes', not true or false"),
+        ({**PARTITIONS, "buckets": [REQUESTED]}, "a bucket's offset of kind 'requested' is not known"),
+        ({**REQUESTED, "at": 1}, "at 1 is not an index of the 1 namespaces"),
+        ({**REQUESTED, "namespaces": []}, "namespaces are 'database.collection' names"),
+        ({**REQUESTED, "request": "not-an-id"}, "a request id is hex, not 'not-an-id'"),
+        ({**REQUESTED, "filter": "[1]"}, "is not a filter (a JSON object)"),
+        ({**REQUESTED, "high": 5}, "'high' of a requested offset is 5, not a cluster time"),
         ({"_data": "82AB01", "skipped": False}, "it has no format version"),
         ({"data": "82AB01"}, "it has no format version"),
         ({}, "it has no format version"),

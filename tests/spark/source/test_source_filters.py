@@ -143,3 +143,74 @@ def test_a_database_source_reads_only_its_collections_without_excluded_fields_an
         assert document["email"] == salted("ada@example.com")
         assert document["address"] == {"city": "Oslo"}
     assert json_util.loads(planned[4]["updated_fields"]) == {"email": salted("ada@example.org")}
+
+
+def test_a_requested_copy_of_a_database_source_keeps_its_collections_and_fields(
+    client: pymongo.MongoClient[dict[str, Any]],
+    mongodb_uri: str,
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot requested of a query (``name``) copies what its initial snapshot would: the
+    collections it selects, without excluded fields and with hashed ones, planned and replayed;
+    a request for a collection it leaves out is refused."""
+    from bson import ObjectId
+
+    from flowwarden.mongo.calls import run
+    from flowwarden.mongo.signals import SIGNALS_COLLECTION, insert_request, request_document
+    from flowwarden.spark.source import requested
+    from flowwarden.spark.source.offsets import RequestedOffset
+
+    monkeypatch.setattr(requested, "REQUEST_POLL_SECONDS", 0.0)
+    monkeypatch.setenv("FW_SOURCE_SALT", SALT)
+    db = client[db_name]
+    person = {"ssn": SSN, "email": "ada@example.com", "address": {"zip": ZIP, "city": "Oslo"}}
+    for name in ("orders", "order_lines", "border", "orders_archive"):
+        db[name].insert_many([{"_id": f"{name}-{i}", **person} for i in range(3)])
+    options = {
+        "name": "shop-query",
+        "collections": "re:order.*",
+        "exclude_collections": "re:.*_archive",
+        "exclude_fields": "ssn, address.zip",
+        "hash_fields": "email",
+        "hash_salt_env": "FW_SOURCE_SALT",
+    }
+    signals = db[SIGNALS_COLLECTION]
+    reader = reader_for(mongodb_uri, db_name, **options)
+    try:
+        offsets = [reader.initialOffset()]
+        assert reader.latestOffset(offsets[0], ReadMaxRows(100)) == offsets[0]  # caught up
+        run(insert_request(signals, request_document("shop-query", chunk_size=2)))
+        while True:
+            following = reader.latestOffset(offsets[-1], ReadMaxRows(100))
+            if following == offsets[-1]:
+                break  # copied to the end, and no change since
+            offsets.append(following)
+            assert len(offsets) < 20, "the copy did not end"
+        assert isinstance(parse_offset(offsets[-1]), RequestedOffset)
+        db.orders.insert_one({"_id": "orders-new", **person})  # the changes go on after the copy
+        offsets.append(reader.latestOffset(offsets[-1], ReadMaxRows(100)))
+        # A request is taken at a plain offset the query caught up to: this one is refused there.
+        refused = run(insert_request(signals, request_document("shop-query", ["orders_archive"])))
+        assert reader.latestOffset(offsets[-1], ReadMaxRows(100)) == offsets[-1]
+        planned = [row for a, b in itertools.pairwise(offsets) for row in read_rows(reader, a, b)]
+        again = reader_for(mongodb_uri, db_name, **options)
+        try:
+            replayed = [row for a, b in itertools.pairwise(offsets) for row in read_rows(again, a, b)]
+        finally:
+            again.stop()
+    finally:
+        reader.stop()
+    assert replayed == planned
+    assert [(row["operation_type"], json_util.loads(row["document_key"])["_id"]) for row in planned] == [
+        *[("snapshot", f"{name}-{i}") for name in ("order_lines", "orders") for i in range(3)],
+        ("insert", "orders-new"),
+    ]
+    text = json_util.dumps(planned)
+    assert SSN not in text and ZIP not in text and "ada@example" not in text
+    for row in planned:
+        document = json_util.loads(row["full_document"])
+        assert document["email"] == salted("ada@example.com")
+        assert document["address"] == {"city": "Oslo"}
+    refusal = signals.find_one({"_id": ObjectId(refused)})
+    assert refusal["state"] == "refused" and "leave out" in refusal["reason"]

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
+from flowwarden.checkpoints.model import Checkpoint, IncrementalProgress, SaveResult, SnapshotProgress
 from flowwarden.checkpoints.store import CheckpointStore
 from flowwarden.events import ResumeToken, token_data
 
@@ -93,6 +93,10 @@ class Blocking:
 
     async def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> SaveResult:
         result: SaveResult = self.store.save_snapshot(stream_id, progress, epoch)
+        return result
+
+    async def save_incremental(self, stream_id: str, progress: IncrementalProgress, epoch: int) -> SaveResult:
+        result: SaveResult = self.store.save_incremental(stream_id, progress, epoch)
         return result
 
     async def delete(self, stream_id: str) -> bool:

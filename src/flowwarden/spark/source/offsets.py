@@ -2,7 +2,7 @@
 
 Spark writes every offset the source returns into the query's checkpointLocation (one JSON line
 of ``offsets/<batch>``) and hands it back after a restart, which may run another flowwarden
-release. An offset is a frozen value of one of six kinds; its JSON names the format version and
+release. An offset is a frozen value of one of seven kinds; its JSON names the format version and
 the kind, e.g. ``{"v": 1, "kind": "token", "token": "8266..."}``:
 
 - ``token``: after the event (or the stream position) whose resume token ``_data`` is ``token``;
@@ -12,7 +12,9 @@ the kind, e.g. ``{"v": 1, "kind": "token", "token": "8266..."}``:
   after the history it should have started from was lost (``on_history_lost``);
 - ``skipped``: the end, at ``token``, of a micro-batch that skipped lost history: no event;
 - ``partitions``: one offset of the four kinds above per hash bucket (``partitions`` option);
-- ``snapshot``: a position in the initial copy (:mod:`~flowwarden.spark.source.snapshot`).
+- ``snapshot``: a position in the initial copy (:mod:`~flowwarden.spark.source.snapshot`);
+- ``requested``: after the event ``token``, in an incremental snapshot: the micro-batch that
+  ends there handed over a chunk of the copy (:mod:`~flowwarden.spark.source.requested`).
 
 Hard rule: :func:`parse_offset` is the only reader of that JSON, and the source converts at
 Spark's boundary only (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``). It reads
@@ -42,12 +44,15 @@ __all__ = [
     "Offset",
     "PartitionedOffset",
     "ReadFromOffset",
+    "RequestedOffset",
     "SkippedOffset",
     "SnapshotOffset",
     "StreamOffset",
     "TimeOffset",
     "TokenOffset",
     "bucket_offset",
+    "dump_filter",
+    "load_filter",
     "parse_offset",
     "resume_token",
 ]
@@ -224,7 +229,67 @@ class SnapshotOffset(Offset):
         }
 
 
-StreamOffset = BucketOffset | SnapshotOffset
+@dataclasses.dataclass(frozen=True)
+class RequestedOffset(Offset):
+    """After the event (or the stream position) ``token``, while an incremental snapshot copies
+    (see :mod:`~flowwarden.spark.source.requested`).
+
+    ``request``: the request's id; ``filter``: its find filter as canonical Extended JSON
+    (``""``: none); ``namespaces``, ``at``, ``end_id``, ``copied`` as in :class:`SnapshotOffset`,
+    with ``last_id`` the last ``_id`` of the chunk the micro-batch ending here handed over;
+    ``low`` and ``high``: that chunk's watermarks. The micro-batch holds the events after its
+    start up to ``token``, then the chunk's rows whose document had no event between ``low``
+    and ``high`` among them.
+    """
+
+    kind: ClassVar[str] = "requested"
+    token: str
+    request: str
+    filter: str
+    namespaces: tuple[str, ...]
+    at: int
+    end_id: str
+    last_id: str
+    copied: int
+    low: Timestamp
+    high: Timestamp
+
+    def __post_init__(self) -> None:
+        _check_token(self.token)
+        if not isinstance(self.request, str) or not _HEX.fullmatch(self.request):
+            raise ValueError(f"a request id is hex, not {self.request!r}")
+        if not isinstance(self.namespaces, tuple) or not self.namespaces or not all(
+            isinstance(name, str) and "." in name for name in self.namespaces
+        ):
+            raise ValueError(f"namespaces are 'database.collection' names, not {self.namespaces!r}")
+        if not 0 <= self.at < len(self.namespaces):
+            raise ValueError(f"at {self.at} is not an index of the {len(self.namespaces)} namespaces")
+        if self.copied < 0:
+            raise ValueError(f"copied {self.copied} is negative")
+        if not isinstance(self.low, Timestamp) or not isinstance(self.high, Timestamp):
+            raise ValueError("the watermarks are bson Timestamps")
+        load_id(self.end_id)
+        load_id(self.last_id)
+        if self.filter:
+            load_filter(self.filter)
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "token": self.token,
+            "request": self.request,
+            "filter": self.filter,
+            "namespaces": list(self.namespaces),
+            "at": self.at,
+            "end_id": self.end_id,
+            "last_id": self.last_id,
+            "copied": self.copied,
+            "low": _time_body(self.low),
+            "high": _time_body(self.high),
+        }
+
+
+StreamOffset = BucketOffset | SnapshotOffset | RequestedOffset
 """The offsets of one change stream (a source that is not partitioned, or one bucket)."""
 
 
@@ -243,6 +308,24 @@ def load_id(text: str) -> Any:
     if not isinstance(document, Mapping) or set(document) != {"v"}:
         raise ValueError(f"{text!r} is not an _id as Extended JSON {{'v': <_id>}}")
     return document["v"]
+
+
+def dump_filter(query: Mapping[str, Any] | None) -> str:
+    """A find filter as a requested offset keeps it (``""``: none)."""
+    return "" if not query else json_util.dumps(dict(query), json_options=_ID_JSON)
+
+
+def load_filter(text: str) -> dict[str, Any]:
+    """A find filter a requested offset keeps (see :func:`dump_filter`)."""
+    if not text:
+        return {}
+    try:
+        document = json_util.loads(text, json_options=_ID_JSON)
+    except Exception as error:  # json_util fails with many types
+        raise ValueError(f"{text[:80]!r} is not a filter as Extended JSON: {error}") from None
+    if not isinstance(document, Mapping):
+        raise ValueError(f"{text[:80]!r} is not a filter (a JSON object)")
+    return dict(document)
 
 
 def resume_token(offset: StreamOffset) -> dict[str, str] | None:
@@ -417,6 +500,24 @@ def _snapshot(fields: _Fields) -> SnapshotOffset:
     )
 
 
+def _requested(fields: _Fields) -> RequestedOffset:
+    namespaces = fields.items("namespaces")
+    if not all(isinstance(name, str) for name in namespaces):
+        raise fields._wrong("namespaces", "a list of names")
+    return RequestedOffset(
+        token=fields.text("token"),
+        request=fields.text("request"),
+        filter=fields.text("filter"),
+        namespaces=tuple(namespaces),
+        at=fields.integer("at"),
+        end_id=fields.text("end_id"),
+        last_id=fields.text("last_id"),
+        copied=fields.integer("copied"),
+        low=fields.time("low"),
+        high=fields.time("high"),
+    )
+
+
 _KINDS: dict[str, tuple[tuple[str, ...], Callable[[_Fields], Offset]]] = {
     TokenOffset.kind: (("token",), _token),
     TimeOffset.kind: (("at",), _time),
@@ -424,13 +525,17 @@ _KINDS: dict[str, tuple[tuple[str, ...], Callable[[_Fields], Offset]]] = {
     SkippedOffset.kind: (("token",), _skipped),
     PartitionedOffset.kind: (("buckets",), _partitions),
     SnapshotOffset.kind: (("token", "namespaces", "at", "end_id", "last_id", "copied", "done"), _snapshot),
+    RequestedOffset.kind: (
+        ("token", "request", "filter", "namespaces", "at", "end_id", "last_id", "copied", "low", "high"),
+        _requested,
+    ),
 }
 
 
 def _read(body: Mapping[str, Any], *, nested: bool) -> Offset:
     """The offset of kind ``body["kind"]`` (a bucket's, when ``nested``: no partitions in it)."""
     kind = body.get("kind")
-    kinds = [name for name in _KINDS if not (nested and name in ("partitions", "snapshot"))]
+    kinds = [name for name in _KINDS if not (nested and name in ("partitions", "snapshot", "requested"))]
     if not isinstance(kind, str) or kind not in kinds:
         where = "a bucket's offset" if nested else "an offset"
         raise _Unreadable(f"{where} of kind {kind!r} is not known (known: {', '.join(kinds)})")

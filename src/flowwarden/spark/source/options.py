@@ -48,6 +48,7 @@ from flowwarden.mongo.sensitive_fields import (
     salted_hasher,
     snapshot_projection,
 )
+from flowwarden.mongo.signals import DEFAULT_CHECKPOINT_DATABASE
 from flowwarden.spark.convert.extjson import JsonMode
 from flowwarden.spark.convert.valuespec import ValueSpec
 
@@ -113,6 +114,30 @@ class SourceOnlyOptions(Options):
         ge=1,
         le=MAX_PARTITIONS,
     )
+    name: str | None = option(
+        None,
+        "The stream name snapshot requests address (flowwarden snapshot request NAME): with it, "
+        "the query takes incremental snapshots requested while it runs; without it, none.",
+        allowed="a non-empty name without surrounding spaces",
+    )
+    signals_database: str | None = option(
+        None,
+        "Where the query looks for snapshot requests (_fw_signals): default, the database option, "
+        "or 'flowwarden' for a query over the whole deployment.",
+        allowed="a database name",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or value != value.strip()):
+            raise OptionProblem(
+                "the stream name snapshot requests address must be non-empty, without surrounding spaces",
+                option="name",
+                value=value,
+                allowed=cls.allowed["name"],
+            )
+        return value
 
     @field_validator("json_mode", mode="before")
     @classmethod
@@ -168,6 +193,10 @@ class SourceOptions:
     hasher: FieldHasher | None = dataclasses.field(default=None, repr=False, compare=False)
     """Hashes ``hash_fields`` with the salt read from ``hash_salt_env`` when the source was
     created (on the driver); it travels to the executors with the reader."""
+    name: str | None = None
+    """The stream name snapshot requests address; None: the query takes none."""
+    signals_database: str = "flowwarden"
+    """The database of the ``_fw_signals`` collection the query reads its requests from."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -188,6 +217,14 @@ class SourceOptions:
         infer = (own.schema_ or "").strip().lower() == INFER
         frame = _validated(DataFrameOptions, shared, {"schema": INFER} if infer else {})
         _check_snapshot(stream.snapshot, start.start_position, own.partitions)
+        if own.name is not None and own.partitions > 1:
+            raise ConfigurationError(
+                "a query taking snapshot requests (name) reads its copy and its changes as one partition",
+                owner=OWNER,
+                option="partitions",
+                value=own.partitions,
+                allowed="1 with name",
+            )
         if infer and stream.collection is None:
             raise ConfigurationError(
                 "schema=infer samples the watched collection; give the collection option",
@@ -222,6 +259,8 @@ class SourceOptions:
             exclude_fields=stream.exclude_fields,
             hash_fields=stream.hash_fields,
             hasher=salted_hasher(stream.hash_fields, stream.hash_salt_env, owner=OWNER),
+            name=own.name,
+            signals_database=own.signals_database or stream.database or _cluster_signals_database(),
         )
 
     def with_inferred_schema(self) -> SourceOptions:
@@ -301,6 +340,12 @@ class SourceOptions:
         )
 
 
+def _cluster_signals_database() -> str:
+    """Where a query over the whole deployment looks for requests: where a connector's cluster
+    streams keep their checkpoints (and signals) by default."""
+    return DEFAULT_CHECKPOINT_DATABASE
+
+
 def _check_snapshot(snapshot: Snapshot, start: StartPosition, partitions: int) -> None:
     """The snapshots a query can take: copied once, when the query is new, then its changes."""
     if snapshot is Snapshot.WHEN_NEEDED:
@@ -352,7 +397,7 @@ def _source_only(options: Mapping[str, str]) -> SourceOnlyOptions:
                 if text.strip().lower() in ("none", "unlimited", "all")
                 else _typed(name, SourceOnlyOptions, text)
             )
-        elif name == "schema":
+        elif name in ("schema", "name", "signals_database"):
             values[name] = text or None
         else:
             values[name] = _typed(name, SourceOnlyOptions, text)

@@ -28,6 +28,7 @@ from flowwarden.spark.source.offsets import (
     Offset,
     PartitionedOffset,
     ReadFromOffset,
+    RequestedOffset,
     SkippedOffset,
     SnapshotOffset,
     StreamOffset,
@@ -90,7 +91,8 @@ def bucket_offsets(offset: Offset, count: int) -> tuple[BucketOffset, ...]:
 
 def stream_offset(offset: Offset) -> StreamOffset:
     """``offset`` as the offset of a source read as one change stream (``partitions`` 1)."""
-    if isinstance(offset, (TokenOffset, TimeOffset, ReadFromOffset, SkippedOffset, SnapshotOffset)):
+    kinds = (TokenOffset, TimeOffset, ReadFromOffset, SkippedOffset, SnapshotOffset, RequestedOffset)
+    if isinstance(offset, kinds):
         return offset
     raise _partitions_changed(offset, 1)
 
@@ -121,13 +123,15 @@ def counting_needs_documents(pipeline: tuple[dict[str, Any], ...]) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A planned micro-batch: the events after ``start`` up to ``end`` (``end == start``: none),
-    their BSON back to back when planning read them, and whether they are all an availableNow
-    run is to read."""
+    their BSON back to back when planning read them, whether they are all an availableNow
+    run is to read, and whether planning read every event there was (it stopped at the
+    stream's end, not at a limit)."""
 
     start: StreamOffset
     end: StreamOffset
     events: bytes | None
     drained: bool
+    caught_up: bool = False
 
 
 class PlanAhead:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -72,17 +73,20 @@ from flowwarden.mongo.initial_copy import copy_filter
 from flowwarden.mongo.large_events import JoinedChangeStream, splits_large_events
 from flowwarden.mongo.positions import oplog_edge, recover_from_history_loss
 from flowwarden.mongo.raw_events import RawEvent
+from flowwarden.mongo.signals import RequestProblem, RequestState
 from flowwarden.spark.schema import (
     CORRUPT_RECORD_COLUMN,
     EVENT_COLUMNS,
     RESCUED_DATA_COLUMN,
     non_nullable_paths,
 )
+from flowwarden.spark.source import requested as source_requested
 from flowwarden.spark.source import snapshot as source_snapshot
 from flowwarden.spark.source.offsets import (
     Offset,
     PartitionedOffset,
     ReadFromOffset,
+    RequestedOffset,
     SkippedOffset,
     SnapshotOffset,
     StreamOffset,
@@ -107,6 +111,7 @@ from flowwarden.spark.source.ranges import (
 __all__ = ["FlowWardenDataSource", "FlowWardenStreamReader", "SourceOptions", "TokenRange"]
 
 _OWNER = OWNER
+log = logging.getLogger(__name__)
 ARROW_BATCH_ROWS = 10_000
 PREFETCH_BYTES = 64 * 1024 * 1024
 """The most raw BSON one micro-batch carries from planning to its executor; a micro-batch whose
@@ -218,12 +223,17 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._ahead = PlanAhead()
         self._client: pymongo.MongoClient[dict[str, Any]] | None = None
         self._raw_client: pymongo.MongoClient[RawEvent] | None = None
+        # Snapshot requests (the name option), read by the driver; whether the last plan read
+        # every event there was (a requested copy begins only then).
+        self._requests: source_requested.Requests | None = None
+        self._caught_up = False
 
     # The reader is pickled to executors for read(): the client stays behind.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_client"] = None
         state["_raw_client"] = None
+        state["_requests"] = None
         state["_planned"] = None
         state["_ahead"] = PlanAhead()
         return state
@@ -312,10 +322,15 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._buckets > 1:
             return self._latest_partitioned(offset, max_rows)
         start = stream_offset(offset)
+        if self.options.name is not None:
+            self._retrying(self._look_for_requests, start)
         plan = self._ahead.take(start, max_rows, self._target)
+        if plan is not None and isinstance(plan.end, RequestedOffset) and not self._copying(plan.end):
+            plan = None  # a chunk planned ahead of a cancel: the copy ends now instead
         if plan is None:
             plan = self._retrying(lambda: self._plan(start, max_rows), start)
         self._planned = plan if plan.events is not None else None
+        self._caught_up = plan.caught_up
         if plan.drained:
             self._drained[None] = plan.end
         elif plan.end != start:
@@ -346,12 +361,21 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             copied = self._plan_copy(start, max_rows)
             if copied is not None:
                 return copied
+        copying = bucket is None and self._requests is not None
+        if copying:
+            chunk = self._plan_requested(start, max_rows, self._caught_up)
+            if chunk is not None:
+                return chunk
         try:
-            return self._scan(start, self._resume_options(start), max_rows, bucket)
+            plan = self._scan(start, self._resume_options(start), max_rows, bucket)
         except OperationFailure as error:
             if error.code != codes.CHANGE_STREAM_HISTORY_LOST:
                 raise
             return self._after_history_lost(start, max_rows, error, bucket)
+        if copying and plan.end == start and plan.caught_up and not self._caught_up:
+            # At the stream's head with nothing new (a query's first plan, say): a copy may begin.
+            return self._plan_requested(start, max_rows, True) or plan
+        return plan
 
     def _plan_copy(self, start: SnapshotOffset, max_rows: int | None) -> Plan | None:
         """The next micro-batch of the initial snapshot, the empty one that closes it, or None
@@ -372,6 +396,78 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return Plan(start, source_snapshot.done_offset(start), None, drained=False)
         end, rows = chunk
         return Plan(start, end, rows, drained=False)
+
+    def _look_for_requests(self) -> None:
+        if self._requests is None:
+            self._requests = source_requested.Requests(self._client_for(), self.options)
+        self._requests.poll()
+
+    def _copying(self, offset: RequestedOffset) -> bool:
+        """Whether the request of ``offset`` was still requested when last looked for."""
+        requests = self._requests
+        return requests is not None and requests.state_of(offset.request) is RequestState.REQUESTED
+
+    def _plan_requested(self, start: StreamOffset, max_rows: int | None, caught_up: bool) -> Plan | None:
+        """The next micro-batch of an incremental snapshot (see
+        :mod:`~flowwarden.spark.source.requested`): one chunk after the changes up to its high
+        watermark; None when no copy goes on from ``start`` (the scan plans the changes). A copy
+        begins only at a plain offset the query has ``caught_up`` to."""
+        requests = self._requests
+        assert requests is not None
+        namespace = self.options.namespace
+        if isinstance(start, RequestedOffset):
+            state = requests.state_of(start.request)
+            if state is not RequestState.REQUESTED:
+                why = "no longer in _fw_signals" if state is None else state.value
+                ends = "%s %s: incremental snapshot %s ends: its request is %s"
+                log.warning(ends, _OWNER, namespace, start.request, why)
+                return None
+            request = requests.known(start.request)
+            if request is not None and requests.name in request.finished:
+                return None  # copied to the end: the changes follow
+            progress = start
+        elif isinstance(start, TokenOffset) and caught_up and requests.pending is not None:
+            request = requests.pending
+            try:
+                progress = source_requested.begin(
+                    request,
+                    self.options,
+                    client=self._client_for(),
+                    raw_client=self._raw_client_for(),
+                    token=start.token,
+                    query=copy_filter(self.options.pipeline),
+                )
+            except RequestProblem as problem:
+                log.warning("%s %s: snapshot request %s refused: %s", _OWNER, namespace, request.id, problem)
+                requests.refuse(request, str(problem))
+                return None
+            copying = ", ".join(progress.namespaces)
+            log.info("%s %s: incremental snapshot %s of %s begins", _OWNER, namespace, request.id, copying)
+        else:
+            return None
+        size = (request.chunk_size if request is not None else None) or max_rows or MAX_BATCH_EVENTS
+        chunk = source_requested.plan_chunk(
+            progress,
+            raw_client=self._raw_client_for(),
+            signals_database=self.options.signals_database,
+            name=requests.name,
+            query=copy_filter(self.options.pipeline),
+            chunk_size=min(size, MAX_BATCH_EVENTS),
+            watch=self._watch,
+            max_bytes=PREFETCH_BYTES,
+            projection=self.options.snapshot_projection,
+        )
+        if chunk is None:
+            requests.finished(progress.request)
+            log.info(
+                "%s %s: incremental snapshot %s done: %d row(s)",
+                _OWNER,
+                namespace,
+                progress.request,
+                progress.copied,
+            )
+            return None
+        return Plan(start, chunk.end, chunk.data, drained=False, caught_up=True)
 
     def _scan(
         self, start: StreamOffset, resume: dict[str, Any], max_rows: int | None, bucket: int | None
@@ -421,14 +517,15 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 count += 1
             position = stream.resume_token
         if last is None:
-            return Plan(start, start, None, drained=caught_up and target is not None)
+            drained = caught_up and target is not None
+            return Plan(start, start, None, drained=drained, caught_up=caught_up)
         end = TokenOffset(last["_data"])
         if caught_up and position is not None and compare_tokens(position, last) > 0:
             end = TokenOffset(position["_data"])
             if until is not None and target is not None and compare_tokens(position, target) > 0:
                 end = until
         kept = b"".join(events) if keep else None
-        return Plan(start, end, kept, drained=caught_up and target is not None)
+        return Plan(start, end, kept, drained=caught_up and target is not None, caught_up=caught_up)
 
     def _after_history_lost(
         self, start: StreamOffset, max_rows: int | None, error: OperationFailure, bucket: int | None
@@ -518,6 +615,17 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 events = source_snapshot.replay_chunk(
                     self._raw_client_for(), start, end, query, self.options.snapshot_projection
                 )
+        elif isinstance(end, RequestedOffset):
+            # A micro-batch of an incremental snapshot: its events, then its chunk read again.
+            changes = self._replay(self._resume_options(start), end_token, None)
+            events = source_requested.replay_rows(
+                self._raw_client_for(),
+                start,
+                end,
+                copy_filter(self.options.pipeline),
+                changes,
+                self.options.snapshot_projection,
+            )
         else:
             if isinstance(end, ReadFromOffset):
                 resume: dict[str, Any] = {"start_at_operation_time": end.read_from}
