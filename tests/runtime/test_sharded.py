@@ -465,6 +465,88 @@ def test_a_shard_client_of_an_srv_client_keeps_tls_and_drops_the_srv_options() -
     given.close()
 
 
+def test_a_shard_client_of_a_host_list_client_connects_to_the_shards_hosts() -> None:
+    given = pymongo.MongoClient(
+        ["mongos1:27017", "mongos2:27017"],
+        connect=False,
+        replicaSet="mongos",
+        directConnection=False,
+        appname="fw",
+    )
+    with shard_client_for(given, "shard1/db1:27018,db2:27018") as shard:
+        assert shard._init_kwargs["host"] == ["db1:27018", "db2:27018"]
+        assert shard.options.replica_set_name == "shard1" and "directConnection" not in shard._init_kwargs
+        assert shard._init_kwargs["appname"] == "fw"
+    # config.shards names a shard that is not a replica set by its host alone.
+    with shard_client_for(given, "db3:27018") as shard:
+        assert shard._init_kwargs["host"] == ["db3:27018"]
+        assert shard.options.replica_set_name is None and "replicaSet" not in shard._init_kwargs
+    given.close()
+
+
+def test_a_shard_client_keeps_the_uris_own_tls_and_authentication_database() -> None:
+    given = pymongo.MongoClient(
+        "mongodb+srv://reader:pw@cluster.example.com/?tls=false;srvServiceName=db;appname=fw", connect=False
+    )
+    with shard_client_for(given, "shard0/db1.example.com:27018") as shard:
+        assert shard._init_kwargs["host"] == "mongodb://reader:pw@db1.example.com:27018/?tls=false&appname=fw"
+        assert "tls" not in shard._init_kwargs and shard.options.pool_options._ssl_context is None
+    given.close()
+    given = pymongo.MongoClient("mongodb://reader:pw@mongos1:27017/shop", connect=False)
+    with shard_client_for(given, "shard0/db1:27018") as shard:
+        assert shard._init_kwargs["host"] == "mongodb://reader:pw@db1:27018/shop"
+        assert shard._init_kwargs["authSource"] == "shop"
+        assert shard.options.pool_options._credentials.source == "shop"
+    given.close()
+    given = pymongo.MongoClient("mongodb://reader:pw@mongos1:27017/shop", connect=False, authsource="users")
+    with shard_client_for(given, "shard0/db1:27018") as shard:
+        assert "authSource" not in shard._init_kwargs
+        assert shard.options.pool_options._credentials.source == "users"
+    given.close()
+
+
+@pytest.mark.parametrize(
+    ("uri", "options"),
+    [
+        ("mongodb+srv://reader:pw@cluster.example.com/", {"tls": False}),
+        ("mongodb+srv://reader:pw@cluster.example.com/", {"ssl": False}),
+        ("mongodb+srv://reader:pw@cluster.example.com/?ssl=false", {}),
+    ],
+    ids=["tls argument", "ssl argument", "ssl in the uri"],
+)
+def test_a_shard_client_of_an_srv_client_that_turned_tls_off_has_it_off(
+    uri: str, options: dict[str, Any]
+) -> None:
+    given = pymongo.MongoClient(uri, connect=False, **options)
+    with shard_client_for(given, "shard0/db1.example.com:27018") as shard:
+        assert shard.options.pool_options._ssl_context is None
+        assert shard._init_kwargs["host"].startswith("mongodb://reader:pw@db1.example.com:27018/")
+    given.close()
+
+
+def test_a_shard_client_keeps_a_uri_given_in_a_host_list_and_option_values_with_slashes() -> None:
+    given = pymongo.MongoClient(
+        ["mongodb://reader:pw@mongos1:27017/shop?appname=fw/orders://1"], connect=False
+    )
+    with shard_client_for(given, "shard0/db1:27018") as shard:
+        assert shard._init_kwargs["host"] == "mongodb://reader:pw@db1:27018/shop?appname=fw/orders://1"
+        assert shard.options.pool_options._credentials.username == "reader"
+        assert shard.options.pool_options.metadata["application"] == {"name": "fw/orders://1"}
+    given.close()
+
+
+def test_a_shard_client_cannot_be_derived_from_a_client_that_forgot_its_arguments() -> None:
+    class Forgetful:
+        pass
+
+    with pytest.raises(pymongo.errors.ConfigurationError) as raised:
+        shard_client_for(Forgetful(), "shard0/db1:27018")
+    assert str(raised.value) == (
+        "cannot derive a client for the shard from a Forgetful "
+        "(it does not keep the arguments it was created with)"
+    )
+
+
 def _sharded_services() -> dict[str, dict[str, Any]]:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     return {name: svc for name, svc in compose["services"].items() if "sharded" in svc.get("profiles", [])}
