@@ -42,6 +42,13 @@ async def wait_until_async(
     return value
 
 
+def complete_lines(log: Path) -> list[str]:
+    """The non-empty lines of a file another process appends to, up to its last newline: a read
+    while it writes, or after it was killed, may end in the middle of a line."""
+    text = log.read_text() if log.exists() else ""
+    return [line for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
 def checkpoint_doc(client: Any, db: str, stream: str = "orders") -> dict[str, Any] | None:
     """The stored checkpoint record of ``stream`` in ``db``'s ``_fw_checkpoints``."""
     document: dict[str, Any] | None = client[db]["_fw_checkpoints"].find_one({"_id": stream})

@@ -13,11 +13,14 @@ Configured by environment variables (the command line names only the class):
 - ``FW_TEST_CHUNK`` (default 250): ``snapshot_chunk_size``;
 - ``FW_TEST_NO_WATERMARK`` = 1: the watermark rule is switched off in this process (a copied
   row whose document changed between the watermarks is handed over anyway), for a test to show
-  that it then fails.
+  that it then fails;
+- ``FW_TEST_WINDOW_SECONDS`` (default 0): how long each chunk waits between its read and its high
+  watermark, so that a writer surely changes some of its documents in between.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -38,6 +41,19 @@ if os.environ.get("FW_TEST_NO_WATERMARK") == "1":
         """Without the rule: no change drops a row."""
 
     ChunkWindow.drop = _never_drop  # type: ignore[method-assign]
+
+_window_seconds = float(os.environ.get("FW_TEST_WINDOW_SECONDS", "0"))
+if _window_seconds:
+    from flowwarden.runtime.incremental import IncrementalSnapshot
+
+    _write_watermark = IncrementalSnapshot._watermark
+
+    async def _late_watermark(self: IncrementalSnapshot, session: Any, progress: Any) -> Any:
+        """The chunk's window held open: the writer's changes land between read and watermark."""
+        await asyncio.sleep(_window_seconds)
+        return await _write_watermark(self, session, progress)
+
+    IncrementalSnapshot._watermark = _late_watermark  # type: ignore[method-assign]
 
 
 def _line(event: ChangeEvent) -> str:

@@ -24,7 +24,7 @@ import pymongo
 import pytest
 from bson import json_util
 
-from helpers import checkpoint_doc, flowwarden_command, wait_until
+from helpers import checkpoint_doc, complete_lines, flowwarden_command, wait_until
 
 from .conftest import ChildLog, run_connector
 
@@ -92,9 +92,7 @@ class _Writer:
 
 
 def _lines(log: Path) -> list[list[Any]]:
-    """The log's complete lines (a killed child may have written half of the last one)."""
-    text = log.read_text() if log.exists() else ""
-    return [json_util.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+    return [json_util.loads(line) for line in complete_lines(log)]
 
 
 def _rows(lines: list[list[Any]]) -> int:
@@ -143,7 +141,12 @@ def test_three_kills_during_the_copy_still_rebuild_the_collection_exactly(
     orders = client[db_name].orders
     orders.insert_many([{"_id": i, "qty": 0, "sku": f"s{i % 97}"} for i in range(DOCUMENTS)])
     log = tmp_path / "delivered.jsonl"
-    env = {"FW_TEST_CHUNK": str(CHUNK), "FW_TEST_NO_WATERMARK": "0" if watermarks else "1"}
+    env = {
+        "FW_TEST_CHUNK": str(CHUNK),
+        "FW_TEST_NO_WATERMARK": "0" if watermarks else "1",
+        # Each chunk's window held open 50 ms, so the writer surely changes documents within it.
+        "FW_TEST_WINDOW_SECONDS": "0.05",
+    }
     writer = _Writer(client, db_name, seed=20261126)
     child = run_connector(mongodb_uri, db_name, log, target, **env)
     children = [child]

@@ -41,7 +41,9 @@ def test_a_copy_requested_from_the_command_line_rebuilds_a_collection_sharded_ov
             "shard1",
         }, "the documents are not spread over both shards"
         log = tmp_path / "delivered.jsonl"
-        env = {"FW_TEST_CHUNK": str(CHUNK)}
+        # Each chunk's window held open 50 ms: the writer changes documents of the chunk within it,
+        # so a copied row handed over after such a change would show in the rebuild.
+        env = {"FW_TEST_CHUNK": str(CHUNK), "FW_TEST_WINDOW_SECONDS": "0.05"}
         writer = _Writer(mongos, "shop", seed=20261127)
         child = run_connector(cluster.uri, "shop", log, "incremental_handlers:Orders", **env)
         children = [child]

@@ -42,7 +42,7 @@ from flowwarden.checkpoints import InMemoryCheckpointStore
 from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.buckets import partition_name
 from flowwarden.testing import EmbeddedReplicaSet
-from helpers import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, complete_lines, running, wait_until
 
 WORKER = Path(__file__).with_name("snapshot_worker.py")
 
@@ -315,7 +315,7 @@ def _start(uri: str, db: str, log: Path) -> subprocess.Popen[str]:
 
 
 def _rows(log: Path) -> list[list[Any]]:
-    return [json_util.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [json_util.loads(line) for line in complete_lines(log)]
 
 
 def _rebuild(rows: list[list[Any]]) -> dict[Any, Any]:
@@ -536,9 +536,7 @@ def _start_batches(
 
 def _batches(log: Path) -> list[tuple[str, list[tuple[str, Any]]]]:
     """The batches the worker recorded, in order: (batch id, [(operation, _id), ...])."""
-    if not log.exists():
-        return []
-    lines = [json_util.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    lines = [json_util.loads(line) for line in complete_lines(log)]
     return [(batch_id, [(operation, key) for operation, key in rows]) for batch_id, rows in lines]
 
 
