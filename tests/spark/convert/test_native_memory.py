@@ -258,20 +258,24 @@ def test_reference_counts_of_inputs_and_shared_objects_do_not_move() -> None:
     convert_every_path(2)
     gc.collect()
     inputs, shared = input_objects(), shared_objects()
-    before = refcounts(inputs) + refcounts(shared)
-    singletons = refcounts(list(SINGLETONS))
+    # Interned names ("raw", the plan's field names) are the interpreter's too: another thread
+    # (a driver's monitor, say) takes and drops references to them meanwhile, so they are
+    # counted like None, True and False below.
+    exact = [*inputs, *(one for one in shared if type(one) is not str)]
+    interned = [*SINGLETONS, *(one for one in shared if type(one) is str)]
+    before, loosely = refcounts(exact), refcounts(interned)
     convert_every_path(rounds_for(EVENTS))
     gc.collect()
-    after = refcounts(inputs) + refcounts(shared)
+    after = refcounts(exact)
     moved = [
         (f"{type(one).__name__} {id(one):#x}", was, now)
-        for one, was, now in zip([*inputs, *shared], before, after, strict=True)
+        for one, was, now in zip(exact, before, after, strict=True)
         if now != was
     ]
     assert moved == [], f"reference counts moved (object, before, after): {moved[:10]}"
     # over a thousand calls and 100,000 events: a reference leaked per call or per event is more
-    grown = [now - was for was, now in zip(singletons, refcounts(list(SINGLETONS)), strict=True)]
-    assert max(grown) < 50, f"None, True, False: {grown} references more"
+    grown = [now - was for was, now in zip(loosely, refcounts(interned), strict=True)]
+    assert max(grown) < 50 and min(grown) > -50, f"None, True, False and the names: {grown} references more"
 
 
 def test_python_heap_does_not_grow() -> None:
