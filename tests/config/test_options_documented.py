@@ -28,7 +28,7 @@ def test_every_option_says_what_it_does(model) -> None:
 
 def test_every_source_option_is_in_the_spark_guide() -> None:
     pytest.importorskip("pyspark")
-    from flowwarden.spark.source.options import KNOWN
+    from flowwarden.spark.source.parsing import KNOWN
 
     guide = (ROOT / "docs" / "spark.md").read_text()
     rows = set(re.findall(r"^\| `([a-z_]+)`(?:, `([a-z_]+)`)? \|", guide, flags=re.M))

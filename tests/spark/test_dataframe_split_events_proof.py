@@ -27,7 +27,8 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 import helpers
 from flowwarden import Connector, change_stream, checkpoint, on_dataframe
 from flowwarden.spark import change_event_struct_type
-from flowwarden.spark.source.reader import FlowWardenStreamReader, SourceOptions
+from flowwarden.spark.source.parsing import parse_source_options
+from flowwarden.spark.source.reader import FlowWardenStreamReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -120,7 +121,7 @@ def test_the_spark_source_reads_an_event_of_three_fragments_over_32_mb_as_one_ro
     mongodb_uri: str, huge: Collection[Any], db_name: str
 ) -> None:
     options = {"uri": mongodb_uri, "database": db_name, "collection": "orders", "split_large_events": "true"}
-    reader = FlowWardenStreamReader(SourceOptions.parse({**options, **IMAGES}), change_event_struct_type())
+    reader = FlowWardenStreamReader(parse_source_options({**options, **IMAGES}), change_event_struct_type())
     rows: list[dict[str, Any]] = []
     try:
         offset = reader.initialOffset()

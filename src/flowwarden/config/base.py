@@ -23,22 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
+from flowwarden.config.problems import OptionProblem
 from flowwarden.errors import ConfigurationError
-
-
-class OptionProblem(ValueError):
-    """A rejected option value, raised inside validators and turned into a ConfigurationError.
-
-    Carries the option, the value and the allowed values so the error names them precisely even
-    when the check spans several fields.
-    """
-
-    def __init__(self, message: str, *, option: str, value: Any, allowed: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.option = option
-        self.value = value
-        self.allowed = allowed
 
 
 class Options(BaseModel):

@@ -10,8 +10,9 @@ from bson import Timestamp
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from flowwarden.checkpoints.store import STORE_METHODS, store_problem
-from flowwarden.config.base import OptionProblem, Options, option
+from flowwarden.config.base import Options, option
 from flowwarden.config.choices import OnHistoryLost, StartPosition, coerce_choice
+from flowwarden.config.problems import OptionProblem
 
 
 class CheckpointOptions(Options):

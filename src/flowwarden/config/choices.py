@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from flowwarden.config.base import OptionProblem
+from flowwarden.config.problems import OptionProblem
 
 
 class Choice(str, Enum):

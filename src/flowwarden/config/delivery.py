@@ -11,9 +11,10 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationInfo, field_validator, model_validator
 
 from flowwarden.config.backoff import backoff_delay
-from flowwarden.config.base import OptionProblem, Options, option
+from flowwarden.config.base import Options, option
 from flowwarden.config.choices import OnError, SchemaMode, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
+from flowwarden.config.problems import OptionProblem
 from flowwarden.errors import ConfigurationError
 
 # MongoDB stores expireAfterSeconds as a 32-bit signed int.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flowwarden.config.base import OptionProblem
+from flowwarden.config.problems import OptionProblem
 
 # The server refuses change streams on its internal databases.
 _INTERNAL_DATABASES = frozenset({"admin", "local", "config"})

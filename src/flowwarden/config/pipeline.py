@@ -8,7 +8,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator
 
-from flowwarden.config.base import OptionProblem, Options, option
+from flowwarden.config.base import Options, option
+from flowwarden.config.problems import OptionProblem
 
 # Stages MongoDB accepts after $changeStream; anything else fails when the stream opens.
 ALLOWED_PIPELINE_STAGES: tuple[str, ...] = (

@@ -10,11 +10,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from flowwarden.config.backoff import backoff_delay
-from flowwarden.config.base import OptionProblem, Options, option
+from flowwarden.config.base import Options, option
 from flowwarden.config.choices import Deployment, OnInvalidate, Snapshot, coerce_choice
 from flowwarden.config.names import check_collection_name, check_database_name
+from flowwarden.config.problems import OptionProblem
 from flowwarden.mongo.buckets import MAX_PARTITIONS
-from flowwarden.mongo.initial_copy import INTERNAL_PREFIX
+from flowwarden.mongo.initial_copy import own_collections_stage
 from flowwarden.mongo.namespaces import NamespaceSelection, is_pattern, pattern_problem
 from flowwarden.mongo.sensitive_fields import exclusion_stages, path_problem
 
@@ -409,13 +410,9 @@ class ChangeStreamOptions(Options):
         return self.database if self.database is not None else "*"
 
     def own_collections_stage(self) -> dict[str, Any] | None:
-        """For a database or cluster stream, the ``$match`` stage that leaves out the events of
-        flowwarden's own collections (``_fw_checkpoints``, ``_fw_locks``, ``_fw_dlq``...): without
-        it the stream would see its own checkpoint saves, each save an event to handle and save.
-        Events without a collection (dropDatabase, invalidate) pass."""
-        if self.collection is not None:
-            return None
-        return {"$match": {"ns.coll": {"$not": {"$regex": f"^{INTERNAL_PREFIX}"}}}}
+        """For a database or cluster stream, the stage leaving out flowwarden's own collections
+        (:func:`~flowwarden.mongo.initial_copy.own_collections_stage`); None for a collection."""
+        return None if self.collection is not None else own_collections_stage()
 
     @property
     def selection(self) -> NamespaceSelection:

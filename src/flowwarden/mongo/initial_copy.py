@@ -99,6 +99,14 @@ def copied_database(name: str) -> bool:
     return name not in SYSTEM_DATABASES
 
 
+def own_collections_stage() -> dict[str, Any]:
+    """The ``$match`` stage a database or cluster stream runs to leave out the events of
+    flowwarden's own collections (``_fw_checkpoints``, ``_fw_locks``, ``_fw_dlq``...): without it
+    the stream would see its own checkpoint saves, each save an event to handle and save. Events
+    without a collection (dropDatabase, invalidate) pass."""
+    return {"$match": {"ns.coll": {"$not": {"$regex": f"^{INTERNAL_PREFIX}"}}}}
+
+
 def copied_collection(name: str) -> bool:
     """Whether a snapshot copies collection ``name`` (not ``system.*``, not flowwarden's own)."""
     return not name.startswith("system.") and not name.startswith(INTERNAL_PREFIX)

@@ -21,8 +21,8 @@ Rules that hold for every schema:
 - Arrow types are exactly what Spark's own ``to_arrow_schema(..., timezone="UTC")`` produces
   (``timestamp[us, tz=UTC]``, list items named ``element``, map entries ``key``/``value``).
 
-Nothing here runs per event. Importing this module imports neither pyarrow nor pyspark: each
-function that needs one imports it when called.
+Nothing here runs per event. Importing this module imports none of pydantic, pyarrow and pyspark:
+each function that needs one imports it when called.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 from bson.objectid import ObjectId
-from pydantic import BaseModel, BeforeValidator, PlainSerializer
 
 from flowwarden.config import SchemaMode
 from flowwarden.spark._extra import require
@@ -39,6 +38,8 @@ from flowwarden.spark.convert.valuespec import FieldSpec, Kind, ValueSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pydantic import BaseModel, GetCoreSchemaHandler
+    from pydantic_core import CoreSchema
     from pyspark.sql.types import DataType, StructType
 
 __all__ = [
@@ -67,7 +68,25 @@ def _objectid_to_str(value: Any) -> Any:
     return str(value) if isinstance(value, ObjectId) else value
 
 
-ObjectIdStr = Annotated[str, BeforeValidator(_objectid_to_str), PlainSerializer(str, return_type=str)]
+class _ObjectIdText:
+    """pydantic's validation of :data:`ObjectIdStr`: an ObjectId becomes its text before ``str``
+    validates it, and the value serializes as ``str``. Declared through pydantic's custom-type
+    hook so that importing this module (as a Spark worker does) does not import pydantic."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_before_validator_function(
+            _objectid_to_str,
+            handler(str),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                str, return_schema=core_schema.str_schema()
+            ),
+        )
+
+
+ObjectIdStr = Annotated[str, _ObjectIdText]
 """A pydantic field type for ObjectIds: validates a ``bson.ObjectId`` (or its 24-hex text) into
 ``str``, and becomes a Spark ``string`` column. A plain ``str`` field also receives ObjectIds in
 DataFrames, but only ``ObjectIdStr`` makes ``ChangeEvent.document(Model)`` accept them."""

@@ -18,6 +18,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 from flowwarden.errors import ConfigurationError
 from flowwarden.spark import change_event_struct_type
 from flowwarden.spark.source.offsets import SnapshotOffset, parse_offset
+from flowwarden.spark.source.parsing import parse_source_options
 from flowwarden.spark.source.reader import FlowWardenStreamReader, SourceOptions
 
 pytestmark = pytest.mark.spark
@@ -32,7 +33,7 @@ def salted(value: str) -> str:
 
 
 def parse(**options: str) -> SourceOptions:
-    return SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/?replicaSet=rs0", **options})
+    return parse_source_options({"uri": "mongodb://127.0.0.1:1/?replicaSet=rs0", **options})
 
 
 def test_list_options_are_json_arrays_or_names_separated_by_commas(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,7 +76,7 @@ def test_bad_selections_and_fields_are_refused_naming_the_option(
 
 
 def reader_for(uri: str, database: str, **options: str) -> FlowWardenStreamReader:
-    source = SourceOptions.parse({"uri": uri, "database": database, **options})
+    source = parse_source_options({"uri": uri, "database": database, **options})
     # The reader travels to the executors pickled: read with what arrives there.
     return pickle.loads(pickle.dumps(FlowWardenStreamReader(source, change_event_struct_type())))
 

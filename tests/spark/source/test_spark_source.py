@@ -45,6 +45,7 @@ from flowwarden.spark.source.offsets import (
     load_id,
     parse_offset,
 )
+from flowwarden.spark.source.parsing import parse_source_options
 from flowwarden.spark.source.ranges import stream_offset
 from flowwarden.spark.source.reader import FlowWardenStreamReader, SourceOptions, TokenRange
 from flowwarden.testing import EmbeddedReplicaSet
@@ -58,7 +59,7 @@ pytestmark = pytest.mark.spark
 
 
 def parse(**options: str) -> SourceOptions:
-    return SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/?replicaSet=rs0", **options})
+    return parse_source_options({"uri": "mongodb://127.0.0.1:1/?replicaSet=rs0", **options})
 
 
 def test_options_parse() -> None:
@@ -153,7 +154,7 @@ def test_the_schema_of_the_source(spark: SparkSession) -> None:
 
 
 def reader_for(uri: str, database: str, **options: str) -> FlowWardenStreamReader:
-    source = SourceOptions.parse({"uri": uri, "database": database, "collection": "orders", **options})
+    source = parse_source_options({"uri": uri, "database": database, "collection": "orders", **options})
     return FlowWardenStreamReader(source, change_event_struct_type())
 
 
@@ -967,9 +968,9 @@ def test_an_inferred_schema_types_documents_and_rescues_the_rest(
 
 def test_schema_infer_needs_a_collection() -> None:
     with pytest.raises(ConfigurationError, match="schema=infer samples the watched collection"):
-        SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/", "database": "shop", "schema": "infer"})
+        parse_source_options({"uri": "mongodb://127.0.0.1:1/", "database": "shop", "schema": "infer"})
     with pytest.raises(ConfigurationError, match="schema_hints applies to an inferred schema only"):
-        SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/", "database": "shop", "collection": "o",
+        parse_source_options({"uri": "mongodb://127.0.0.1:1/", "database": "shop", "collection": "o",
                              "schema_hints": "qty BIGINT"})
 
 
@@ -982,7 +983,7 @@ def test_not_null_fields_are_refused_with_a_reason() -> None:
     fields = [
         StructField(f.name, document) if f.name.startswith("full_document") else f for f in typed.fields
     ]
-    source = SourceOptions.parse({"uri": "mongodb://127.0.0.1:1/", "schema": "sku STRING NOT NULL"})
+    source = parse_source_options({"uri": "mongodb://127.0.0.1:1/", "schema": "sku STRING NOT NULL"})
     with pytest.raises(ConfigurationError, match=r"full_document\.sku NOT NULL"):
         FlowWardenStreamReader(source, StructType(fields))
 

@@ -17,8 +17,8 @@ Hard rule: a schema with no exact column type (a union of two types, a recursive
 fixed-length tuple, non-string map keys, a Spark or Arrow type with no BSON counterpart) is
 refused here with a :class:`~flowwarden.errors.ConfigurationError` naming the field, never
 approximated. Compiling runs once per schema, never per event. Importing this module imports
-neither pyarrow nor pyspark: their schema objects are recognised only when their module is
-already loaded, and read through it.
+none of pydantic, pyarrow and pyspark: their models and schema objects are recognised only when
+their module is already loaded, and read through it.
 """
 
 from __future__ import annotations
@@ -32,15 +32,17 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
-from pydantic import BaseModel
 
 from flowwarden.errors import ConfigurationError
 from flowwarden.spark._extra import require
 from flowwarden.spark.convert.valuespec import NO_DEFAULT, FieldSpec, Kind, ValueSpec
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = ["DEFAULT_DECIMAL", "EXTENDED_JSON_METADATA", "document_spec"]
 
@@ -54,6 +56,14 @@ elements, ``"{}"`` its map's values (``"[][]"``...). :func:`~flowwarden.spark.in
 marks the fields whose sampled types conflicted this way."""
 
 
+
+def _is_model_class(value: Any) -> bool:
+    """Whether ``value`` is a pydantic model class. pydantic is not imported to answer: no value is
+    a model unless its program imported pydantic, and a Spark worker converting events, which
+    compiles no model, then never loads it."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(value, type) and issubclass(value, pydantic.BaseModel)
+
 def document_spec(schema: Any) -> ValueSpec:
     """Compile a full-document schema into a STRUCT :class:`ValueSpec`.
 
@@ -65,7 +75,7 @@ def document_spec(schema: Any) -> ValueSpec:
         if schema.kind is not Kind.STRUCT:
             raise ConfigurationError("a document schema must be a struct", option="schema", value=schema)
         return schema
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
+    if _is_model_class(schema):
         return _model_spec(schema, ())
     if _is_spark_struct(schema):
         return _spark_spec(schema, "schema")
@@ -149,7 +159,7 @@ def _factory(info: Any) -> Callable[[], Any]:
 
 def _document_form(value: Any) -> Any:
     """A pydantic default as it would look in a MongoDB document (models -> dicts, enums -> values)."""
-    if isinstance(value, BaseModel):
+    if _is_model_class(type(value)):
         return value.model_dump(by_alias=True)
     if isinstance(value, enum.Enum):
         return value.value
@@ -225,7 +235,7 @@ def _annotation_spec(
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         values = tuple(member.value for member in annotation)
         return ValueSpec(_common_kind(values, where, annotation), choices=frozenset(values)), False
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if _is_model_class(annotation):
         return _model_spec(annotation, stack), False
     if annotation in (Decimal, Decimal128):
         precision, scale = _decimal_digits(metadata) or DEFAULT_DECIMAL

@@ -64,7 +64,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from flowwarden.config import SchemaMode, Snapshot, StartPosition
+from flowwarden.config.choices import SchemaMode, Snapshot, StartPosition
 from flowwarden.errors import ConfigurationError, StreamError
 from flowwarden.events import compare_tokens, token_datetime
 from flowwarden.mongo import codes
@@ -159,7 +159,12 @@ class FlowWardenDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        self.source_options = SourceOptions.parse(options)
+        # Imported here: checking the option strings needs pydantic and the decorators' option
+        # models, which only this process (where the query is defined) loads; Spark's planner and
+        # executor processes unpickle the checked options.
+        from flowwarden.spark.source.parsing import parse_source_options
+
+        self.source_options = parse_source_options(options)
 
     @classmethod
     def name(cls) -> str:
@@ -252,7 +257,7 @@ class FlowWardenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             options = self.options
             names = self._retrying(
                 lambda: source_snapshot.namespaces(
-                    self._client_for(), options.database, options.collection, options.stream.selection
+                    self._client_for(), options.database, options.collection, options.selection
                 ),
                 None,
             )

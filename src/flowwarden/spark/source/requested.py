@@ -148,11 +148,11 @@ def begin(
         request.collections,
         database=options.database,
         collection=options.collection,
-        selection=options.stream.selection,
+        selection=options.selection,
     )
     if namespaces is None:
         namespaces = source_snapshot.namespaces(
-            client, options.database, options.collection, options.stream.selection
+            client, options.database, options.collection, options.selection
         )
     if not namespaces:
         raise RequestProblem("the query watches no collection to copy")
