@@ -61,8 +61,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(in_process: bool) -> Iterator[str]:
-    """The URI of a running embedded replica set, stopped on exit."""
+def server(in_process: bool = False, uri: str | None = None) -> Iterator[str]:
+    """The URI of a running deployment: ``uri`` when given, else an embedded replica set started
+    here (in its own process unless ``in_process``), answering before it is yielded and stopped on
+    exit. Every benchmark starts its server through this."""
+    if uri is not None:
+        yield uri
+        return
     if in_process:
         from flowwarden.testing import EmbeddedReplicaSet
 
@@ -75,11 +80,17 @@ def server(in_process: bool) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    started = f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
     try:
-        yield f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
+        with pymongo.MongoClient(started, serverSelectionTimeoutMS=30_000) as probe:
+            probe.admin.command("ping")
+        yield started
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def main() -> None:

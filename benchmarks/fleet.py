@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,14 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pymongo
+from embedded_rs import server  # benchmarks/embedded_rs.py
 
 DB = "bench_fleet"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def child_connector(uri: str, instance: str, partitions: int, ttl: float) -> None:
@@ -159,24 +153,8 @@ def main() -> None:
         child_connector(args.uri, args.child, args.partitions, args.lease_ttl)
         return
     print(f"{' '.join(['benchmarks/fleet.py', *sys.argv[1:]])}; load averages {_load()}")
-    if args.uri is not None:
-        run(args, args.uri)
-        return
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "flowwarden.cli", "embedded-mongo", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    uri = f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
-    try:
-        probe: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30_000)
-        probe.admin.command("ping")
-        probe.close()
+    with server(uri=args.uri) as uri:
         run(args, uri)
-    finally:
-        server.terminate()
-        server.wait(30)
     print(f"load averages after: {_load()}")
 
 

@@ -23,21 +23,15 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
 import pymongo
+from embedded_rs import server  # benchmarks/embedded_rs.py
 
 DB, COLL = "bench_incremental", "orders"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # -- children ----------------------------------------------------------------------------------
@@ -136,62 +130,53 @@ def main() -> None:
 
     print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"load before (1, 5, 15 min): {_load()}")
-    processes: list[subprocess.Popen[bytes]] = []
-    uri = args.uri
-    if uri is None:
-        port = _free_port()
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "flowwarden.cli", "embedded-mongo", "--port", str(port)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+    processes: list[subprocess.Popen[bytes]] = []  # the connector and the writer
+    with server(uri=args.uri) as uri:
+        try:
+            client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30_000)
+            client.drop_database(DB)
+            orders = client[DB][COLL]
+            for offset in range(0, args.documents, 5000):
+                ids = range(offset, min(offset + 5000, args.documents))
+                orders.insert_many([{"_id": i, "qty": 0, "sku": f"s{i % 97}"} for i in ids])
+
+            def child(role: str) -> subprocess.Popen[bytes]:
+                command = [sys.executable, __file__, "--child", role, "--uri", uri, "--kind", args.kind]
+                command += ["--chunk", str(args.chunk), "--write-rate", str(args.write_rate)]
+                command += ["--documents", str(args.documents)]
+                return subprocess.Popen(command, env=os.environ.copy())
+
+            processes.append(child("connector"))
+            opened = client[DB]["_fw_checkpoints"]
+            _wait("the stream to open", lambda: opened.find_one({"_id": "orders"}), 120)
+            processes.append(child("writer"))
+            _wait("the writer", lambda: _writes(client) > args.write_rate, 120)  # a second of writing
+
+            from flowwarden.mongo.calls import run
+            from flowwarden.mongo.signals import SIGNALS_COLLECTION, insert_request, request_document
+
+            writes_before = _writes(client)
+            began = time.perf_counter()
+            request = request_document("orders", chunk_size=args.chunk)
+            run(insert_request(client[DB][SIGNALS_COLLECTION], request))
+            progress = _wait("the copy to end", lambda: (p := _progress(client)).get("state") == "done" and p)
+            seconds = time.perf_counter() - began
+            writes = _writes(client) - writes_before
+            copied, dropped = progress["copied"], progress["dropped"]
+            print(
+                f"incremental snapshot, {args.kind} handler, chunks of {args.chunk}: {copied:,} rows copied "
+                f"+ {dropped:,} left out for their changes in {seconds:.1f} s = "
+                f"{(copied + dropped) / seconds:,.0f} documents/s; the writer made {writes:,} writes "
+                f"meanwhile ({writes / seconds:,.0f}/s, asked {args.write_rate:g}/s)"
             )
-        )
-        uri = f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
-    try:
-        client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30_000)
-        client.drop_database(DB)
-        orders = client[DB][COLL]
-        for offset in range(0, args.documents, 5000):
-            ids = range(offset, min(offset + 5000, args.documents))
-            orders.insert_many([{"_id": i, "qty": 0, "sku": f"s{i % 97}"} for i in ids])
-
-        def child(role: str) -> subprocess.Popen[bytes]:
-            command = [sys.executable, __file__, "--child", role, "--uri", uri, "--kind", args.kind]
-            command += ["--chunk", str(args.chunk), "--write-rate", str(args.write_rate)]
-            command += ["--documents", str(args.documents)]
-            return subprocess.Popen(command, env=os.environ.copy())
-
-        processes.append(child("connector"))
-        _wait("the stream to open", lambda: client[DB]["_fw_checkpoints"].find_one({"_id": "orders"}), 120)
-        processes.append(child("writer"))
-        _wait("the writer", lambda: _writes(client) > args.write_rate, 120)  # a second of writing
-
-        from flowwarden.mongo.calls import run
-        from flowwarden.mongo.signals import SIGNALS_COLLECTION, insert_request, request_document
-
-        writes_before = _writes(client)
-        began = time.perf_counter()
-        request = request_document("orders", chunk_size=args.chunk)
-        run(insert_request(client[DB][SIGNALS_COLLECTION], request))
-        progress = _wait("the copy to end", lambda: (p := _progress(client)).get("state") == "done" and p)
-        seconds = time.perf_counter() - began
-        writes = _writes(client) - writes_before
-        copied, dropped = progress["copied"], progress["dropped"]
-        print(
-            f"incremental snapshot, {args.kind} handler, chunks of {args.chunk}: {copied:,} rows copied "
-            f"+ {dropped:,} left out for their changes in {seconds:.1f} s = "
-            f"{(copied + dropped) / seconds:,.0f} documents/s; the writer made {writes:,} writes "
-            f"meanwhile ({writes / seconds:,.0f}/s, asked {args.write_rate:g}/s)"
-        )
-        print(f"load after (1, 5, 15 min): {_load()}; {os.cpu_count()} cores")
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            print(f"load after (1, 5, 15 min): {_load()}; {os.cpu_count()} cores")
+        finally:
+            for process in reversed(processes):
+                process.terminate()
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import Any
 
 import pymongo
 from bson import Timestamp
+from embedded_rs import server  # benchmarks/embedded_rs.py
 
 DB, COLL = "bench", "events"
 
@@ -135,12 +135,6 @@ def child_connector(
 # -- parent ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_child(kind: str, uri: str, start: Timestamp, events: int, extra: int = 0) -> dict[str, Any]:
     out = subprocess.run(
         [
@@ -190,14 +184,7 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "flowwarden.cli", "embedded-mongo", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    uri = f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
-    try:
+    with server() as uri:
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=30_000)
         client.admin.command("ping")
         start = client.admin.command("ping")["operationTime"]
@@ -255,9 +242,6 @@ def main() -> None:
                 extra += f"  peak RSS growth {max(r['rss_growth_mb'] for r in rs):.1f} MB"
             print(f"  {label:66s} {rate(top):>9,.0f} events/s {spread:24s}{extra}")
         print(f"  ceiling = the faster raw loop with the connector's codec options: {ceiling:,.0f} events/s")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":
