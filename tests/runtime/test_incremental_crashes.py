@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import signal
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,63 @@ def _stop(child: Any) -> int:
     return code
 
 
+def copy_with_kills(
+    uri: str,
+    client: pymongo.MongoClient[Any],
+    db: str,
+    log: Path,
+    target: str,
+    env: dict[str, str],
+    writer: _Writer,
+    rows_before_kill: Sequence[int],
+) -> int:
+    """Runs ``flowwarden run`` of ``target`` on ``db``.orders with ``writer`` writing, asks for a
+    copy of the collection from the command line, kills the process with SIGKILL after each
+    number of ``rows_before_kill`` more copied rows and starts it again, then waits for the copy
+    to end and a last insert to arrive, and stops the process. Returns how many kills came while
+    the copy ran (the others came after it ended)."""
+    child = run_connector(uri, db, log, target, **env)
+    children = [child]
+    errors = [ChildLog(child.stderr)]
+    ChildLog(child.stdout)
+    kills_during_copy = 0
+    try:
+        writer.start()
+        wait_until(lambda: _lines(log), timeout=60, what="the stream's first change")
+        requested = flowwarden_command("snapshot", "request", "orders", "--database", db, "--uri", uri)
+        assert requested.returncode == 0, requested.stderr
+        for run, rows in enumerate(rows_before_kill):
+            wanted = _rows(_lines(log)) + rows
+            wait_until(
+                lambda wanted=wanted: _rows(_lines(log)) >= wanted,
+                timeout=120,
+                what=f"{rows} copied rows in run {run + 1}",
+            )
+            child.kill()
+            assert child.wait(timeout=30) == -signal.SIGKILL, errors[-1].finish()
+            kills_during_copy += _progress(client, db).get("state") == "running"
+            child = run_connector(uri, db, log, target, **env)
+            children.append(child)
+            errors.append(ChildLog(child.stderr))
+            ChildLog(child.stdout)
+        wait_until(
+            lambda: _progress(client, db).get("state") == "done",
+            timeout=240,
+            what=f"the copy to end after restart {len(rows_before_kill)}",
+        )
+        writer.stop()
+        client[db].orders.insert_one({"_id": "end"})
+        wait_until(lambda: any(key == "end" for _, key, _ in _lines(log)), timeout=60, what="the last insert")
+        assert _stop(child) == 0, errors[-1].finish()
+    finally:
+        writer.stop()
+        for each in children:
+            if each.poll() is None:
+                each.kill()
+                each.wait(30)
+    return kills_during_copy
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "watermarks"),
@@ -148,49 +206,9 @@ def test_three_kills_during_the_copy_still_rebuild_the_collection_exactly(
         "FW_TEST_WINDOW_SECONDS": "0.05",
     }
     writer = _Writer(client, db_name, seed=20261126)
-    child = run_connector(mongodb_uri, db_name, log, target, **env)
-    children = [child]
-    errors = [ChildLog(child.stderr)]
-    ChildLog(child.stdout)
-    kills_during_copy = 0
-    try:
-        writer.start()
-        wait_until(lambda: _lines(log), timeout=60, what="the stream's first change")
-        requested = flowwarden_command(
-            "snapshot", "request", "orders", "--database", db_name, "--uri", mongodb_uri
-        )
-        assert requested.returncode == 0, requested.stderr
-        for run, rows_before_kill in enumerate(ROWS_BEFORE_KILL):
-            wanted = _rows(_lines(log)) + rows_before_kill
-            wait_until(
-                lambda wanted=wanted: _rows(_lines(log)) >= wanted,
-                timeout=120,
-                what=f"{rows_before_kill} copied rows in run {run + 1}",
-            )
-            child.kill()
-            assert child.wait(timeout=30) == -signal.SIGKILL, errors[-1].finish()
-            kills_during_copy += _progress(client, db_name).get("state") == "running"
-            child = run_connector(mongodb_uri, db_name, log, target, **env)
-            children.append(child)
-            errors.append(ChildLog(child.stderr))
-            ChildLog(child.stdout)
-        wait_until(
-            lambda: _progress(client, db_name).get("state") == "done",
-            timeout=240,
-            what="the copy to end after the third restart",
-        )
-        writer.stop()
-        orders.insert_one({"_id": "end"})
-        wait_until(
-            lambda: any(key == "end" for _, key, _ in _lines(log)), timeout=60, what="the last insert"
-        )
-        assert _stop(child) == 0, errors[-1].finish()
-    finally:
-        writer.stop()
-        for each in children:
-            if each.poll() is None:
-                each.kill()
-                each.wait(30)
+    kills_during_copy = copy_with_kills(
+        mongodb_uri, client, db_name, log, target, env, writer, ROWS_BEFORE_KILL
+    )
 
     progress = _progress(client, db_name)
     lines = _lines(log)

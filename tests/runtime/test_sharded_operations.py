@@ -8,7 +8,6 @@ The same features on a replica set: test_incremental_crashes.py and test_fleet.p
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,10 @@ import pytest
 from bson import json_util
 
 from flowwarden import Connector
-from helpers import checkpoint_doc, flowwarden_command, wait_until
+from helpers import checkpoint_doc, wait_until
 
-from .conftest import ChildLog, run_connector
 from .test_fleet import Handled, fleet_class, running, start
-from .test_incremental_crashes import _lines, _progress, _rebuild, _rows, _stop, _Writer
+from .test_incremental_crashes import _lines, _rebuild, _Writer, copy_with_kills
 from .test_partition_crashes import bucket_names
 from .test_sharded import two_shards
 
@@ -45,44 +43,12 @@ def test_a_copy_requested_from_the_command_line_rebuilds_a_collection_sharded_ov
         # so a copied row handed over after such a change would show in the rebuild.
         env = {"FW_TEST_CHUNK": str(CHUNK), "FW_TEST_WINDOW_SECONDS": "0.05"}
         writer = _Writer(mongos, "shop", seed=20261127)
-        child = run_connector(cluster.uri, "shop", log, "incremental_handlers:Orders", **env)
-        children = [child]
-        errors = [ChildLog(child.stderr)]
-        ChildLog(child.stdout)
-        try:
-            writer.start()
-            wait_until(lambda: _lines(log), timeout=60, what="the stream's first change")
-            requested = flowwarden_command(
-                "snapshot", "request", "orders", "--database", "shop", "--uri", cluster.uri
-            )
-            assert requested.returncode == 0, requested.stderr
-            wait_until(lambda: _rows(_lines(log)) >= 610, timeout=120, what="610 copied rows")
-            child.kill()
-            assert child.wait(timeout=30) == -signal.SIGKILL, errors[-1].finish()
-            assert _progress(mongos, "shop").get("state") == "running", "the kill came after the copy"
-            child = run_connector(cluster.uri, "shop", log, "incremental_handlers:Orders", **env)
-            children.append(child)
-            errors.append(ChildLog(child.stderr))
-            ChildLog(child.stdout)
-            wait_until(
-                lambda: _progress(mongos, "shop").get("state") == "done",
-                timeout=240,
-                what="the copy to end after the restart",
-            )
-            writer.stop()
-            orders.insert_one({"_id": "end"})
-            wait_until(
-                lambda: any(key == "end" for _, key, _ in _lines(log)), timeout=60, what="the last insert"
-            )
-            assert _stop(child) == 0, errors[-1].finish()
-        finally:
-            writer.stop()
-            for each in children:
-                if each.poll() is None:
-                    each.kill()
-                    each.wait(30)
+        kills_during_copy = copy_with_kills(
+            cluster.uri, mongos, "shop", log, "incremental_handlers:Orders", env, writer, [610]
+        )
         lines = _lines(log)
         truth = {json_util.dumps(document["_id"]): document for document in orders.find()}
+    assert kills_during_copy == 1, "the kill came after the copy ended"
     assert writer.writes > 200, f"the writer hardly wrote ({writer.writes} writes)"
     copied = [json_util.dumps(key) for operation, key, _ in lines if operation == "snapshot"]
     assert len(copied) - len(set(copied)) <= CHUNK, "more than the chunk the kill came in was copied twice"
