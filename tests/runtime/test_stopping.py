@@ -167,3 +167,51 @@ def test_run_exits_non_zero_when_the_watched_collection_is_dropped(mongodb_uri, 
             child.kill()
     assert code == 1
     assert "orders" in child_log.finish()
+
+
+def test_the_loops_clean_up_gives_up_on_a_task_and_a_worker_thread_that_do_not_end(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What asyncio.run does after its coroutine waits for every task and worker thread, however
+    long; the connector's clean-up waits for each at most its bound, then goes on."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flowwarden.runtime import connector as connector_module
+
+    monkeypatch.setattr(connector_module, "_CLOSE_TIMEOUT_SECONDS", 0.2)
+    released = threading.Event()
+    cancellations = 0
+
+    async def holds_on() -> None:  # as a driver retrying a write through its cancellation
+        nonlocal cancellations
+        while not released.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                cancellations += 1
+
+    loop = asyncio.new_event_loop()
+    executor = ThreadPoolExecutor()
+    loop.set_default_executor(executor)
+    task = loop.create_task(holds_on())
+    busy = loop.run_in_executor(None, released.wait)  # a handler hung in a worker thread
+    loop.run_until_complete(asyncio.sleep(0))
+    finished = threading.Event()
+
+    def finish() -> None:
+        connector_module._finish_loop(loop, executor)
+        finished.set()
+
+    cleaner = threading.Thread(target=finish, daemon=True)
+    try:
+        with caplog.at_level("WARNING", logger="flowwarden"):
+            cleaner.start()
+            assert finished.wait(30), "the clean-up waited for the task or the thread"
+    finally:
+        released.set()
+        cleaner.join(30)
+    assert cancellations == 1 and not task.done()  # given up on, not waited for
+    assert "a worker thread (a handler or a blocking store call) was still busy" in caplog.text
+    loop.run_until_complete(task)  # released: it ends now
+    loop.close()

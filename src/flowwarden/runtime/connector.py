@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,10 @@ class Connector:
         handled only when called from the main thread.
         """
         loop = asyncio.new_event_loop()
+        # The loop's worker threads (blocking stores, sync handlers), owned here so that the
+        # clean-up can stop waiting for them (see _finish_loop).
+        executor = ThreadPoolExecutor(thread_name_prefix="flowwarden")
+        loop.set_default_executor(executor)
         restore = self._handle_signals()
         forced = False
         try:
@@ -203,7 +208,7 @@ class Connector:
             restore()
             try:
                 if not forced:
-                    _finish_loop(loop)
+                    _finish_loop(loop, executor)
             finally:
                 loop.close()  # does not wait for worker threads: a hung handler may still hold one
 
@@ -617,11 +622,13 @@ def _heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _finish_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """What ``asyncio.run`` does after its coroutine (cancel what is left, close generators and
-    the default executor), each step waiting at most ``_CLOSE_TIMEOUT_SECONDS``: a save the
+def _finish_loop(loop: asyncio.AbstractEventLoop, executor: ThreadPoolExecutor) -> None:
+    """What ``asyncio.run`` does after its coroutine (cancel what is left, close generators, shut
+    the default executor down), each step waiting at most ``_CLOSE_TIMEOUT_SECONDS``: a save the
     driver holds on to through its cancellation, or a handler hung in a worker thread, is
-    abandoned rather than waited for."""
+    abandoned rather than waited for. The executor is shut down from a thread of its own, not by
+    ``loop.shutdown_default_executor()``, which before Python 3.12 joins the executor's threads
+    on the loop however long one of them is held."""
     pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
     for task in pending:
         task.cancel()
@@ -631,9 +638,12 @@ def _finish_loop(loop: asyncio.AbstractEventLoop) -> None:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved, so that asyncio does not warn
     loop.run_until_complete(loop.shutdown_asyncgens())
-    try:
-        loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), _CLOSE_TIMEOUT_SECONDS))
-    except asyncio.TimeoutError:
+    shutting_down = threading.Thread(
+        target=executor.shutdown, kwargs={"cancel_futures": True}, name="flowwarden-shutdown", daemon=True
+    )
+    shutting_down.start()
+    shutting_down.join(_CLOSE_TIMEOUT_SECONDS)
+    if shutting_down.is_alive():
         log.warning(
             "a worker thread (a handler or a blocking store call) was still busy when the connector stopped"
         )
