@@ -213,16 +213,26 @@ def _validate_filter(query: Document) -> None:
         raise engine.command_error(exc) from None
 
 
+def natural_direction(value: Any) -> int:
+    """The direction of a ``$natural`` sort or hint: 1 or -1, as MongoDB (7.0+) accepts no other
+    value (BadValue for 2, 0, 1.1, "1"...)."""
+    if not isinstance(value, bool) and isinstance(value, (int, float, Decimal128)):
+        number = value.to_decimal() if isinstance(value, Decimal128) else value
+        if number in (1, -1):
+            return 1 if number == 1 else -1
+    raise CommandError(2, f"$natural must be 1 or -1, not {value!r}", code_name="BadValue")
+
+
 def sort_documents(docs: list[Document], sort: Document) -> list[Document]:
     for key, direction in reversed(list(sort.items())):
         if isinstance(direction, dict):
             raise CommandError(2, f"$meta sort by {direction} is not supported by the embedded replica set")
-        if direction not in (1, -1):
-            raise CommandError(15974, "Illegal key in $sort specification: " + f"{key}: {direction!r}")
         if key == "$natural":
-            if direction < 0:
+            if natural_direction(direction) < 0:
                 docs = list(reversed(docs))
             continue
+        if direction not in (1, -1):
+            raise CommandError(15974, "Illegal key in $sort specification: " + f"{key}: {direction!r}")
         docs = sorted(docs, key=functools.partial(_sort_key, key), reverse=direction < 0)
     return docs
 

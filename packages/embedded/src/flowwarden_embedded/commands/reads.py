@@ -18,18 +18,41 @@ from __future__ import annotations
 
 from flowwarden_embedded import crud, engine, views
 from flowwarden_embedded.commands import current_op, explain, stats
-from flowwarden_embedded.commands.arguments import batch_size_of, bson_type_name, non_negative, typed_field
+from flowwarden_embedded.commands.arguments import (
+    GENERIC_FIELDS,
+    batch_size_of,
+    bson_type_name,
+    non_negative,
+    typed_field,
+)
 from flowwarden_embedded.commands.registry import Context, command
 from flowwarden_embedded.commands.replies import first_batch_reply
 from flowwarden_embedded.cursors import ListCursor
 from flowwarden_embedded.errors import CommandError
 from flowwarden_embedded.storage import Document
 
+# The find command's own fields (MongoDB 7.0's find command); with the generic ones, any other
+# field is refused as MongoDB refuses it (40415), not ignored.
+_FIND_FIELDS = frozenset(
+    {
+        "find", "filter", "projection", "sort", "hint", "collation", "skip", "limit", "batchSize",
+        "singleBatch", "max", "min", "returnKey", "showRecordId", "tailable", "oplogReplay",
+        "noCursorTimeout", "awaitData", "allowPartialResults", "let", "allowDiskUse", "readOnce",
+        "allowSpeculativeMajorityRead", "term", "$_requestResumeToken", "$_resumeAfter",
+        "$_startAt", "includeQueryStatsMetrics", "encryptionInformation",
+    }
+)  # fmt: skip
+
 
 @command("find", counter="query")
 async def cmd_find(ctx: Context) -> Document:
     name = ctx.collection_name()
     cmd = ctx.cmd
+    unknown = [field for field in cmd if field not in _FIND_FIELDS and field not in GENERIC_FIELDS]
+    if unknown:
+        raise CommandError(
+            40415, f"BSON field 'find.{unknown[0]}' is an unknown field.", code_name="Location40415"
+        )
     query = typed_field(ctx, "filter", dict) or {}
     sort = typed_field(ctx, "sort", dict)
     projection = typed_field(ctx, "projection", dict)
@@ -61,7 +84,7 @@ def _oplog_rs(ctx: Context, query: Document, sort: Document | None, skip: int, l
     if sort:
         if set(sort) != {"$natural"}:
             raise CommandError(2, "local.oplog.rs can only be sorted by $natural on the embedded replica set")
-        natural = -1 if sort["$natural"] < 0 else 1
+        natural = crud.natural_direction(sort["$natural"])
     plain = not query and not skip
     docs = ctx.host.oplog_of(ctx.conn.process).oplog_rs_find(natural, limit if (plain and limit) else None)
     if query:
