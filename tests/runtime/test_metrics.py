@@ -204,3 +204,41 @@ def test_the_log_says_where_each_stream_opens_and_how_it_progresses(mongodb_uri,
     assert "opening after last" in reopened and "lastProcessed 2" in reopened
     assert all(getattr(r, "stream", None) == "orders" for r in opening)
     assert {r.name for r in opening} == {"flowwarden.runtime.opening"}
+
+
+def test_outcomes_add_up_per_operation_whichever_way_they_were_counted() -> None:
+    from flowwarden.runtime.metrics import StreamMetrics
+
+    metrics = StreamMetrics()
+    metrics.ok["insert"] = 2  # the dispatcher's hot path counts a plain success itself
+    metrics.handled("insert", "ok")  # a batch's or a retried event's success
+    metrics.handled("insert", "retried")
+    metrics.handled("insert", "retried", 3)
+    metrics.handled("delete", "failed")
+    assert metrics.outcomes() == {("insert", "ok"): 3, ("insert", "retried"): 4, ("delete", "failed"): 1}
+
+
+def test_a_histograms_buckets_are_cumulative_and_end_at_plus_inf_with_the_count() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import HistogramMetricFamily
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from flowwarden.runtime.metrics import Buckets
+
+    buckets = Buckets((0.1, 1.0))
+    for seconds in (0.05, 0.5, 0.7, 5.0):
+        buckets.observe(seconds)
+    assert buckets.cumulative() == [("0.1", 1.0), ("1.0", 3.0), ("+Inf", 4.0)]
+
+    class One:
+        def collect(self):
+            family = HistogramMetricFamily("h", "h", labels=[])
+            family.add_metric([], buckets.cumulative(), buckets.total)
+            yield family
+
+    registry = CollectorRegistry()
+    registry.register(One())
+    (family,) = text_string_to_metric_families(generate_latest(registry).decode())
+    counts = {s.labels["le"]: s.value for s in family.samples if s.name == "h_bucket"}
+    (count,) = [s.value for s in family.samples if s.name == "h_count"]
+    assert counts["+Inf"] == count == 4.0  # Prometheus reads the +Inf bucket as the count

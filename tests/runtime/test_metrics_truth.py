@@ -670,6 +670,14 @@ def documented_metrics() -> dict[str, tuple[str, frozenset[str]]]:
     return {name: (kind, frozenset(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
 
 
+def documented_descriptions() -> dict[str, str]:
+    """The metrics table of docs/operations.md: name -> what it counts, as a HELP line says it
+    (a capital first, no backticks, a period last)."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    rows = re.findall(r"^\| `(flowwarden_\w+)` \|[^|]*\|[^|]*\| (.*) \|$", text, re.MULTILINE)
+    return {name: (words[0].upper() + words[1:]).replace("`", "") + "." for name, words in rows}
+
+
 def exposed_metrics(connector: Connector) -> dict[str, tuple[str, frozenset[str]]]:
     """flowwarden's families on /metrics: name as scraped (counters end in _total) -> (type,
     the labels of their samples, a histogram's ``le`` left out)."""
@@ -708,4 +716,8 @@ def test_the_operations_table_lists_every_metric_with_its_type_and_labels(mongod
         connector.request_snapshot("orders")  # the incremental snapshot's families get samples
         wait_until(lambda: handled.count("snapshot") == 3, what="the requested snapshot's rows")
         exposed = wait_until(lambda: every_family(connector), what="samples in every family")
+        _, body = get(connector, "/metrics")
     assert exposed == documented_metrics()
+    # What a scraper shows beside each series says what the table says the metric counts.
+    helps = dict(re.findall(r"^# HELP (flowwarden_\w+) (.*)$", body.decode(), re.MULTILINE))
+    assert helps == documented_descriptions()

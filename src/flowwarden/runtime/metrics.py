@@ -117,6 +117,90 @@ class StreamMetrics:
         self.save_failures += 1
 
 
+# What each metric counts, in the words of docs/operations.md's metrics table (a test holds
+# the two equal): the HELP text a scraper shows beside the series.
+HELP: dict[str, str] = {
+    "flowwarden_events": (
+        "Events handled, by operation type and outcome: ok, retried (succeeded after a retry), skipped, "
+        "dead_lettered, failed, filtered (left out by the @event_filter); snapshot rows (initial or "
+        "requested) count under the operation snapshot."
+    ),
+    "flowwarden_handler_duration_seconds": (
+        "Seconds one handler call took (a batch method's call for batches); each attempt of a retried "
+        "event or batch is a call."
+    ),
+    "flowwarden_batch_events": (
+        "Events per batch handed to @on_batch/@on_dataframe, once per batch however many attempts it took."
+    ),
+    "flowwarden_checkpoint_saves": (
+        "Writes of the stream's position to the checkpoint store (lastProcessed, lastSeen, a batch's end) "
+        "that succeeded; the initial snapshot's progress writes are not counted."
+    ),
+    "flowwarden_checkpoint_save_failures": (
+        "Writes of the stream's position to the checkpoint store that failed (each is tried again at the "
+        "next save)."
+    ),
+    "flowwarden_checkpoint_save_duration_seconds": (
+        "Seconds one write of the stream's position to the checkpoint store took, for the writes that "
+        "succeeded."
+    ),
+    "flowwarden_checkpoint_save_failures_in_row": (
+        "Checkpoint writes that failed since the last one that succeeded (across re-opens)."
+    ),
+    "flowwarden_checkpoint_save_failing_seconds": (
+        "Seconds since the first failed or unanswered checkpoint write after the last successful one "
+        "began, while the stream cannot save (/readyz fails); 0 otherwise."
+    ),
+    "flowwarden_seconds_behind": (
+        "Now minus the cluster time of the newest event handled with nothing unfinished before it "
+        "(lastProcessed)."
+    ),
+    "flowwarden_seen_seconds_behind": "Now minus the cluster time of the last seen position (lastSeen).",
+    "flowwarden_restarts": "Re-opens after errors.",
+    "flowwarden_stream_state": (
+        "1 for the stream's current state (STARTING, RUNNING, RESTARTING, STANDBY, STOPPING, STOPPED, "
+        "FAILED), 0 for the others."
+    ),
+    "flowwarden_lease_held": (
+        "1 while this instance holds the stream's single-leader lease; for a partitioned stream, per "
+        "bucket, so the processes' series together show which one runs which bucket."
+    ),
+    "flowwarden_dead_letters": "Events written to the dead-letter collection.",
+    "flowwarden_snapshot_documents_copied": (
+        "Documents the initial snapshot copied so far: those of every chunk the methods finished, as its "
+        "checkpoint holds them (streams with snapshot)."
+    ),
+    "flowwarden_snapshot_documents_estimated": (
+        "Documents the initial snapshot was to copy, estimated when it began."
+    ),
+    "flowwarden_snapshot_done": "1 once the initial snapshot was copied.",
+    "flowwarden_snapshot_requested_documents_copied": (
+        "Rows the newest incremental snapshot (flowwarden snapshot request) handed over, in the chunks "
+        "the methods finished."
+    ),
+    "flowwarden_snapshot_requested_documents_dropped": (
+        "Rows the newest incremental snapshot left out because their document changed while their chunk "
+        "was read (the change was delivered instead)."
+    ),
+    "flowwarden_snapshot_requested_documents_estimated": (
+        "Documents the newest incremental snapshot was to copy, estimated when it began."
+    ),
+    "flowwarden_snapshot_requested_running": (
+        "1 while the newest incremental snapshot copies, 0 once it is done or cancelled."
+    ),
+    "flowwarden_oplog_window_hours": (
+        "Hours between the oldest and the newest oplog entry, where the user may read local.oplog.rs; "
+        "read at start and once a minute (while the deployment is out of reach, the last window read "
+        "stays)."
+    ),
+}
+
+
+def _family(cls: Any, name: str, labels: list[str] | None = None) -> Any:
+    """The metric family ``name`` of type ``cls``, with its HELP text."""
+    return cls(name, HELP[name], labels=labels)
+
+
 class FlowwardenCollector:
     """The one collector of this process's connectors (registered once in REGISTRY)."""
 
@@ -137,9 +221,7 @@ class FlowwardenCollector:
         oplog_hours = [h for c in list(self._connectors) if (h := c.oplog_window_hours) is not None]
         yield from _families(runners)
         if oplog_hours:
-            window = GaugeMetricFamily(
-                "flowwarden_oplog_window_hours", "Hours between the oldest and the newest oplog entry."
-            )
+            window = _family(GaugeMetricFamily, "flowwarden_oplog_window_hours")
             window.add_metric([], oplog_hours[-1])
             yield window
 
@@ -160,97 +242,34 @@ class MeasuredStream(Protocol):
 
 
 def _families(runners: list[MeasuredStream]) -> Iterator[Metric]:
-    events = CounterMetricFamily(
-        "flowwarden_events",
-        "Events handled, by operation type and outcome (ok, retried, skipped, dead_lettered, failed, "
-        "filtered: left out by the @event_filter).",
-        labels=["stream", "operation", "outcome"],
+    events = _family(CounterMetricFamily, "flowwarden_events", ["stream", "operation", "outcome"])
+    durations = _family(HistogramMetricFamily, "flowwarden_handler_duration_seconds", ["stream"])
+    batches = _family(HistogramMetricFamily, "flowwarden_batch_events", ["stream"])
+    saves = _family(CounterMetricFamily, "flowwarden_checkpoint_saves", ["stream"])
+    failures = _family(CounterMetricFamily, "flowwarden_checkpoint_save_failures", ["stream"])
+    save_seconds = _family(HistogramMetricFamily, "flowwarden_checkpoint_save_duration_seconds", ["stream"])
+    failures_in_row = _family(GaugeMetricFamily, "flowwarden_checkpoint_save_failures_in_row", ["stream"])
+    cannot_save = _family(GaugeMetricFamily, "flowwarden_checkpoint_save_failing_seconds", ["stream"])
+    behind = _family(GaugeMetricFamily, "flowwarden_seconds_behind", ["stream"])
+    seen_behind = _family(GaugeMetricFamily, "flowwarden_seen_seconds_behind", ["stream"])
+    restarts = _family(CounterMetricFamily, "flowwarden_restarts", ["stream"])
+    state = _family(GaugeMetricFamily, "flowwarden_stream_state", ["stream", "state"])
+    lease = _family(GaugeMetricFamily, "flowwarden_lease_held", ["stream"])
+    dead_letters = _family(CounterMetricFamily, "flowwarden_dead_letters", ["stream"])
+    snapshot_copied = _family(GaugeMetricFamily, "flowwarden_snapshot_documents_copied", ["stream"])
+    snapshot_total = _family(GaugeMetricFamily, "flowwarden_snapshot_documents_estimated", ["stream"])
+    snapshot_done = _family(GaugeMetricFamily, "flowwarden_snapshot_done", ["stream"])
+    requested_copied = _family(
+        GaugeMetricFamily, "flowwarden_snapshot_requested_documents_copied", ["stream", "request"]
     )
-    durations = HistogramMetricFamily(
-        "flowwarden_handler_duration_seconds", "Seconds one handler call took.", labels=["stream"]
+    requested_dropped = _family(
+        GaugeMetricFamily, "flowwarden_snapshot_requested_documents_dropped", ["stream", "request"]
     )
-    batches = HistogramMetricFamily(
-        "flowwarden_batch_events", "Events per batch handed to @on_batch/@on_dataframe.", labels=["stream"]
+    requested_total = _family(
+        GaugeMetricFamily, "flowwarden_snapshot_requested_documents_estimated", ["stream", "request"]
     )
-    saves = CounterMetricFamily(
-        "flowwarden_checkpoint_saves",
-        "Writes of the stream's position to the checkpoint store that succeeded.",
-        labels=["stream"],
-    )
-    failures = CounterMetricFamily(
-        "flowwarden_checkpoint_save_failures",
-        "Writes of the stream's position to the checkpoint store that failed.",
-        labels=["stream"],
-    )
-    save_seconds = HistogramMetricFamily(
-        "flowwarden_checkpoint_save_duration_seconds", "Seconds one checkpoint write took.", labels=["stream"]
-    )
-    failures_in_row = GaugeMetricFamily(
-        "flowwarden_checkpoint_save_failures_in_row",
-        "Checkpoint writes that failed since the last one that succeeded.",
-        labels=["stream"],
-    )
-    cannot_save = GaugeMetricFamily(
-        "flowwarden_checkpoint_save_failing_seconds",
-        "Seconds since the first failed or unanswered checkpoint write after the last successful one "
-        "began, once the stream cannot save (/readyz fails); 0 while writes get through.",
-        labels=["stream"],
-    )
-    behind = GaugeMetricFamily(
-        "flowwarden_seconds_behind",
-        "Now minus the cluster time of the newest event handled with nothing unfinished before it.",
-        labels=["stream"],
-    )
-    seen_behind = GaugeMetricFamily(
-        "flowwarden_seen_seconds_behind",
-        "Now minus the cluster time of the last seen position.",
-        labels=["stream"],
-    )
-    restarts = CounterMetricFamily("flowwarden_restarts", "Re-opens after errors.", labels=["stream"])
-    state = GaugeMetricFamily(
-        "flowwarden_stream_state", "1 for the stream's current state.", labels=["stream", "state"]
-    )
-    lease = GaugeMetricFamily(
-        "flowwarden_lease_held",
-        "1 while this instance holds the stream's single-leader lease.",
-        labels=["stream"],
-    )
-    dead_letters = CounterMetricFamily(
-        "flowwarden_dead_letters", "Events written to the dead-letter collection.", labels=["stream"]
-    )
-    snapshot_copied = GaugeMetricFamily(
-        "flowwarden_snapshot_documents_copied",
-        "Documents of the initial snapshot's chunks that the methods finished.",
-        labels=["stream"],
-    )
-    snapshot_total = GaugeMetricFamily(
-        "flowwarden_snapshot_documents_estimated",
-        "The documents the initial snapshot was to copy, estimated when it began.",
-        labels=["stream"],
-    )
-    snapshot_done = GaugeMetricFamily(
-        "flowwarden_snapshot_done", "1 once the initial snapshot was copied.", labels=["stream"]
-    )
-    requested_copied = GaugeMetricFamily(
-        "flowwarden_snapshot_requested_documents_copied",
-        "Rows the newest incremental snapshot handed over, in finished chunks.",
-        labels=["stream", "request"],
-    )
-    requested_dropped = GaugeMetricFamily(
-        "flowwarden_snapshot_requested_documents_dropped",
-        "Rows the newest incremental snapshot left out: their document changed between the chunk's "
-        "watermarks, and the change was delivered instead.",
-        labels=["stream", "request"],
-    )
-    requested_total = GaugeMetricFamily(
-        "flowwarden_snapshot_requested_documents_estimated",
-        "The documents the newest incremental snapshot was to copy, estimated when it began.",
-        labels=["stream", "request"],
-    )
-    requested_running = GaugeMetricFamily(
-        "flowwarden_snapshot_requested_running",
-        "1 while an incremental snapshot copies, 0 once it is done or cancelled.",
-        labels=["stream", "request"],
+    requested_running = _family(
+        GaugeMetricFamily, "flowwarden_snapshot_requested_running", ["stream", "request"]
     )
     now = time.time()
     for runner in runners:
