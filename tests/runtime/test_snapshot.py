@@ -26,6 +26,7 @@ from bson import json_util
 
 from flowwarden import (
     ChangeEvent,
+    Connector,
     Snapshot,
     StreamContext,
     StreamState,
@@ -729,3 +730,62 @@ def test_a_snapshot_batch_handed_over_again_after_a_kill_keeps_its_id_and_its_id
         for operation, key in rows:
             (state.discard if operation == "delete" else state.add)(key)
     assert state == {document["_id"] for document in orders.find()}
+
+
+class _HeldProgressStore(InMemoryCheckpointStore):
+    """An in-memory store called in a worker thread, as a store doing I/O is, whose snapshot
+    progress writes after the first one hang until released: a write the server holds."""
+
+    nonblocking = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self._writes = 0
+
+    def _hold(self) -> None:
+        self._writes += 1
+        if self._writes > 1:
+            self.held.set()
+            self.release.wait(60)
+
+    def save_snapshot(self, stream_id: str, progress: Any, epoch: int) -> Any:
+        self._hold()
+        return super().save_snapshot(stream_id, progress, epoch)
+
+    def save_incremental(self, stream_id: str, progress: Any, epoch: int) -> Any:
+        self._hold()
+        return super().save_incremental(stream_id, progress, epoch)
+
+
+@pytest.mark.parametrize("copy", ["initial", "requested"])
+def test_a_stop_does_not_wait_for_a_snapshot_progress_write_the_store_holds(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, copy: str
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(30)])
+    store = _HeldProgressStore()
+    seen: list[Any] = []
+    if copy == "initial":
+        orders = _rows_class(db_name, Snapshot.INITIAL, seen, snapshot_chunk_size=10)
+    else:
+
+        @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+        @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+        class Orders:
+            @on_change
+            def changed(self, event: ChangeEvent) -> None:
+                seen.append(event.operation_type)
+
+        orders = Orders
+    connector = Connector(mongodb_uri, [orders], checkpoint_store=store)
+    connector.start()
+    try:
+        if copy == "requested":
+            wait_until(lambda: connector.status()["orders"].state is StreamState.RUNNING, what="RUNNING")
+            connector.request_snapshot("orders", chunk_size=10)
+        assert store.held.wait(30), "no progress write was held"
+        connector.stop(timeout=20)  # TimeoutError while the stop waits for the held write
+        assert connector.status()["orders"].state is StreamState.STOPPED
+    finally:
+        store.release.set()

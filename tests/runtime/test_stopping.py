@@ -195,7 +195,7 @@ def test_the_loops_clean_up_gives_up_on_a_task_and_a_worker_thread_that_do_not_e
     executor = ThreadPoolExecutor()
     loop.set_default_executor(executor)
     task = loop.create_task(holds_on())
-    busy = loop.run_in_executor(None, released.wait)  # a handler hung in a worker thread
+    loop.run_in_executor(None, released.wait)  # a handler hung in a worker thread
     loop.run_until_complete(asyncio.sleep(0))
     finished = threading.Event()
 
@@ -215,3 +215,37 @@ def test_the_loops_clean_up_gives_up_on_a_task_and_a_worker_thread_that_do_not_e
     assert "a worker thread (a handler or a blocking store call) was still busy" in caplog.text
     loop.run_until_complete(task)  # released: it ends now
     loop.close()
+
+
+def test_a_wait_on_the_deployment_is_abandoned_at_a_stop_even_when_it_ignores_its_cancellation() -> None:
+    import asyncio
+
+    from flowwarden.runtime.stopping import StopRequested, unless_stopping
+
+    async def scenario() -> tuple[int, bool]:
+        stopping = asyncio.Event()
+        release = asyncio.Event()
+        cancellations = 0
+
+        async def held() -> str:  # as a driver retrying a write through its cancellation
+            nonlocal cancellations
+            while not release.is_set():
+                try:
+                    await release.wait()
+                except asyncio.CancelledError:
+                    cancellations += 1
+            return "written"
+
+        assert await unless_stopping(asyncio.sleep(0, "answered"), stopping) == "answered"
+        waiting = asyncio.ensure_future(unless_stopping(held(), stopping))
+        await asyncio.sleep(0.01)
+        stopping.set()
+        with pytest.raises(StopRequested):
+            await asyncio.wait_for(waiting, 10)
+        with pytest.raises(StopRequested):  # once stopping, nothing new is waited for
+            await unless_stopping(held(), stopping)
+        release.set()
+        await asyncio.sleep(0.01)
+        return cancellations, release.is_set()
+
+    assert asyncio.run(scenario()) == (1, True)

@@ -464,11 +464,11 @@ class CheckpointCommitter:
         try:
             await asyncio.wait((save, self._let_go), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            _abandon_task(save)
+            abandon_task(save)
             raise
         if not save.done():
             # Given up on: cancelled, and left to end whenever the store lets go of it.
-            _abandon_task(save)
+            abandon_task(save)
         elif not save.cancelled():
             save.result()
             return
@@ -630,7 +630,7 @@ class CheckpointCommitter:
         return self._saved_sequence == self._frontier
 
     def _abandon(self, shutdown: asyncio.Task[bool]) -> None:
-        _abandon_task(shutdown)
+        abandon_task(shutdown)
         if self._task is not None:
             self._task.cancel()
         self._give_up_waiting()
@@ -640,16 +640,16 @@ class CheckpointCommitter:
             self._let_go.set_result(None)
 
 
-def _abandon_task(task: asyncio.Task[Any]) -> None:
+def abandon_task(task: asyncio.Future[Any]) -> None:
     """Cancel ``task``, which nobody awaits any more, and retrieve its outcome whenever it ends
     so that asyncio does not warn."""
     task.cancel()
     task.add_done_callback(_consume_outcome)
 
 
-def _consume_outcome(task: asyncio.Task[Any]) -> None:
+def _consume_outcome(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
 
 
-__all__ = ["CheckpointCommitter", "SaveErrorCallback", "is_retryable_save_error"]
+__all__ = ["CheckpointCommitter", "SaveErrorCallback", "abandon_task", "is_retryable_save_error"]

@@ -185,18 +185,11 @@ class Connector:
         A second SIGINT/SIGTERM during the stop raises :class:`ForcedStop` at once. Signals are
         handled only when called from the main thread.
         """
-        loop = asyncio.new_event_loop()
-        # The loop's worker threads (blocking stores, sync handlers), owned here so that the
-        # clean-up can stop waiting for them (see _finish_loop).
-        executor = ThreadPoolExecutor(thread_name_prefix="flowwarden")
-        loop.set_default_executor(executor)
         restore = self._handle_signals()
-        forced = False
         try:
-            with _heap_frozen():
+            with _own_loop() as loop, _heap_frozen():
                 loop.run_until_complete(self.run_async())
         except ForcedStop as stop:
-            forced = True
             log.error(
                 "flowwarden connector %s: %s again, stopped at once; handlers still running were "
                 "abandoned and their events are handled again after a restart",
@@ -206,11 +199,6 @@ class Connector:
             raise
         finally:
             restore()
-            try:
-                if not forced:
-                    _finish_loop(loop, executor)
-            finally:
-                loop.close()  # does not wait for worker threads: a hung handler may still hold one
 
     async def run_async(self) -> None:
         """Run on the current event loop until every stream ended or :meth:`stop` is called."""
@@ -286,7 +274,8 @@ class Connector:
 
         def main() -> None:
             try:
-                asyncio.run(self.run_async())
+                with _own_loop() as loop:
+                    loop.run_until_complete(self.run_async())
             except BaseException as error:  # reported by stop()
                 self._thread_error = error
                 self._started.set()
@@ -620,6 +609,27 @@ def _heap_frozen() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _own_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A new event loop whose worker threads (blocking stores, sync handlers) are an executor of
+    its own, then the clean-up of :func:`_finish_loop` (skipped after a forced stop) and close."""
+    loop = asyncio.new_event_loop()
+    executor = ThreadPoolExecutor(thread_name_prefix="flowwarden")
+    loop.set_default_executor(executor)
+    forced = False
+    try:
+        yield loop
+    except ForcedStop:
+        forced = True
+        raise
+    finally:
+        try:
+            if not forced:
+                _finish_loop(loop, executor)
+        finally:
+            loop.close()  # does not wait for worker threads: a hung handler may still hold one
 
 
 def _finish_loop(loop: asyncio.AbstractEventLoop, executor: ThreadPoolExecutor) -> None:

@@ -58,10 +58,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from bson import MinKey, Timestamp
 from pymongo.errors import PyMongoError
@@ -91,6 +91,7 @@ from flowwarden.runtime.copying import CopyReader
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener
+from flowwarden.runtime.stopping import unless_stopping
 
 DEFAULT_POLL_SECONDS = 5.0
 """How often a stream that saves every event (``save_interval_seconds=0``) looks for requests."""
@@ -98,6 +99,8 @@ MIN_POLL_SECONDS = 1.0
 """A stream looks for requests at most this often, however short its heartbeat."""
 _MAJORITY = ReadConcern("majority")
 
+
+T = TypeVar("T")
 
 class ChunkWindow:
     """One chunk between its watermarks: its rows, and which of them a change has dropped."""
@@ -160,8 +163,10 @@ class IncrementalSnapshot:
         dispatch: EventDispatch,
         giving_up: GivingUp,
         signals: Any,
+        stopping: asyncio.Event,
     ) -> None:
         self.spec = spec
+        self._stopping = stopping
         self.name = spec.name
         self._client = client
         self._store = store
@@ -243,16 +248,16 @@ class IncrementalSnapshot:
             if self._dispatch.halt:
                 return
         if self._stop_reason is not None:
-            await self._end(IncrementalState.CANCELLED, epoch)
+            await self._io(self._end(IncrementalState.CANCELLED, epoch))
             return
         if self._request is None:
             queued, self._queued = self._queued, None
             if queued is None:
                 return
-            await self._begin(queued, epoch)
+            await self._io(self._begin(queued, epoch))
         if self._request is None or position is None or self._dispatch.halt:
             return
-        await self._open(position, epoch)
+        await self._io(self._open(position, epoch))
         if self._window is not None and not empty:
             self._window.observe(change)  # taken after the position the new window starts at
 
@@ -462,8 +467,13 @@ class IncrementalSnapshot:
         self._settle()
 
     async def _save(self, progress: IncrementalProgress, epoch: int) -> None:
-        await self._store.save_incremental(self.name, progress, epoch)
+        await self._io(self._store.save_incremental(self.name, progress, epoch))
         self.progress = progress
+
+    async def _io(self, work: Awaitable[T]) -> T:
+        """What the copy waits for from the deployment (not the handlers), given up on at a stop
+        (:mod:`flowwarden.runtime.stopping`): the chunk in hand is copied again after a restart."""
+        return await unless_stopping(work, self._stopping)
 
     def _settle(self) -> None:
         """Keep the read loop calling while there is anything to do, and only then."""

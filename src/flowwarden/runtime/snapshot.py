@@ -46,8 +46,9 @@ the stored position once the copy is done.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from bson import MinKey
 
@@ -64,7 +65,9 @@ from flowwarden.runtime.copying import CopyReader
 from flowwarden.runtime.dispatch import EventDispatch
 from flowwarden.runtime.exhausted import GivingUp
 from flowwarden.runtime.opening import StreamOpener, describe_token
+from flowwarden.runtime.stopping import StopRequested, unless_stopping
 
+T = TypeVar("T")
 
 class SnapshotCopy:
     """Copies one stream's existing documents into its handler methods, resumably."""
@@ -112,7 +115,15 @@ class SnapshotCopy:
     async def run(self, checkpoint: Checkpoint | None, epoch: int) -> SnapshotProgress | None:
         """Copy (from the start, or on from the stored progress) until done; returns the final
         progress, saved with ``done``, or None when a halt (a stop, a lost lease) interrupted it:
-        the chunk in hand then stays unfinished."""
+        the chunk in hand then stays unfinished. What it waits for from the deployment (reads,
+        progress writes; not the handlers) is given up on at a stop
+        (:mod:`flowwarden.runtime.stopping`)."""
+        try:
+            return await self._run(checkpoint, epoch)
+        except StopRequested:
+            return None
+
+    async def _run(self, checkpoint: Checkpoint | None, epoch: int) -> SnapshotProgress | None:
         if not self._store.keeps_snapshots:
             raise ConfigurationError(
                 f"the checkpoint store {self._store.store!r} cannot keep an initial snapshot's "
@@ -125,7 +136,7 @@ class SnapshotCopy:
             )
         progress = None if checkpoint is None or self.anew else checkpoint.snapshot
         if progress is None or progress.done:
-            progress = await self._begin(epoch)
+            progress = await self._io(self._begin(epoch))
         else:
             self.log.info(
                 "stream %s: continuing the initial snapshot after %s document(s), in %s%s",
@@ -141,9 +152,9 @@ class SnapshotCopy:
             if progress.pending:
                 # Planned before a restart: the same _id range again.
                 planned_range = id_range(progress.last_id, progress.chunk_end)
-                documents = await self._find(progress.namespace, planned_range)
+                documents = await self._io(self._find(progress.namespace, planned_range))
             else:
-                planned = await self._plan(progress, epoch)
+                planned = await self._io(self._plan(progress, epoch))
                 if planned is None:
                     break
                 progress, documents = planned
@@ -152,7 +163,7 @@ class SnapshotCopy:
                 return None
             progress = handed_over
         progress = replace(progress, done=True)
-        await self._store.save_snapshot(self.name, progress, epoch)
+        await self._io(self._store.save_snapshot(self.name, progress, epoch))
         self.progress = progress
         self.anew = False
         # The changes this run streams follow T: start_position=LATEST ignores a stored position
@@ -230,7 +241,7 @@ class SnapshotCopy:
         finished = replace(
             progress, last_id=progress.chunk_end, chunk_end=MinKey(), copied=progress.copied + len(documents)
         )
-        await self._store.save_snapshot(self.name, finished, epoch)
+        await self._io(self._store.save_snapshot(self.name, finished, epoch))
         self.progress = finished
         return finished
 
@@ -239,6 +250,9 @@ class SnapshotCopy:
         size = self.spec.stream.snapshot_chunk_size
         method = self.spec.batch or self.spec.dataframe
         return size if method is None else min(size, method.max_events)
+
+    async def _io(self, work: Awaitable[T]) -> T:
+        return await unless_stopping(work, self._stopping)
 
     async def _find(self, namespace: str, ids: dict[str, Any], limit: int = 0) -> list[Any]:
         return await self._reader.find(namespace, ids, limit)

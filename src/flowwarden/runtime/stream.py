@@ -71,6 +71,7 @@ from flowwarden.runtime.restarts import Restarts
 from flowwarden.runtime.save_health import SaveHealth
 from flowwarden.runtime.snapshot import SnapshotCopy
 from flowwarden.runtime.status import StreamState, StreamStatus
+from flowwarden.runtime.stopping import StopRequested, unless_stopping
 
 _DEFAULT_READ_AHEAD_BATCH = 1000  # without a batch_size: the read-ahead bound counts this per batch
 # With the deployment out of reach, a stop does not wait for server selection (30 s by default)
@@ -156,6 +157,7 @@ class StreamRunner:
             dispatch=self._dispatch,
             giving_up=self._giving_up,
             signals=signals_collection,
+            stopping=self._stopping,
         )
 
         # Status, read from other threads through status(): plain attributes, replaced whole.
@@ -370,23 +372,17 @@ class StreamRunner:
         self.log.error("stream %s failed: %s", self.name, self.last_error)
 
     async def _until_stopped(self, work: Awaitable[T], stopped: T) -> T:
-        """``work``'s result, or ``stopped`` as soon as a stop is asked for (``work`` is cancelled).
+        """``work``'s result, or ``stopped`` as soon as a stop is asked for (``work`` is abandoned,
+        :func:`~flowwarden.runtime.stopping.unless_stopping`).
 
         For waits with nothing in flight (loading the checkpoint, opening, taking a lease): with
         the deployment out of reach they would hold a stop for the driver's server selection
         timeout.
         """
-        task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return stopped
+            return await unless_stopping(work, self._stopping)
+        except StopRequested:
+            return stopped
 
     def _stop_io_timeout(self) -> float:
         """How long a stopping stream waits for the deployment: briefly, and hardly at all when
