@@ -3,6 +3,7 @@ threads it uses stay few, and idle connections are closed."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import urllib.error
@@ -14,6 +15,7 @@ import pytest
 
 from flowwarden.runtime import metrics
 from flowwarden.runtime.metrics import MetricsServer
+from helpers import wait_until
 
 
 @pytest.fixture
@@ -102,3 +104,70 @@ def test_beyond_the_connection_limit_the_oldest_idle_one_makes_room(monkeypatch)
         for connection in idle:
             connection.close()
         server.close()
+
+
+def test_close_ends_the_serving_thread_and_drops_the_connections_still_open():
+    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
+    idle = idle_connections(server, 3)
+    try:
+        # Connections the server holds (one arriving at the very moment of close() may land on
+        # either side of it).
+        wait_until(lambda: len(server._open) == 3, what="the server to hold the three connections")
+        server.close()
+        assert not [t for t in threading.enumerate() if t.name == "flowwarden-metrics" and t.is_alive()]
+        for connection in idle:
+            connection.settimeout(5)  # well before the server's own 10 s limit on a connection
+            assert closed(connection), "close() left a connection open"
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    finally:
+        for connection in idle:
+            connection.close()
+
+
+def test_close_neither_waits_for_answers_being_made_nor_makes_the_queued_ones():
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+    answered = []
+
+    def not_ready():  # a /readyz answer that takes until released
+        answered.append(1)
+        entered.release()
+        release.wait(30)
+        return {}
+
+    def ask() -> None:
+        with contextlib.suppress(OSError):  # dropped by close()
+            get(server, "/readyz")
+
+    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=not_ready)
+    clients = [threading.Thread(target=ask, daemon=True) for _ in range(3)]
+    try:
+        for client in clients:
+            client.start()
+        for _ in range(metrics.ANSWER_THREADS):  # every answer thread busy, one request queued
+            assert entered.acquire(timeout=30)
+        closing = threading.Thread(target=server.close, daemon=True)
+        closing.start()
+        closing.join(20)
+        assert not closing.is_alive(), "close() waited for the answers being made"
+    finally:
+        release.set()
+    server._answers.shutdown(wait=True)  # what was left to run has run
+    assert len(answered) == metrics.ANSWER_THREADS, "an answer queued before close() was made"
+
+
+def test_a_request_head_over_the_limit_is_not_answered(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        padding = "a" * (metrics.MAX_REQUEST_BYTES + 1024)
+        connection.sendall(f"GET /healthz HTTP/1.1\r\nX-Padding: {padding}\r\n\r\n".encode())
+        assert closed(connection), "a request head over MAX_REQUEST_BYTES was answered"
+
+
+def test_a_server_that_cannot_serve_raises_from_its_constructor(monkeypatch):
+    async def refused(*args, **kwargs):
+        raise OSError("no listening here")
+
+    monkeypatch.setattr(metrics.asyncio, "start_server", refused)
+    with pytest.raises(OSError, match="no listening here"):
+        MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
