@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from flowwarden.checkpoints import SnapshotProgress
 from flowwarden.checkpoints.contract import sample_token
+from flowwarden.checkpoints.model import IncrementalProgress, IncrementalState
 from flowwarden.runtime.metrics import Buckets, FlowwardenCollector, MetricsServer, StreamMetrics
 from flowwarden.runtime.status import StreamState, StreamStatus
 
@@ -147,9 +148,7 @@ def test_the_state_gauge_is_1_for_the_current_state_only_and_the_lease_follows_t
             ]
         )
     )
-    states = {
-        labels: value for (name, labels), value in found.items() if name == "flowwarden_stream_state"
-    }
+    states = {labels: value for (name, labels), value in found.items() if name == "flowwarden_stream_state"}
     assert states[(("state", "STANDBY"), *stream("a"))] == 1.0
     assert sum(value for labels, value in states.items() if ("stream", "a") in labels) == 1.0
     assert len([labels for labels in states if ("stream", "a") in labels]) == len(StreamState)
@@ -211,6 +210,32 @@ def test_snapshot_gauges_appear_once_a_snapshot_began_and_the_estimate_when_know
     assert found[("flowwarden_snapshot_documents_copied", stream("done"))] == 7
     assert ("flowwarden_snapshot_documents_estimated", stream("done")) not in found
     assert found[("flowwarden_snapshot_done", stream("done"))] == 1.0
+    assert not [k for k in found if k[0].startswith("flowwarden_snapshot") and ("stream", "none") in k[1]]
+
+
+def test_the_requested_snapshot_gauges_follow_the_newest_copy_and_running_while_it_copies() -> None:
+    def progress(**fields: Any) -> IncrementalProgress:
+        return IncrementalProgress(
+            request="r1", namespaces=("shop.orders",), namespace="shop.orders", **fields
+        )
+
+    copying = Runner(
+        "copying", StreamMetrics(), extra={"incremental_snapshot": progress(copied=40, dropped=2, total=90)}
+    )
+    done = Runner(
+        "done",
+        StreamMetrics(),
+        extra={"incremental_snapshot": progress(copied=7, state=IncrementalState.DONE)},
+    )
+    found = samples(FakeConnector([copying, done, Runner("none", StreamMetrics())]))
+    copying_labels = (("request", "r1"), ("stream", "copying"))
+    assert found[("flowwarden_snapshot_requested_documents_copied", copying_labels)] == 40
+    assert found[("flowwarden_snapshot_requested_documents_dropped", copying_labels)] == 2
+    assert found[("flowwarden_snapshot_requested_documents_estimated", copying_labels)] == 90
+    assert found[("flowwarden_snapshot_requested_running", copying_labels)] == 1.0
+    done_labels = (("request", "r1"), ("stream", "done"))
+    assert found[("flowwarden_snapshot_requested_running", done_labels)] == 0.0
+    assert ("flowwarden_snapshot_requested_documents_estimated", done_labels) not in found
     assert not [k for k in found if k[0].startswith("flowwarden_snapshot") and ("stream", "none") in k[1]]
 
 
