@@ -4,8 +4,9 @@
 (:mod:`flowwarden.spark.source.parsing` checks them with the decorators' option models), and what
 Spark's planner and executor processes unpickle with the reader: this module and what it imports
 load without pydantic, which those processes never need.
-A query keeps its offsets itself, so ``RESUME`` (the
-default) and ``LATEST`` both start a new query at the stream's current position.
+
+A query keeps its offsets itself, so ``RESUME`` (the default) and ``LATEST`` both start a new
+query at the stream's current position.
 """
 
 from __future__ import annotations
