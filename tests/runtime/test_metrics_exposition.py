@@ -169,14 +169,17 @@ def test_saves_failing_for_a_while_and_the_failures_in_a_row_are_gauges_of_the_s
         "failing", StreamMetrics(), extra={"save_failures_in_row": 4, "cannot_save_since": since}
     )
     saving = Runner("saving", StreamMetrics())
+    now = datetime.fromtimestamp(time.time(), timezone.utc)
+    just_now = Runner("just_now", StreamMetrics(), extra={"cannot_save_since": now})
     before = time.time()
-    found = samples(FakeConnector([failing, saving]))
+    found = samples(FakeConnector([failing, saving, just_now]))
     elapsed = time.time() - before
     assert found[("flowwarden_checkpoint_save_failures_in_row", stream("failing"))] == 4
     failing_for = found[("flowwarden_checkpoint_save_failing_seconds", stream("failing"))]
     assert 100 <= failing_for <= 100 + elapsed + 1
     assert found[("flowwarden_checkpoint_save_failing_seconds", stream("saving"))] == 0.0
     assert found[("flowwarden_checkpoint_save_failures_in_row", stream("saving"))] == 0
+    assert 0.0 <= found[("flowwarden_checkpoint_save_failing_seconds", stream("just_now"))] < 1.0
 
 
 def test_seconds_behind_are_now_minus_the_positions_times_and_never_negative() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -99,6 +101,7 @@ def test_beyond_the_connection_limit_the_oldest_idle_one_makes_room(monkeypatch)
     idle = idle_connections(server, 10)
     try:
         assert get(server, "/healthz")[0] == 200  # the 11th connection, while 10 idle ones are open
+        idle[0].settimeout(5)  # well before the server's own 10 s limit on a connection
         assert closed(idle[0]), "the oldest idle connection was not closed"
     finally:
         for connection in idle:
@@ -113,7 +116,9 @@ def test_close_ends_the_serving_thread_and_drops_the_connections_still_open():
         # Connections the server holds (one arriving at the very moment of close() may land on
         # either side of it).
         wait_until(lambda: len(server._open) == 3, what="the server to hold the three connections")
+        assert [t.name for t in threading.enumerate()].count("flowwarden-metrics") == 1
         server.close()
+        server.close()  # a second close does nothing
         assert not [t for t in threading.enumerate() if t.name == "flowwarden-metrics" and t.is_alive()]
         for connection in idle:
             connection.settimeout(5)  # well before the server's own 10 s limit on a connection
@@ -147,6 +152,8 @@ def test_close_neither_waits_for_answers_being_made_nor_makes_the_queued_ones():
             client.start()
         for _ in range(metrics.ANSWER_THREADS):  # every answer thread busy, one request queued
             assert entered.acquire(timeout=30)
+        answering = [t for t in threading.enumerate() if t.name.startswith("flowwarden-metrics-answer")]
+        assert len(answering) == metrics.ANSWER_THREADS
         closing = threading.Thread(target=server.close, daemon=True)
         closing.start()
         closing.join(20)
@@ -171,3 +178,124 @@ def test_a_server_that_cannot_serve_raises_from_its_constructor(monkeypatch):
     monkeypatch.setattr(metrics.asyncio, "start_server", refused)
     with pytest.raises(OSError, match="no listening here"):
         MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
+
+
+def exchange(server: MetricsServer, request: bytes) -> bytes:
+    """``request`` sent as it is, and everything the server sends back until it closes."""
+    with socket.create_connection((server.host, server.port), timeout=30) as connection:
+        connection.sendall(request)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    return received
+
+
+def test_the_answers_say_what_http_clients_read(server):
+    ok = exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, body = ok.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n") == [
+        b"HTTP/1.1 200 OK",
+        b"Content-Type: text/plain; charset=utf-8",
+        b"Content-Length: 3",
+        b"Connection: close",
+    ]
+    assert body == b"ok\n"
+    refused = exchange(server, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, body = refused.partition(b"\r\n\r\n")
+    assert b"Allow: GET, HEAD" in head.split(b"\r\n") and head.startswith(b"HTTP/1.1 405 ")
+    assert body == b"only GET and HEAD are served here\n"
+    head_only = exchange(server, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head_only.endswith(b"Content-Length: 3\r\nConnection: close\r\n\r\n")  # no body
+
+
+def test_the_path_is_read_without_its_query_and_without_a_version(server):
+    assert exchange(server, b"GET /healthz?probe=1?again HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    assert exchange(server, b"GET /healthz\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_connection_being_answered_is_not_the_one_dropped_for_room(monkeypatch):
+    monkeypatch.setattr(metrics, "MAX_CONNECTIONS", 2)
+    entered, release = threading.Event(), threading.Event()
+
+    def not_ready():
+        entered.set()
+        release.wait(30)
+        return {}
+
+    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=not_ready)
+    answered: list[bytes] = []
+    asking = threading.Thread(
+        target=lambda: answered.append(exchange(server, b"GET /readyz HTTP/1.1\r\n\r\n")), daemon=True
+    )
+    idle: list[socket.socket] = []
+    try:
+        asking.start()
+        assert entered.wait(30)
+        idle = idle_connections(server, 2)  # the limit reached: room is made among these
+        wait_until(lambda: len(server._open) == 2, what="room made for the second idle connection")
+        release.set()
+        asking.join(30)
+        assert answered and answered[0].startswith(b"HTTP/1.1 200 "), "the request being answered was dropped"
+    finally:
+        release.set()
+        for connection in idle:
+            connection.close()
+        server.close()
+
+
+def test_finished_connections_leave_room_for_new_ones(monkeypatch):
+    monkeypatch.setattr(metrics, "MAX_CONNECTIONS", 3)
+    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(5):
+            assert get(server, "/healthz")[0] == 200
+        idle = idle_connections(server, 3)
+        assert get(server, "/healthz")[0] == 200  # the fourth: the oldest idle one makes room
+        idle[0].settimeout(5)
+        assert closed(idle[0]), "room was looked for among connections that had already ended"
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
+
+
+def test_a_process_with_a_metrics_server_still_open_exits():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from flowwarden.runtime.metrics import MetricsServer\n"
+            "MetricsServer('127.0.0.1', 0, alive=lambda: True, not_ready=dict)\nprint('leaving')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout == "leaving\n", done.stderr
+
+
+def test_the_server_prefers_ipv4_where_a_name_has_both_and_listens_on_ipv6_alone(monkeypatch):
+    real = socket.getaddrinfo
+
+    def ipv6_first(host, port, *args, **kwargs):
+        found = real(host, port, *args, **kwargs)
+        six = [info for info in found if info[0] == socket.AF_INET6]
+        return six + [info for info in found if info[0] != socket.AF_INET6]
+
+    def both(host, port, *args, **kwargs):
+        return real("::1", port, *args, **kwargs) + real("127.0.0.1", port, *args, **kwargs)
+
+    monkeypatch.setattr(metrics.socket, "getaddrinfo", both)
+    served = MetricsServer("localhost", 0, alive=lambda: True, not_ready=dict)
+    try:
+        assert served.host == "127.0.0.1"
+    finally:
+        served.close()
+    monkeypatch.setattr(metrics.socket, "getaddrinfo", ipv6_first)
+    only_six = MetricsServer("::1", 0, alive=lambda: True, not_ready=dict)
+    try:
+        assert only_six.host == "::1" and only_six.port > 0
+        assert exchange(only_six, b"GET /healthz HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    finally:
+        only_six.close()
