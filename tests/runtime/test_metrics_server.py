@@ -116,7 +116,8 @@ def test_close_ends_the_serving_thread_and_drops_the_connections_still_open():
         # Connections the server holds (one arriving at the very moment of close() may land on
         # either side of it).
         wait_until(lambda: len(server._open) == 3, what="the server to hold the three connections")
-        assert [t.name for t in threading.enumerate()].count("flowwarden-metrics") == 1
+        (serving,) = [t for t in threading.enumerate() if t.name == "flowwarden-metrics"]
+        assert serving.daemon, "the server's thread would hold the process's exit"
         server.close()
         server.close()  # a second close does nothing
         assert not [t for t in threading.enumerate() if t.name == "flowwarden-metrics" and t.is_alive()]
@@ -243,13 +244,14 @@ def test_a_connection_being_answered_is_not_the_one_dropped_for_room(monkeypatch
         server.close()
 
 
-def test_finished_connections_leave_room_for_new_ones(monkeypatch):
+def test_connections_that_ended_leave_room_for_new_ones(monkeypatch):
     monkeypatch.setattr(metrics, "MAX_CONNECTIONS", 3)
     server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
     idle: list[socket.socket] = []
     try:
-        for _ in range(5):
-            assert get(server, "/healthz")[0] == 200
+        for connection in idle_connections(server, 3):  # gone before they sent a request
+            connection.close()
+        wait_until(lambda: not server._open, what="the server to see the three connections end")
         idle = idle_connections(server, 3)
         assert get(server, "/healthz")[0] == 200  # the fourth: the oldest idle one makes room
         idle[0].settimeout(5)
