@@ -19,7 +19,7 @@ from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import InputPartition
 
 from flowwarden.errors import ConfigurationError, ResumePositionError
-from flowwarden.events import compare_tokens, token_cluster_time
+from flowwarden.events import token_cluster_time
 from flowwarden.mongo import large_events as fragments
 from flowwarden.mongo.failures import Failure, classify
 from flowwarden.mongo.positions import refused_position
@@ -228,8 +228,6 @@ def covers(position: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
     """Whether a stream whose post-batch resume token is ``position`` has returned every event
     that existed when ``target`` was taken: the token of a stream opened then, which MongoDB
     places one tick after the newest operation. A position at that operation's time, or later,
-    covers them all."""
-    if compare_tokens(position, target) >= 0:
-        return True
+    covers them all (a position at or after ``target`` itself included)."""
     reached, end = token_cluster_time(position), token_cluster_time(target)
     return (reached.time, reached.inc + 1) >= (end.time, end.inc)
