@@ -166,6 +166,7 @@ def test_an_event_too_large_names_the_option_that_reads_it() -> None:
     assert error.stream == "shop.orders" and error.__cause__ is too_large
     assert str(error).startswith("flowwarden streaming source shop.orders: a change event is over")
     assert 'Read such events with .option("split_large_events", "true")' in str(error)
+    assert f"The server said: {too_large}" in str(error)
 
 
 def test_transient_errors_are_waited_out_with_backoff_until_the_deadline(monkeypatch) -> None:
