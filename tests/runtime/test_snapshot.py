@@ -10,6 +10,8 @@ range while a writer deletes and inserts inside it.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import random
 import signal
@@ -22,12 +24,16 @@ from typing import Any
 
 import pymongo
 import pytest
-from bson import json_util
+from bson import Decimal128, MinKey, json_util
+from bson.codec_options import TypeDecoder, TypeRegistry
+from bson.errors import InvalidBSON
 
 from flowwarden import (
     ChangeEvent,
     Connector,
+    OnError,
     Snapshot,
+    StartPosition,
     StreamContext,
     StreamState,
     change_stream,
@@ -37,13 +43,16 @@ from flowwarden import (
     on_insert,
     on_snapshot,
     pipeline,
+    retry_policy,
     stream_spec,
 )
-from flowwarden.checkpoints import InMemoryCheckpointStore
+from flowwarden.checkpoints import InMemoryCheckpointStore, SnapshotProgress
+from flowwarden.checkpoints.model import utc_now
 from flowwarden.errors import ConfigurationError
 from flowwarden.mongo.buckets import partition_name
+from flowwarden.runtime.opening import describe_token
 from flowwarden.testing import EmbeddedReplicaSet
-from helpers import checkpoint_doc, complete_lines, running, wait_until
+from helpers import checkpoint_doc, complete_lines, running, wait_until, wait_until_async
 
 WORKER = Path(__file__).with_name("snapshot_worker.py")
 
@@ -161,7 +170,7 @@ def test_a_database_stream_copies_its_collections_in_order_and_not_flowwardens_o
 ) -> None:
     database = client[db_name]
     database.create_collection("archive")  # first in name order, and nothing to copy
-    database.returns.insert_many([{"_id": 1}, {"_id": 2}])
+    database.returns.insert_many([{"_id": None}, {"_id": 1}, {"_id": 2}])  # null sorts first
     database.orders.insert_one({"_id": 1})
     database["_fw_dlq"].insert_one({"_id": "not user data"})
     seen: list[tuple[str, Any]] = []
@@ -177,8 +186,8 @@ def test_a_database_stream_copies_its_collections_in_order_and_not_flowwardens_o
             pass  # the database's changes, checkpoint writes included
 
     with running(mongodb_uri, [Shop]) as connector:
-        wait_until(lambda: (s := connector.status()["shop"].snapshot) is not None and s.done, what="the copy")
-    assert seen == [("orders", 1), ("returns", 1), ("returns", 2)]
+        wait_until(lambda: _copied(connector, "shop"), what="the copy")
+    assert seen == [("orders", 1), ("returns", None), ("returns", 1), ("returns", 2)]
 
 
 def test_partitioned_streams_copy_their_own_bucket(
@@ -248,7 +257,18 @@ def test_a_store_without_snapshot_support_is_refused_by_name(
     with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL, seen)], checkpoint_store=store) as c:
         wait_until(lambda: c.status()["orders"].state is StreamState.FAILED, what="the refusal")
         error = c.stream_errors()["orders"]
-    assert isinstance(error, ConfigurationError) and "save_snapshot" in str(error)
+    assert isinstance(error, ConfigurationError)
+    allowed = "a store with save_snapshot (every store flowwarden ships has it), or NEVER"
+    assert str(error) == (
+        f"stream 'orders', option 'snapshot': the checkpoint store {store!r} cannot keep an initial "
+        f"snapshot's progress (it has no save_snapshot method) (allowed: {allowed})"
+    )
+    assert (error.stream, error.option, error.value, error.allowed) == (
+        "orders",
+        "snapshot",
+        Snapshot.INITIAL,
+        allowed,
+    )
     assert seen == []
 
 
@@ -691,9 +711,7 @@ def test_a_snapshot_batch_handed_over_again_after_a_kill_keeps_its_id_and_its_id
 
     batches = _batches(log)
     snapshot = [
-        (batch_id, {key for _, key in rows})
-        for batch_id, rows in batches
-        if rows[0][0] == "snapshot"
+        (batch_id, {key for _, key in rows}) for batch_id, rows in batches if rows[0][0] == "snapshot"
     ]
     # The batch the kill interrupted came first after the restart, under the same id.
     assert next(b for b, rows in batches[delivered_before:] if rows[0][0] == "snapshot") == killed_id
@@ -789,3 +807,303 @@ def test_a_stop_does_not_wait_for_a_snapshot_progress_write_the_store_holds(
         assert connector.status()["orders"].state is StreamState.STOPPED
     finally:
         store.release.set()
+
+
+# -- the copy's progress and its lines, step by step, in this process -----------------------------
+
+
+class _RecordingStore(InMemoryCheckpointStore):
+    """An in-memory store that keeps every snapshot progress written to it, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: list[tuple[str, SnapshotProgress]] = []
+
+    def save_snapshot(self, stream_id: str, progress: SnapshotProgress, epoch: int) -> Any:
+        self.saved.append((stream_id, progress))
+        return super().save_snapshot(stream_id, progress, epoch)
+
+
+def _copied(connector: Connector, stream: str = "orders") -> bool:
+    progress = connector.status()[stream].snapshot
+    return progress is not None and progress.done
+
+
+def _steps(saved: list[tuple[str, SnapshotProgress]]) -> list[tuple[Any, ...]]:
+    return [(stream, p.chunk, p.chunk_end, p.last_id, p.copied, p.done) for stream, p in saved]
+
+
+def _snapshot_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "flowwarden.runtime.snapshot" and record.levelno == logging.INFO
+    ]
+
+
+def test_each_chunk_is_stored_as_planned_then_as_finished_and_the_copy_as_done(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(25)])
+    store = _RecordingStore()
+    seen: list[Any] = []
+    began = utc_now()
+    with caplog.at_level(logging.INFO, logger="flowwarden.runtime.snapshot"):
+        with running(
+            mongodb_uri,
+            [_rows_class(db_name, Snapshot.INITIAL, seen, snapshot_chunk_size=10)],
+            checkpoint_store=store,
+        ) as connector:
+            wait_until(lambda: _copied(connector), what="the copy")
+    none = MinKey()
+    assert _steps(store.saved) == [
+        ("orders", 0, none, none, 0, False),  # the position and the plan, before any row
+        ("orders", 1, 9, none, 0, False),  # chunk 1 planned: its last _id
+        ("orders", 1, none, 9, 10, False),  # and finished
+        ("orders", 2, 19, 9, 10, False),
+        ("orders", 2, none, 19, 20, False),
+        ("orders", 3, 24, 19, 20, False),
+        ("orders", 3, none, 24, 25, False),
+        ("orders", 3, none, 24, 25, True),
+    ]
+    first = store.saved[0][1]
+    assert first.namespaces == (f"{db_name}.orders",) and first.namespace == f"{db_name}.orders"
+    assert first.end_id == 24 and first.total == 25
+    assert first.started_at is not None and began <= first.started_at <= utc_now()
+    assert all(p.token == first.token and p.started_at == first.started_at for _, p in store.saved)
+    stored = store.load("orders")
+    assert stored is not None and stored.last_seen_token == first.token
+    assert seen == [("snapshot", i, {"_id": i}) for i in range(25)]
+    assert _snapshot_lines(caplog) == [
+        f"stream orders: initial snapshot of {db_name}.orders (about 25 document(s)); "
+        f"changes will follow from {describe_token(first.token)}",
+        f"stream orders: initial snapshot done: 25 document(s); "
+        f"streaming changes after {describe_token(first.token)}",
+    ]
+    assert {record.stream for record in caplog.records if record.name == "flowwarden.runtime.snapshot"} == {
+        "orders"
+    }
+
+
+def _refusing_batches(
+    db: str, batches: list[tuple[str, list[Any]]], refuse: threading.Event, hold: threading.Event
+) -> type:
+    @change_stream(
+        "orders", db, name="orders", snapshot=Snapshot.INITIAL, snapshot_chunk_size=10, max_await_time_ms=50
+    )
+    @retry_policy(max_attempts=10_000, initial_delay_seconds=0.02, max_delay_seconds=0.02, jitter=0)
+    class Orders:
+        @on_batch(max_events=10, max_wait_seconds=0.05)
+        def handle(self, events: list[ChangeEvent], ctx: StreamContext) -> None:
+            keys = [event.document_key["_id"] for event in events]
+            assert ctx.batch_id is not None
+            batches.append((ctx.batch_id, keys))
+            hold.wait(30)
+            if refuse.is_set() and keys[0] == 10:
+                raise ValueError("not yet")
+
+    return Orders
+
+
+def test_a_copy_stopped_in_a_chunk_hands_that_chunk_over_again_then_goes_on(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(25)])
+    store = _RecordingStore()
+    batches: list[tuple[str, list[Any]]] = []
+    refuse, hold = threading.Event(), threading.Event()
+    refuse.set()
+    hold.set()
+    orders = _refusing_batches(db_name, batches, refuse, hold)
+    with running(mongodb_uri, [orders], checkpoint_store=store):
+        wait_until(lambda: sum(keys[0] == 10 for _, keys in batches) >= 2, what="chunk 2 refused")
+    # The stop came while chunk 2 was retried: it stays planned, not finished.
+    stored = store.load("orders")
+    assert stored is not None and stored.snapshot is not None
+    interrupted = stored.snapshot
+    assert (interrupted.chunk, interrupted.chunk_end, interrupted.last_id, interrupted.copied) == (
+        2,
+        19,
+        9,
+        10,
+    )
+    assert not interrupted.done
+    token = interrupted.token["_data"]
+    assert batches[0] == (f"snapshot:{token}:1", list(range(10)))
+    assert all(batch == (f"snapshot:{token}:2", list(range(10, 20))) for batch in batches[1:])
+
+    batches.clear()
+    refuse.clear()
+    hold.clear()
+    with caplog.at_level(logging.INFO, logger="flowwarden.runtime.snapshot"):
+        with running(mongodb_uri, [orders], checkpoint_store=store) as connector:
+            wait_until(lambda: batches, what="the chunk handed over again")
+            during = connector.status()["orders"].snapshot
+            hold.set()
+            wait_until(lambda: _copied(connector), what="the copy")
+    # The same number, the same _id range, read whole again; then the copy goes on after it.
+    assert batches == [
+        (f"snapshot:{token}:2", list(range(10, 20))),
+        (f"snapshot:{token}:3", list(range(20, 25))),
+    ]
+    assert during is not None and (during.chunk, during.copied) == (2, 10)
+    assert _steps(store.saved)[-4:] == [
+        ("orders", 2, MinKey(), 19, 20, False),
+        ("orders", 3, 24, 19, 20, False),
+        ("orders", 3, MinKey(), 24, 25, False),
+        ("orders", 3, MinKey(), 24, 25, True),
+    ]
+    assert all(p.token == interrupted.token for _, p in store.saved)
+    assert _snapshot_lines(caplog)[0] == (
+        f"stream orders: continuing the initial snapshot after 10 document(s), in {db_name}.orders, "
+        "handing chunk 2 over again"
+    )
+
+    # A copy stopped between two chunks plans the next one, and says so without "again".
+    between = next(p for _, p in store.saved if p.chunk == 1 and not p.pending)
+    fresh = _RecordingStore()
+    fresh.save_seen("orders", between.token, 0)
+    fresh.save_snapshot("orders", between, 0)
+    batches.clear()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flowwarden.runtime.snapshot"):
+        with running(mongodb_uri, [orders], checkpoint_store=fresh) as connector:
+            wait_until(lambda: _copied(connector), what="the copy")
+    assert batches == [
+        (f"snapshot:{token}:2", list(range(10, 20))),
+        (f"snapshot:{token}:3", list(range(20, 25))),
+    ]
+    assert _snapshot_lines(caplog)[0] == (
+        f"stream orders: continuing the initial snapshot after 10 document(s), in {db_name}.orders"
+    )
+
+
+def test_a_finished_copy_is_not_made_again_by_a_restart_or_a_checkpoint_without_one(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, fail_command: Any
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(3)])
+    seen: list[Any] = []
+    handler = _rows_class(
+        db_name, Snapshot.INITIAL, seen, restart_initial_delay_seconds=0.05, restart_max_delay_seconds=0.1
+    )
+    with running(mongodb_uri, [handler]) as connector:
+        wait_until(lambda: len(seen) == 3, what="the copy")
+        # BadValue, no resumable label: the stream restarts in this process.
+        fail_command(["getMore"], mode={"times": 2}, errorCode=2)
+        wait_until(lambda: connector.status()["orders"].restarts >= 1, what="a restart")
+        orders.insert_one({"_id": 3})
+        wait_until(lambda: ("insert", 3, None) in seen, what="the change after the restart")
+    assert [kind for kind, _, _ in seen] == ["snapshot"] * 3 + ["insert"]
+
+    # A stream whose checkpoint was stored before its class asked for a snapshot streams on.
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    class Streaming:
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            pass
+
+    store = InMemoryCheckpointStore()
+    with running(mongodb_uri, [Streaming], checkpoint_store=store):
+        wait_until(lambda: store.load("orders") is not None, what="a checkpoint without a snapshot")
+    seen.clear()
+    with running(mongodb_uri, [_rows_class(db_name, Snapshot.INITIAL, seen)], checkpoint_store=store) as c:
+        orders.insert_one({"_id": 4})
+        wait_until(lambda: seen, what="the change")
+        assert c.status()["orders"].snapshot is None
+    assert seen == [("insert", 4, None)]
+
+
+def test_with_latest_the_copy_is_followed_by_the_changes_made_during_it(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(3)])
+    seen: list[Any] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot=Snapshot.INITIAL, max_await_time_ms=50)
+    @checkpoint(start_position=StartPosition.LATEST, save_every_n=1)
+    class Orders:
+        @on_snapshot
+        def copied(self, event: ChangeEvent) -> None:
+            if event.document_key["_id"] == 0:
+                orders.insert_one({"_id": "during"})  # after T: a change, not a row
+            seen.append(("snapshot", event.document_key["_id"]))
+
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            seen.append((event.operation_type, event.document_key["_id"]))
+
+    with running(mongodb_uri, [Orders]):
+        wait_until(lambda: ("insert", "during") in seen, what="the insert made during the copy")
+    assert seen == [("snapshot", 0), ("snapshot", 1), ("snapshot", 2), ("insert", "during")]
+
+
+def test_a_database_stream_over_no_collection_finishes_an_empty_copy(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[Any] = []
+
+    @change_stream(database=db_name, name="shop", snapshot=Snapshot.INITIAL, max_await_time_ms=50)
+    class Shop:
+        @on_change
+        def changed(self, event: ChangeEvent) -> None:
+            seen.append((event.operation_type, event.namespace[1]))
+
+    with caplog.at_level(logging.INFO, logger="flowwarden.runtime.snapshot"):
+        with running(mongodb_uri, [Shop]) as connector:
+            wait_until(lambda: _copied(connector, "shop"), what="the copy")
+            client[db_name].orders.insert_one({"_id": 1})
+            wait_until(lambda: ("insert", "orders") in seen, what="the first change")
+    progress = connector.status()["shop"].snapshot
+    assert progress is not None and (progress.copied, progress.namespaces) == (0, ("",))
+    assert seen == [("insert", "orders")]
+    assert (
+        "stream shop: initial snapshot of no collection (about 0 document(s))" in _snapshot_lines(caplog)[0]
+    )
+
+
+class _PoisonDecimal(TypeDecoder):
+    """Refuses to decode the amount 666, as a codec does with a value it cannot read."""
+
+    bson_type = Decimal128
+
+    def transform_bson(self, value: Decimal128) -> Decimal128:
+        if value == Decimal128("666"):
+            raise InvalidBSON("cannot decode the amount of this order")
+        return value
+
+
+def test_a_document_the_copy_cannot_decode_is_dead_lettered_and_the_copy_goes_on(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    client[db_name].orders.insert_many(
+        [{"_id": i, "amount": Decimal128("666" if i == 2 else str(i))} for i in range(5)]
+    )
+    seen: list[Any] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot=Snapshot.INITIAL, max_await_time_ms=50)
+    @retry_policy(on_exhausted=OnError.DEAD_LETTER)
+    class Orders:
+        @on_snapshot
+        def copied(self, event: ChangeEvent) -> None:
+            seen.append(event.document_key["_id"])
+
+    async def run() -> None:
+        async_client = pymongo.AsyncMongoClient(mongodb_uri, type_registry=TypeRegistry([_PoisonDecimal()]))
+        connector = Connector(async_client, [Orders])
+        task = asyncio.create_task(connector.run_async())
+        try:
+            await wait_until_async(
+                lambda: (s := connector.status()["orders"].snapshot) is not None and s.done, what="the copy"
+            )
+        finally:
+            connector.stop()
+            await task
+            await async_client.close()
+
+    asyncio.run(run())
+    assert seen == [0, 1, 3, 4]
+    (letter,) = client[db_name]["_fw_dlq"].find()
+    assert letter["event"]["documentKey"] == {"_id": 2} and letter["event"]["operationType"] == "snapshot"
+    assert letter["errorType"] == "bson.errors.InvalidBSON"

@@ -103,10 +103,8 @@ class SnapshotCopy:
         return self.mode is not Snapshot.NEVER
 
     def needed(self, checkpoint: Checkpoint | None) -> bool:
-        """Whether this run copies before it streams: no checkpoint yet, a copy left unfinished,
-        or (WHEN_NEEDED) lost history."""
-        if not self.enabled:
-            return False
+        """Whether this run of an :attr:`enabled` copy copies before it streams: no checkpoint
+        yet, a copy left unfinished, or (WHEN_NEEDED) lost history."""
         if self.anew or checkpoint is None:
             return True
         progress = checkpoint.snapshot
