@@ -38,9 +38,20 @@ def get(server: MetricsServer, path: str, method: str = "GET") -> tuple[int, byt
         return error.code, error.read()
 
 
-def idle_connections(server: MetricsServer, count: int) -> list[socket.socket]:
-    """``count`` connections that send nothing."""
-    return [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(count)]
+@contextlib.contextmanager
+def idle_connections(server: MetricsServer, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` connections that send nothing, closed by the client when the block ends."""
+    connections = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(count)]
+    try:
+        yield connections
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def serving() -> contextlib.closing[MetricsServer]:
+    """A server on an ephemeral port, always alive and ready, closed when the block ends."""
+    return contextlib.closing(MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict))
 
 
 def closed(connection: socket.socket) -> bool:
@@ -66,8 +77,7 @@ def test_each_path_answers(server):
 
 def test_idle_connections_take_no_thread_each_and_scrapers_are_answered(server):
     threads_before = threading.active_count()
-    idle = idle_connections(server, 300)
-    try:
+    with idle_connections(server, 300):
         # Connections are accepted in order: once a later one is answered, the idle ones before it
         # have been accepted too (a server with a thread per connection has started 300 by now).
         assert get(server, "/healthz") == (200, b"ok\n")
@@ -76,43 +86,27 @@ def test_idle_connections_take_no_thread_each_and_scrapers_are_answered(server):
         with ThreadPoolExecutor(50) as scrapers:
             answers = list(scrapers.map(lambda _: get(server, "/metrics")[0], range(400)))
         assert answers.count(200) == 400, f"{answers.count(200)} of 400 scrapes answered"
-    finally:
-        for connection in idle:
-            connection.close()
 
 
 def test_a_connection_that_sends_no_request_is_closed(monkeypatch):
     monkeypatch.setattr(metrics, "CONNECTION_TIMEOUT_SECONDS", 0.3)
-    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
-    idle = idle_connections(server, 5)
-    try:
+    with serving() as server, idle_connections(server, 5) as idle:
         for connection in idle:
             assert closed(connection), "the server kept an idle connection open"
         assert get(server, "/healthz")[0] == 200
-    finally:
-        for connection in idle:
-            connection.close()
-        server.close()
 
 
 def test_beyond_the_connection_limit_the_oldest_idle_one_makes_room(monkeypatch):
     monkeypatch.setattr(metrics, "MAX_CONNECTIONS", 10)
-    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
-    idle = idle_connections(server, 10)
-    try:
+    with serving() as server, idle_connections(server, 10) as idle:
         assert get(server, "/healthz")[0] == 200  # the 11th connection, while 10 idle ones are open
         idle[0].settimeout(5)  # well before the server's own 10 s limit on a connection
         assert closed(idle[0]), "the oldest idle connection was not closed"
-    finally:
-        for connection in idle:
-            connection.close()
-        server.close()
 
 
 def test_close_ends_the_serving_thread_and_drops_the_connections_still_open():
     server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
-    idle = idle_connections(server, 3)
-    try:
+    with idle_connections(server, 3) as idle:
         # Connections the server holds (one arriving at the very moment of close() may land on
         # either side of it).
         wait_until(lambda: len(server._open) == 3, what="the server to hold the three connections")
@@ -126,9 +120,6 @@ def test_close_ends_the_serving_thread_and_drops_the_connections_still_open():
             assert closed(connection), "close() left a connection open"
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", server.port), timeout=5)
-    finally:
-        for connection in idle:
-            connection.close()
 
 
 def test_close_neither_waits_for_answers_being_made_nor_makes_the_queued_ones():
@@ -228,38 +219,31 @@ def test_a_connection_being_answered_is_not_the_one_dropped_for_room(monkeypatch
     asking = threading.Thread(
         target=lambda: answered.append(exchange(server, b"GET /readyz HTTP/1.1\r\n\r\n")), daemon=True
     )
-    idle: list[socket.socket] = []
     try:
         asking.start()
         assert entered.wait(30)
-        idle = idle_connections(server, 2)  # the limit reached: room is made among these
-        wait_until(lambda: len(server._open) == 2, what="room made for the second idle connection")
-        release.set()
-        asking.join(30)
-        assert answered and answered[0].startswith(b"HTTP/1.1 200 "), "the request being answered was dropped"
+        with idle_connections(server, 2):  # the limit reached: room is made among these
+            wait_until(lambda: len(server._open) == 2, what="room made for the second idle connection")
+            release.set()
+            asking.join(30)
+            assert answered and answered[0].startswith(b"HTTP/1.1 200 "), (
+                "the request being answered was dropped"
+            )
     finally:
         release.set()
-        for connection in idle:
-            connection.close()
         server.close()
 
 
 def test_connections_that_ended_leave_room_for_new_ones(monkeypatch):
     monkeypatch.setattr(metrics, "MAX_CONNECTIONS", 3)
-    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
-    idle: list[socket.socket] = []
-    try:
-        for connection in idle_connections(server, 3):  # gone before they sent a request
-            connection.close()
+    with serving() as server:
+        with idle_connections(server, 3):  # gone before they sent a request
+            pass
         wait_until(lambda: not server._open, what="the server to see the three connections end")
-        idle = idle_connections(server, 3)
-        assert get(server, "/healthz")[0] == 200  # the fourth: the oldest idle one makes room
-        idle[0].settimeout(5)
-        assert closed(idle[0]), "room was looked for among connections that had already ended"
-    finally:
-        for connection in idle:
-            connection.close()
-        server.close()
+        with idle_connections(server, 3) as idle:
+            assert get(server, "/healthz")[0] == 200  # the fourth: the oldest idle one makes room
+            idle[0].settimeout(5)
+            assert closed(idle[0]), "room was looked for among connections that had already ended"
 
 
 def test_a_process_with_a_metrics_server_still_open_exits():
