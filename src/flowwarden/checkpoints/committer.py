@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
+from flowwarden._abandoning import abandon, unless_given_up
 from flowwarden.checkpoints.model import Checkpoint, SaveResult
 from flowwarden.checkpoints.store import AsyncCheckpointStore, AwaitableStore, CheckpointStore, check_store
 from flowwarden.config import CheckpointOptions, validate_options
@@ -160,9 +161,9 @@ class CheckpointCommitter:
         self._save_lock = asyncio.Lock()
         self._interrupted = False
         # A save a caller waits for (a count save, flush, save_batch_end) runs as a task of its
-        # own; interrupt() and a close that gave up resolve this, and the caller stops waiting
+        # own; interrupt() and a close that gave up set this, and the caller stops waiting
         # then, whether or not the store (a driver retrying a held write) lets go of the save.
-        self._let_go: asyncio.Future[None] = self._loop.create_future()
+        self._let_go = asyncio.Event()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         if not self._every_commit:
@@ -460,18 +461,11 @@ class CheckpointCommitter:
             if interrupted_returns:
                 return
             raise self._interruption()
-        save = self._loop.create_task(work)
-        try:
-            await asyncio.wait((save, self._let_go), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            abandon_task(save)
-            raise
-        if not save.done():
-            # Given up on: cancelled, and left to end whenever the store lets go of it.
-            abandon_task(save)
-        elif not save.cancelled():
+        save = await unless_given_up(work, self._let_go)
+        if save is not None and not save.cancelled():
             save.result()
             return
+        # Given up on (cancelled, and left to end whenever the store lets go of it), or cancelled.
         if self._closed and self._refusal is not None:
             raise self._refusal.with_traceback(None) from self._refusal.__cause__
         if self._interrupted:
@@ -630,26 +624,13 @@ class CheckpointCommitter:
         return self._saved_sequence == self._frontier
 
     def _abandon(self, shutdown: asyncio.Task[bool]) -> None:
-        abandon_task(shutdown)
+        abandon(shutdown)
         if self._task is not None:
             self._task.cancel()
         self._give_up_waiting()
 
     def _give_up_waiting(self) -> None:
-        if not self._let_go.done():
-            self._let_go.set_result(None)
+        self._let_go.set()
 
 
-def abandon_task(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task``, which nobody awaits any more, and retrieve its outcome whenever it ends
-    so that asyncio does not warn."""
-    task.cancel()
-    task.add_done_callback(_consume_outcome)
-
-
-def _consume_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-__all__ = ["CheckpointCommitter", "SaveErrorCallback", "abandon_task", "is_retryable_save_error"]
+__all__ = ["CheckpointCommitter", "SaveErrorCallback", "is_retryable_save_error"]

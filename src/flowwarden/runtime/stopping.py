@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from flowwarden.checkpoints.committer import abandon_task
+from flowwarden._abandoning import unless_given_up
 
 T = TypeVar("T")
 
@@ -25,24 +25,11 @@ class StopRequested(Exception):
 
 async def unless_stopping(work: Awaitable[T], stopping: asyncio.Event) -> T:
     """``work``'s result; raises :class:`StopRequested` as soon as ``stopping`` is set, leaving
-    ``work`` cancelled and abandoned."""
-    if stopping.is_set():
-        if asyncio.iscoroutine(work):
-            work.close()
+    ``work`` cancelled and abandoned (:func:`flowwarden._abandoning.unless_given_up`)."""
+    task = await unless_given_up(work, stopping)
+    if task is None:
         raise StopRequested("a stop was asked for while the stream waited on the deployment")
-    task = asyncio.ensure_future(work)
-    stop = asyncio.ensure_future(stopping.wait())
-    try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        abandon_task(task)
-        raise
-    finally:
-        stop.cancel()
-    if task.done():
-        return task.result()
-    abandon_task(task)
-    raise StopRequested("a stop was asked for while the stream waited on the deployment")
+    return task.result()
 
 
 __all__ = ["StopRequested", "unless_stopping"]
