@@ -20,7 +20,7 @@ from flowwarden import (
     checkpoint,
     on_change,
 )
-from flowwarden.checkpoints import FileCheckpointStore, InMemoryCheckpointStore
+from flowwarden.checkpoints import Checkpoint, FileCheckpointStore, InMemoryCheckpointStore
 from flowwarden.checkpoints.contract import DAMAGED_RECORDS, damaged_record, sample_token
 from flowwarden.errors import RestartsExhaustedError, ResumePositionError, UnreadableCheckpointError
 from helpers import checkpoint_doc, running, wait_until
@@ -186,8 +186,24 @@ def test_a_token_dated_in_the_future_is_refused(mongodb_uri, client, db_name):
         wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, timeout=5, what="FAILED")
         error = connector.stream_errors()["orders"]
     assert isinstance(error, ResumePositionError)
-    assert "ahead of the server" in str(error) and "flowwarden checkpoints rewind" in str(error)
+    assert (error.stream, error.token) == ("orders", future)
+    assert error.reason.startswith("its cluster time 2038-01-19T03:14:07+00:00 is ahead of the server's (")
+    assert str(error).startswith(f"stream 'orders' cannot resume from its stored position {future!r}: ")
+    assert "flowwarden checkpoints rewind orders" in str(error)
     assert checkpoint_doc(client, db_name, "orders")["lastProcessedToken"] == future
+
+
+def test_a_token_of_the_wrong_form_from_a_custom_store_is_refused_saying_why(mongodb_uri, db_name):
+    store = InMemoryCheckpointStore()
+    store.save(Checkpoint(stream_id="orders", last_processed_token={"_data": "zz"}))
+    handler, seen = recording_handler(db_name)
+    with running(mongodb_uri, [handler], checkpoint_store=store) as connector:
+        wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, timeout=5, what="FAILED")
+        error = connector.stream_errors()["orders"]
+    assert isinstance(error, ResumePositionError)
+    assert (error.stream, error.token) == ("orders", {"_data": "zz"})
+    assert error.reason == "resume token _data must be hex digits, two per byte; got 'ZZ'"
+    assert seen == []
 
 
 def test_a_token_the_server_cannot_find_fails_with_the_rewind_hint(mongodb_uri, client, db_name):

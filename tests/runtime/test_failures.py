@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from typing import Any
 
 import pymongo
 import pytest
@@ -30,6 +34,8 @@ from flowwarden import (
     on_change,
     retry_policy,
 )
+from flowwarden.runtime import opening
+from flowwarden.runtime.opening import describe_token
 from flowwarden.testing import EmbeddedReplicaSet
 from helpers import checkpoint_doc, running, wait_until, wait_until_async
 
@@ -39,17 +45,56 @@ from .handlers import recording_handler
 # history lost
 
 
+def _server_message(client: pymongo.MongoClient, token: dict) -> str:
+    """What the server says to a stream resuming after ``token``, without PyMongo's "full error"
+    (whose cluster times differ from one reply to the next)."""
+    with pytest.raises(pymongo.errors.OperationFailure) as refused:
+        with client.shop.orders.watch(resume_after=token) as stream:
+            stream.try_next()
+    assert refused.value.code == 286
+    return str(refused.value).split(", full error")[0]
+
+
+def _oplog_edge(client: pymongo.MongoClient, direction: int) -> datetime:
+    (entry,) = client.local["oplog.rs"].find().sort("$natural", direction).limit(1)
+    return datetime.fromtimestamp(entry["ts"].time, timezone.utc)
+
+
+def _audit_checks(client: pymongo.MongoClient, stored: dict, strategy: str, began: datetime) -> dict:
+    """The audit entry, checked field by field."""
+    audit = checkpoint_doc(client, "shop", "orders")["metadata"]["historyLost"]
+    assert set(audit) == {"at", "strategy", "lostFrom", "lostTo", "serverMessage"}
+    assert audit["strategy"] == strategy
+    assert began <= audit["at"].replace(tzinfo=timezone.utc) <= datetime.now(timezone.utc)
+    # Where the gap begins: the stored checkpoint's processed position, not its later lastSeen.
+    assert audit["lostFrom"] == stored["lastProcessedTimestamp"] != stored.get("lastSeenTimestamp")
+    assert audit["serverMessage"].startswith(_server_message(client, stored["lastProcessedToken"]))
+    return audit
+
+
 @contextmanager
-def _lost_history(strategy: OnHistoryLost) -> Iterator[tuple[EmbeddedReplicaSet, pymongo.MongoClient, dict]]:
+def _lost_history(
+    strategy: OnHistoryLost, **stream: Any
+) -> Iterator[tuple[EmbeddedReplicaSet, pymongo.MongoClient, dict]]:
     """A replica set whose oplog keeps 20 entries, a stream that ran once and stopped, and 37
     writes since: the stream's checkpoint is no longer in the oplog."""
     with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient(rs.uri) as client:
         orders = client.shop.orders
-        first, _ = recording_handler("shop", on_history_lost=strategy)
+        first, _ = recording_handler("shop", on_history_lost=strategy, stream=stream)
         with running(rs.uri, [first]):
             wait_until(lambda: checkpoint_doc(client, "shop", "orders"), what="initial checkpoint")
             orders.insert_many([{"_id": i} for i in range(3)])
             wait_until(lambda: (checkpoint_doc(client, "shop", "orders") or {}).get("eventsProcessed") == 3)
+            # A write elsewhere a second later: the idle stream's lastSeen moves past lastProcessed.
+            time.sleep(1.1)
+            client.shop.elsewhere.insert_one({})
+            wait_until(
+                lambda: (
+                    (c := checkpoint_doc(client, "shop", "orders"))["lastSeenTimestamp"]
+                    > c["lastProcessedTimestamp"]
+                ),
+                what="lastSeen a second past lastProcessed",
+            )
         stored = checkpoint_doc(client, "shop", "orders")
         assert stored is not None
         orders.insert_many([{"_id": i} for i in range(3, 40)])  # 37 entries: the window keeps 20
@@ -59,6 +104,8 @@ def _lost_history(strategy: OnHistoryLost) -> Iterator[tuple[EmbeddedReplicaSet,
 @pytest.mark.embedded_only
 def test_history_lost_fail_names_the_window_and_leaves_the_checkpoint():
     with _lost_history(OnHistoryLost.FAIL) as (rs, client, stored):
+        time.sleep(1.1)  # the newest oplog entry a second after the oldest: the two edges differ
+        client.shop.orders.insert_one({"_id": "later"})
         handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.FAIL)
         with running(rs.uri, [handler]) as connector:
             wait_until(lambda: connector.status()["orders"].state == StreamState.FAILED, what="FAILED")
@@ -66,7 +113,13 @@ def test_history_lost_fail_names_the_window_and_leaves_the_checkpoint():
         assert isinstance(error, HistoryLostError)
         message = str(error)
         assert "orders" in message and "RESUME_FROM_OPLOG_START" in message and "RESUME_FROM_NOW" in message
-        assert error.oplog_start is not None and error.checkpoint_time is not None
+        assert error.stream == "orders"
+        assert error.checkpoint_time is not None
+        assert error.checkpoint_time.replace(tzinfo=None) == stored["lastProcessedTimestamp"]
+        # The window the server kept, both edges read from the oplog itself.
+        assert (error.oplog_start, error.oplog_end) == (_oplog_edge(client, 1), _oplog_edge(client, -1))
+        assert error.oplog_start < error.oplog_end
+        assert error.server_message.startswith(_server_message(client, stored["lastProcessedToken"]))
         assert seen == []
         after = checkpoint_doc(client, "shop", "orders")
         assert after["lastProcessedToken"] == stored["lastProcessedToken"]
@@ -74,10 +127,12 @@ def test_history_lost_fail_names_the_window_and_leaves_the_checkpoint():
 
 @pytest.mark.embedded_only
 def test_history_lost_resume_from_oplog_start_replays_what_is_left():
-    with _lost_history(OnHistoryLost.RESUME_FROM_OPLOG_START) as (rs, client, _):
+    with _lost_history(OnHistoryLost.RESUME_FROM_OPLOG_START) as (rs, client, stored):
         handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_OPLOG_START)
+        began = datetime.now(timezone.utc).replace(microsecond=0)
         with running(rs.uri, [handler]):
             wait_until(lambda: ("insert", 39) in seen, what="the surviving oplog entries")
+            oldest = _oplog_edge(client, 1)
             # A marker after the last one (written only now: it pushes one entry out of the
             # window): nothing is replayed twice before it.
             client.shop.orders.insert_one({"_id": 100})
@@ -85,27 +140,92 @@ def test_history_lost_resume_from_oplog_start_replays_what_is_left():
         # The window held 20..39; the record that the connector runs the stream (_fw_locks),
         # written as it starts, pushed 20 out.
         assert seen == [("insert", i) for i in range(21, 40)] + [("insert", 100)]
-        audit = checkpoint_doc(client, "shop", "orders")["metadata"]["historyLost"]
-        assert audit["strategy"] == "RESUME_FROM_OPLOG_START"
-        assert audit["lostFrom"] is not None and audit["lostTo"] is not None
+        audit = _audit_checks(client, stored, "RESUME_FROM_OPLOG_START", began)
+        assert (
+            audit["lostTo"].replace(tzinfo=timezone.utc) <= oldest
+        )  # where it went on: the oldest entry kept
 
 
 @pytest.mark.embedded_only
-def test_history_lost_resume_from_now_skips_the_gap():
-    with _lost_history(OnHistoryLost.RESUME_FROM_NOW) as (rs, client, _):
-        handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_NOW)
-        with running(rs.uri, [handler]) as connector:
-            wait_until(
-                lambda: "historyLost" in (checkpoint_doc(client, "shop", "orders") or {}).get("metadata", {}),
+def test_history_lost_resume_from_oplog_start_goes_on_now_and_says_so_when_the_oplog_cannot_be_read(
+    monkeypatch, caplog
+):
+    async def unreadable(client: Any, direction: int) -> None:  # a user without read on 'local'
+        return None
+
+    monkeypatch.setattr(opening, "oplog_edge_async", unreadable)
+    with _lost_history(OnHistoryLost.RESUME_FROM_OPLOG_START) as (rs, client, _):
+        handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_OPLOG_START)
+        with caplog.at_level(logging.INFO, logger="flowwarden.runtime.opening"):
+            with running(rs.uri, [handler]):
+                wait_until(
+                    lambda: (
+                        "historyLost" in (checkpoint_doc(client, "shop", "orders") or {}).get("metadata", {})
+                    ),
+                    what="the audit entry",
+                )
+                client.shop.orders.insert_one({"_id": 100})
+                wait_until(lambda: ("insert", 100) in seen, what="the next event")
+    assert seen == [("insert", 100)]  # what is left of the gap is not replayed: it went on now
+    assert "stream orders: the oplog cannot be read; RESUME_FROM_OPLOG_START falls back to now" in [
+        record.getMessage() for record in caplog.records if record.levelno == logging.WARNING
+    ]
+
+
+@pytest.mark.embedded_only
+def test_history_lost_resume_from_now_skips_the_gap(caplog):
+    # Under a lease: its checkpoints carry an epoch.
+    leader = {"deployment": "single_leader"}
+    with _lost_history(OnHistoryLost.RESUME_FROM_NOW, **leader) as (rs, client, stored):
+        handler, seen = recording_handler(
+            "shop", on_history_lost=OnHistoryLost.RESUME_FROM_NOW, stream=leader
+        )
+        began = datetime.now(timezone.utc).replace(microsecond=0)
+        with (
+            caplog.at_level(logging.INFO, logger="flowwarden.runtime.opening"),
+            running(rs.uri, [handler]) as connector,
+        ):
+            after = wait_until(
+                lambda: (
+                    "historyLost" in (c := checkpoint_doc(client, "shop", "orders") or {}).get("metadata", {})
+                    and c
+                ),
                 what="the audit entry",
             )
+            # Stored as the processed position, with what a save by this connector carries.
+            assert after["instanceId"] == connector.instance_id
+            assert after["instanceToken"] == connector.instance_token
+            opened_at = datetime.fromtimestamp(
+                int(after["lastProcessedToken"]["_data"][2:10], 16), timezone.utc
+            )
+            assert after["lastProcessedTimestamp"].replace(tzinfo=timezone.utc) == opened_at
+            assert after["eventsProcessed"] == stored["eventsProcessed"] == 3
+            lease = client.shop["_fw_locks"].find_one({"_id": "orders"})
+            assert lease is not None and after["epoch"] == lease["epoch"] > stored["epoch"]
             assert connector.status()["orders"].state == StreamState.RUNNING
             client.shop.orders.insert_one({"_id": 100})
             # What is left of the gap comes before 100 in the stream: it would have arrived first.
             wait_until(lambda: ("insert", 100) in seen, what="the next event")
         assert seen == [("insert", 100)]
-        audit = checkpoint_doc(client, "shop", "orders")["metadata"]["historyLost"]
-        assert audit["strategy"] == "RESUME_FROM_NOW"
+        audit = _audit_checks(client, stored, "RESUME_FROM_NOW", began)
+        lines = [r.getMessage() for r in caplog.records if r.name == "flowwarden.runtime.opening"]
+        lost_from = stored["lastProcessedTimestamp"].replace(tzinfo=timezone.utc).isoformat()
+        (lost,) = [line for line in lines if line.startswith("stream orders: history lost; ")]
+        assert re.fullmatch(
+            rf"stream orders: history lost; events between {re.escape(lost_from)} and (\S+) were not "
+            r"delivered \(strategy RESUME_FROM_NOW\)",
+            lost,
+        )
+        lost_to = datetime.fromisoformat(lost.split(" and ")[1].split(" ")[0])
+        assert lost_to.replace(microsecond=lost_to.microsecond // 1000 * 1000) == audit["lostTo"].replace(
+            tzinfo=timezone.utc
+        )
+        opened = describe_token(after["lastProcessedToken"])
+        assert (
+            f"stream orders: history lost, strategy RESUME_FROM_NOW: opened at {opened}, stored with the "
+            "audit entry (stored)"
+        ) in lines
+        assert began <= audit["lostTo"].replace(tzinfo=timezone.utc) <= datetime.now(timezone.utc)
 
 
 # ------------------------------------------------------------------------------------------------
