@@ -34,6 +34,8 @@ from flowwarden import (
     on_change,
     retry_policy,
 )
+from flowwarden.checkpoints import Checkpoint, InMemoryCheckpointStore
+from flowwarden.events import token_cluster_time
 from flowwarden.runtime import opening
 from flowwarden.runtime.opening import describe_token
 from flowwarden.testing import EmbeddedReplicaSet
@@ -226,6 +228,35 @@ def test_history_lost_resume_from_now_skips_the_gap(caplog):
             "audit entry (stored)"
         ) in lines
         assert began <= audit["lostTo"].replace(tzinfo=timezone.utc) <= datetime.now(timezone.utc)
+
+
+@pytest.mark.embedded_only
+def test_history_lost_from_a_checkpoint_stored_without_times_is_lost_from_its_tokens_time(caplog):
+    """A custom store may keep a processed token alone: the gap starts at the token's time."""
+    with EmbeddedReplicaSet(oplog_max_events=20) as rs, pymongo.MongoClient(rs.uri) as client:
+        orders = client.shop.orders
+        with orders.watch() as stream:
+            orders.insert_one({"_id": 0})
+            token = stream.next()["_id"]
+        orders.insert_many([{"_id": i} for i in range(1, 40)])  # the window keeps 20
+        store = InMemoryCheckpointStore()
+        store.save(Checkpoint(stream_id="orders", last_processed_token=token))
+        handler, seen = recording_handler("shop", on_history_lost=OnHistoryLost.RESUME_FROM_NOW)
+        with (
+            caplog.at_level(logging.INFO, logger="flowwarden.runtime.opening"),
+            running(rs.uri, [handler], checkpoint_store=store),
+        ):
+            audit = wait_until(
+                lambda: ((store.load("orders") or Checkpoint("orders")).metadata or {}).get("historyLost"),
+                what="the audit entry",
+            )
+    lost_from = datetime.fromtimestamp(token_cluster_time(token).time, timezone.utc)
+    assert audit["lostFrom"] == lost_from and audit["strategy"] == "RESUME_FROM_NOW"
+    assert any(
+        r.getMessage().startswith(f"stream orders: history lost; events between {lost_from.isoformat()} and ")
+        for r in caplog.records
+    )
+    assert seen == []
 
 
 # ------------------------------------------------------------------------------------------------
