@@ -166,7 +166,7 @@ def test_initial_only_copies_and_stops(
 
 
 def test_a_database_stream_copies_its_collections_in_order_and_not_flowwardens_own(
-    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     database = client[db_name]
     database.create_collection("archive")  # first in name order, and nothing to copy
@@ -185,9 +185,15 @@ def test_a_database_stream_copies_its_collections_in_order_and_not_flowwardens_o
         def changed(self, event: ChangeEvent) -> None:
             pass  # the database's changes, checkpoint writes included
 
-    with running(mongodb_uri, [Shop]) as connector:
+    with (
+        caplog.at_level(logging.INFO, logger="flowwarden.runtime.snapshot"),
+        running(mongodb_uri, [Shop]) as connector,
+    ):
         wait_until(lambda: _copied(connector, "shop"), what="the copy")
     assert seen == [("orders", 1), ("returns", None), ("returns", 1), ("returns", 2)]
+    assert _snapshot_lines(caplog)[0].startswith(
+        f"stream shop: initial snapshot of {db_name}.archive, {db_name}.orders, {db_name}.returns (about 4 "
+    )
 
 
 def test_partitioned_streams_copy_their_own_bucket(
