@@ -18,6 +18,8 @@ from flowwarden.config.spec import stream_spec
 from flowwarden.runtime import batching
 from flowwarden.runtime.batching import BatchDelivery
 from flowwarden.runtime.invoke import Invoker
+from flowwarden.runtime.metrics import StreamMetrics
+from flowwarden.runtime.opening import describe_token
 
 
 class Committer:
@@ -59,9 +61,19 @@ class Gated:
         await gate.wait()
 
 
-def delivery(method: Gated, delivered: list[int], max_events: int, max_attempts: int = 3) -> BatchDelivery:
+def delivery(
+    method: Gated,
+    delivered: list[int],
+    max_events: int,
+    max_attempts: int = 3,
+    *,
+    giving_up: Any = None,
+    failed: Any = lambda: None,
+    metrics: StreamMetrics | None = None,
+    wants_ctx: bool = False,
+) -> BatchDelivery:
     @change_stream("orders", "shop", name="orders")
-    @retry_policy(max_attempts=max_attempts, initial_delay_seconds=0.01)
+    @retry_policy(max_attempts=max_attempts, initial_delay_seconds=0.01, max_delay_seconds=0.01)
     class Batches:
         @on_batch(max_events=max_events, max_wait_seconds=3600)
         async def handle(self, events: list[Any]) -> None: ...
@@ -70,7 +82,7 @@ def delivery(method: Gated, delivered: list[int], max_events: int, max_attempts:
     invoker = Invoker(
         method.handle,
         is_async=True,
-        wants_ctx=False,
+        wants_ctx=wants_ctx,
         stream="orders",
         policy=spec.retry,
         stopping=asyncio.Event(),
@@ -80,9 +92,10 @@ def delivery(method: Gated, delivered: list[int], max_events: int, max_attempts:
         spec,
         invoker=invoker,
         spark_provider=None,
-        giving_up=None,  # type: ignore[arg-type]  # nothing here gives up
+        giving_up=giving_up,  # None: nothing here gives up
         delivered=delivered.append,
-        failed=lambda: None,
+        failed=failed,
+        metrics=metrics,
     )
 
 
@@ -161,10 +174,15 @@ async def test_a_batch_that_fails_in_flight_halts_the_stream_and_fails_the_next_
         async def handle(self, events: list[Any]) -> None:
             raise ValueError("the sink refused the batch")
 
-    method, delivered, committer = Refused(), [], Committer()
-    batches = delivery(method, delivered, max_events=1, max_attempts=1)
-    giving_up = batches._giving_up = StopOnExhausted()  # type: ignore[assignment]
-    batches._failed = lambda: halted.append(True)
+    method, delivered, committer, giving_up = Refused(), [], Committer(), StopOnExhausted()
+    batches = delivery(
+        method,
+        delivered,
+        max_events=1,
+        max_attempts=1,
+        giving_up=giving_up,
+        failed=lambda: halted.append(True),
+    )
     await batches.offer(1, change(1), committer)  # handed over; fails in flight
     await settle_loop()
     assert halted == [True] and giving_up.given_up == [[1]]
@@ -204,6 +222,107 @@ async def test_a_batch_formed_again_without_its_last_event_says_so_naming_the_st
     lines = [JsonFormatter().format(r) for r in caplog.records if r.name.startswith("flowwarden")]
     [line] = [json.loads(text) for text in lines]
     assert line["logger"] == "flowwarden.runtime.batching" and line["stream"] == "orders"
-    assert "formed again without its last event" in line["message"]
+    assert line["message"] == (
+        f"stream orders: the batch stored as ending at {describe_token({'_data': '0003'})} was formed "
+        "again without its last event, which the stream no longer returns"
+    )
     method.gates[0].set()
     await batches.wait_in_flight()
+
+
+async def test_a_batch_formed_again_ends_exactly_at_its_stored_end_whatever_its_size() -> None:
+    method, delivered, committer = Gated(), [], Committer()
+    batches = delivery(method, delivered, max_events=2)
+    batches.replay_until({"_data": "0005"})
+    assert batches.replaying and not batches.due()  # nothing pending: never due
+    for n in range(1, 5):
+        await batches.offer(n, change(n), committer)  # past max_events, not due: not at its end
+    assert method.batches == [] and batches.pending == 4
+    await batches.offer(5, change(5), committer)  # its end, the stored one included
+    await settle_loop()
+    assert method.batches == [[1, 2, 3, 4, 5]] and not batches.replaying
+    method.gates[0].set()
+    await batches.offer(6, change(6), committer)
+    await batches.offer(7, change(7), committer)  # formed by count again
+    await settle_loop()
+    assert method.batches == [[1, 2, 3, 4, 5], [6, 7]]
+    method.gates[1].set()
+    await batches.wait_in_flight()
+
+
+async def test_a_batch_formed_again_is_due_once_the_stream_read_up_to_its_end_without_it() -> None:
+    method, delivered, committer = Gated(), [], Committer()
+    batches = delivery(method, delivered, max_events=2)
+    batches.replay_until({"_data": "0005"})
+    for n in range(1, 4):
+        await batches.offer(n, change(n), committer)
+    # An empty read whose post-batch token is before the end: not yet; at or past it: due.
+    assert not batches.due({"_data": "0004"}) and not batches.due()
+    assert batches.due({"_data": "0005"}) and batches.due({"_data": "0006"})
+
+
+async def test_each_batch_is_one_named_task_and_its_context_names_its_first_event() -> None:
+    seen: list[str | None] = []
+
+    class Recording(Gated):
+        async def handle(self, events: list[Any], ctx: Any) -> None:  # type: ignore[override]
+            seen.append(ctx.batch_id)
+            await super().handle(events)
+
+    method, delivered, committer = Recording(), [], Committer()
+    batches = delivery(method, delivered, max_events=2, wants_ctx=True)
+    await batches.offer(1, change(1), committer)
+    await batches.offer(2, change(2), committer)
+    await settle_loop()
+    assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("flowwarden-batch")] == [
+        "flowwarden-batch[orders]"
+    ]
+    assert seen == ["0001"]
+    method.gates[0].set()
+    await batches.wait_in_flight()
+
+
+class Recorder:
+    """GivingUp with on_exhausted=SKIP or DEAD_LETTER: records what it was given, and goes on."""
+
+    def __init__(self) -> None:
+        self.given_up: list[tuple[list[int], str, int]] = []
+
+    async def give_up(self, changes: list[Any], error: BaseException, attempts: int) -> None:
+        self.given_up.append(([c["documentKey"]["_id"] for c in changes], str(error), attempts))
+
+
+async def test_outcomes_are_counted_per_batch_and_an_exhausted_one_is_left_to_giving_up() -> None:
+    calls: list[list[int]] = []
+
+    class Flaky(Gated):
+        async def handle(self, events: list[Any]) -> None:
+            keys = [event.document_key["_id"] for event in events]
+            calls.append(keys)
+            if keys[0] == 3 and calls.count(keys) == 1:
+                raise ValueError("once")  # retried, then handled
+            if keys[0] == 5:
+                raise ValueError("never")  # exhausted
+
+    metrics, giving_up, committer = StreamMetrics(), Recorder(), Committer()
+    delivered: list[int] = []
+    batches = delivery(Flaky(), delivered, max_events=2, max_attempts=2, giving_up=giving_up, metrics=metrics)
+    for n in range(1, 7):
+        await batches.offer(n, change(n), committer)
+    await batches.deliver_all(committer)
+    assert metrics.outcomes() == {("insert", "ok"): 2, ("insert", "retried"): 2}
+    assert giving_up.given_up == [([5, 6], "never", 2)]
+    assert delivered == [2, 2, 2] and committer.calls[-1] == ("commit", "0006")
+    assert metrics.batch_events.count == 3
+
+
+async def test_waiting_for_a_failed_batch_in_flight_does_not_raise_its_error() -> None:
+    class Refused(Gated):
+        async def handle(self, events: list[Any]) -> None:
+            raise ValueError("the sink refused the batch")
+
+    committer, giving_up = Committer(), StopOnExhausted()
+    batches = delivery(Refused(), [], max_events=1, max_attempts=1, giving_up=giving_up)
+    await batches.offer(1, change(1), committer)
+    await batches.wait_in_flight()  # the stream stopping: it waits, and reads the outcome from failure
+    assert str(batches.failure) == "the stream stops: the sink refused the batch"

@@ -287,7 +287,6 @@ class BatchDelivery:
     ) -> bool:
         """The method on one batch under the retry policy, or ``on_exhausted`` once it gave up;
         False when the stream stopped while a failed call waited for its next attempt."""
-        outcome = "ok"
         try:
             calls, dropped = await self._hand_over(changes, ctx, prepared)
             outcome = "ok" if calls == 1 else "retried"
