@@ -312,3 +312,57 @@ def test_snapshot_rows_reach_a_dataframe_method_as_rows_without_a_token(spark, m
     assert all(r["_id"] is None for r in rows[:30]) and rows[30]["_id"]
     assert all(r["database"] == db_name and r["collection"] == "orders" for r in rows)
     assert rows[0]["cluster_time"] == rows[29]["cluster_time"] <= rows[30]["cluster_time"]
+
+
+def test_an_inferred_schema_is_sampled_once_shown_in_the_status_and_sampled_again_after_a_failure(
+    spark, mongodb_uri, client, db_name, caplog, monkeypatch
+):
+    import pymongo.errors
+
+    import flowwarden.spark.infer as infer
+
+    client[db_name].orders.insert_many([{"_id": i, "qty": i, "sku": f"s{i}"} for i in range(3)])
+    samplings: list[int] = []
+    sample = infer.infer_document_spec_async
+
+    async def failing_once(collection: Any, **options: Any) -> Any:
+        samplings.append(options["sample_size"])
+        if len(samplings) == 1:
+            raise pymongo.errors.AutoReconnect("the sample's connection was reset")
+        return await sample(collection, **options)
+
+    monkeypatch.setattr(infer, "infer_document_spec_async", failing_once)
+    caplog.set_level(logging.INFO, logger="flowwarden.runtime.batching")
+    frames: list[tuple[str, list[Any]]] = []
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        max_await_time_ms=50,
+        restart_initial_delay_seconds=0.05,
+        restart_max_delay_seconds=0.1,
+    )
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Frames:
+        @on_dataframe(max_events=10, max_wait_seconds=0.2, schema="infer", sample_size=50)
+        def write(self, df: Any) -> None:
+            full = df.schema["full_document"].dataType
+            frames.append((full.simpleString(), [r["full_document"]["qty"] for r in df.collect()]))
+
+    with helpers.running(mongodb_uri, [Frames], spark=spark) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
+        client[db_name].orders.insert_many([{"_id": i, "qty": i, "sku": f"s{i}"} for i in range(3, 5)])
+        wait_until(lambda: sum(len(qty) for _, qty in frames) == 2, what="the two inserts")
+        status = connector.status()["orders"]
+    # The failed sampling failed the stream's first batch; it re-opened and sampled again, once.
+    assert samplings == [50, 50] and status.restarts >= 1
+    assert frames == [("struct<_id:int,qty:int,sku:string>", [3, 4])]
+    assert status.inferred_schema == "`_id` INT, `qty` INT, `sku` STRING"
+    lines = [r.getMessage() for r in caplog.records if r.name == "flowwarden.runtime.batching"]
+    assert lines == [
+        "stream orders: inferring the schema failed (the sample's connection was reset); the first batch "
+        "fails with it and the stream samples again when it re-opens",
+        "stream orders: full_document schema inferred from a sample of up to 50 documents: "
+        "`_id` INT, `qty` INT, `sku` STRING",
+    ]
