@@ -326,3 +326,16 @@ async def test_waiting_for_a_failed_batch_in_flight_does_not_raise_its_error() -
     await batches.offer(1, change(1), committer)
     await batches.wait_in_flight()  # the stream stopping: it waits, and reads the outcome from failure
     assert str(batches.failure) == "the stream stops: the sink refused the batch"
+
+
+async def test_reading_ahead_waits_once_the_batch_holds_the_bound_and_not_a_byte_before(monkeypatch) -> None:
+    monkeypatch.setattr(batching, "READ_AHEAD_BYTES", EVENT_BYTES + 1)
+    method, committer = Gated(), Committer()
+    batches = delivery(method, [], max_events=10)
+    in_flight = batches._in_flight = asyncio.ensure_future(asyncio.Event().wait())  # in its method
+    await asyncio.wait_for(batches.offer(1, change(1), committer), 5)  # one byte short: reads on
+    second = asyncio.ensure_future(batches.offer(2, change(2), committer))  # the bound: waits
+    await settle_loop()
+    assert not second.done() and batches.pending == 2
+    second.cancel()
+    in_flight.cancel()

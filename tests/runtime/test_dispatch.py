@@ -136,8 +136,9 @@ def test_on_batch_delivers_bounded_batches_and_commits_after_return(mongodb_uri,
             batches.append([e.document_key["_id"] for e in events])
 
     orders = client[db_name]["orders"]
-    with running(mongodb_uri, [Batches]):
+    with running(mongodb_uri, [Batches]) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        assert connector.status()["orders"].inferred_schema is None  # no schema="infer": none
         orders.insert_many([{"_id": i} for i in range(100)])
         # 100 is not a multiple of 40 and nothing is written after the 100th event: they can all
         # arrive only if a batch smaller than max_events is handed over at its max_wait deadline.
