@@ -174,8 +174,18 @@ def test_history_lost_resume_from_oplog_start_goes_on_now_and_says_so_when_the_o
     ]
 
 
+@pytest.fixture
+def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's local time nine hours ahead of UTC: a local time stored as UTC shows."""
+    monkeypatch.setenv("TZ", "JST-9")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
 @pytest.mark.embedded_only
-def test_history_lost_resume_from_now_skips_the_gap(caplog):
+def test_history_lost_resume_from_now_skips_the_gap(caplog, far_from_utc):
     # Under a lease: its checkpoints carry an epoch.
     leader = {"deployment": "single_leader"}
     with _lost_history(OnHistoryLost.RESUME_FROM_NOW, **leader) as (rs, client, stored):

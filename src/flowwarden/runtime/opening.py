@@ -367,8 +367,7 @@ class StreamOpener:
                 stream_id=self.name,
                 instance_id=committer.instance_id,
                 instance_token=committer.instance_token,
-                last_processed_token=dict(token),
-                last_processed_at=token_datetime(token),
+                last_processed_token=dict(token),  # its time is the token's
                 events_processed=events_processed,
                 epoch=committer.epoch,
                 metadata={**metadata, "historyLost": self.history_audit},
