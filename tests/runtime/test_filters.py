@@ -6,6 +6,7 @@ each left-out event counts as ``filtered``."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from pathlib import Path
 from typing import Any
@@ -228,8 +229,9 @@ def test_a_failing_filter_is_retried_then_given_up_on_like_a_handler(
 
 
 def test_snapshot_rows_are_filtered_too(
-    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="flowwarden")
     seen: list[tuple[str, int]] = []
     client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
 
@@ -253,3 +255,4 @@ def test_snapshot_rows_are_filtered_too(
         status = connector.status()["orders"]
     assert seen == [("snapshot", 0), ("snapshot", 2), ("snapshot", 4), ("insert", 6)]
     assert status.events_filtered == 4 and status.snapshot is not None and status.snapshot.copied == 6
+    assert [r.getMessage() for r in caplog.records] == []  # each row judged at its first call
