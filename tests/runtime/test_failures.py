@@ -416,6 +416,33 @@ def test_restart_after_invalidate_when_configured(mongodb_uri, client, db_name):
         client[db_name].orders.insert_one({"_id": 2})
         wait_until(lambda: ("insert", 2) in seen, what="the insert after the restart")
         assert connector.status()["orders"].state == StreamState.RUNNING
+    # Opened again right after the invalidate event: nothing before it comes twice.
+    assert seen == [("insert", 1), ("drop", None), ("invalidate", None), ("insert", 2)]
+
+
+@pytest.mark.parametrize("on_invalidate", ["stop", "restart"])
+def test_a_batch_forming_when_the_stream_is_invalidated_is_handed_over_first(
+    mongodb_uri, client, db_name, on_invalidate
+):
+    batches: list[list[tuple[str, Any]]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50, on_invalidate=on_invalidate)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Batches:
+        @on_batch(max_events=100, max_wait_seconds=3600)  # due by neither count nor time here
+        def handle(self, events: list[ChangeEvent]) -> None:
+            batches.append([(e.operation_type, (e.document_key or {}).get("_id")) for e in events])
+
+    with running(mongodb_uri, [Batches]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_one({"_id": 1})
+        client[db_name].orders.drop()
+        wait_until(lambda: batches, what="the batch the invalidate ended")
+        if on_invalidate == "stop":
+            wait_until(lambda: connector.status()["orders"].state == StreamState.STOPPED, what="STOPPED")
+    assert batches == [[("insert", 1), ("drop", None), ("invalidate", None)]]
+    # Handed over and committed: a restart does not read them again.
+    assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 3
 
 
 # ------------------------------------------------------------------------------------------------

@@ -236,7 +236,7 @@ class EventDispatch:
                             await self._pass(change, committer)
                     if not kept:
                         if operation == "invalidate" and not self.halt:
-                            return await self._on_invalidate(change, halted)
+                            return await self._on_invalidate(change, committer, halted)
                         if batch is not None and not self.halt and batch.due():
                             # A run of left-out events must not hold the batch past its wait.
                             await batch.deliver(committer)
@@ -263,7 +263,7 @@ class EventDispatch:
             else:
                 await self._dispatch(change, committer)
             if operation == "invalidate":
-                return await self._on_invalidate(change, halted)
+                return await self._on_invalidate(change, committer, halted)
 
     # -- the filter ------------------------------------------------------------------------------
 
@@ -369,8 +369,17 @@ class EventDispatch:
         return self.batch is None or self.batch.idle()
 
     async def _on_invalidate(
-        self, change: Mapping[str, Any], halted: Callable[[], Stopped | LostOwnership]
+        self,
+        change: Mapping[str, Any],
+        committer: CheckpointCommitter,
+        halted: Callable[[], Stopped | LostOwnership],
     ) -> Invalidated | Reopen | LostOwnership:
+        """What the stream does at an invalidate event, once every event read before it (the
+        events waiting in a batch included) was handled: open again after it, or end."""
+        if self.batch is not None and not self.halt:
+            # The stream goes on after the invalidate, or ends: the batch being formed holds
+            # events before it, the invalidate included, that nothing would hand over later.
+            await self.batch.deliver_all(committer)
         await self.wait_in_flight()
         if self.halt and isinstance(lost := halted(), LostOwnership):
             # A lost lease (or a handler of an event before the invalidate, failed meanwhile:
@@ -518,7 +527,7 @@ class EventDispatch:
                 if screened is not None:
                     await self._dispatch(screened, committer)
                 if change.get("operationType") == "invalidate":
-                    return await self._on_invalidate(change, halted)
+                    return await self._on_invalidate(change, committer, halted)
         finally:
             await self._opener.close(stream)
         return None
