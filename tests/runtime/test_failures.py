@@ -26,6 +26,7 @@ from flowwarden import (
     HistoryLostError,
     OnError,
     OnHistoryLost,
+    StreamInvalidatedError,
     StreamState,
     change_stream,
     checkpoint,
@@ -395,18 +396,25 @@ def test_poison_event_with_dead_letter_parks_it_and_advances(mongodb_uri, client
 # invalidation
 
 
-def test_drop_of_the_watched_collection_stops_the_stream(mongodb_uri, client, db_name):
+def test_drop_of_the_watched_collection_stops_the_stream(mongodb_uri, client, db_name, caplog):
     handler, seen = recording_handler(db_name)
     with running(mongodb_uri, [handler]) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
-        client[db_name].orders.insert_one({"_id": 1})
-        client[db_name].orders.drop()
+        with client[db_name].orders.watch(max_await_time_ms=50) as watching:
+            client[db_name].orders.insert_one({"_id": 1})
+            client[db_name].orders.drop()
+            invalidate = [watching.next() for _ in range(3)][-1]["_id"]
         wait_until(lambda: connector.status()["orders"].state == StreamState.STOPPED, what="STOPPED")
-        assert "invalidated" in connector.status()["orders"].reason
+        status = connector.status()["orders"]
+        error = connector.stream_errors()["orders"]
     assert [op for op, _ in seen] == ["insert", "drop", "invalidate"]
+    assert isinstance(error, StreamInvalidatedError)
+    assert (error.stream, error.operation, error.token) == ("orders", "drop or rename", invalidate)
+    assert status.reason == str(error) and str(error).startswith("stream 'orders' was invalidated by a ")
+    assert str(error) in [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
-def test_restart_after_invalidate_when_configured(mongodb_uri, client, db_name):
+def test_restart_after_invalidate_when_configured(mongodb_uri, client, db_name, caplog):
     handler, seen = recording_handler(db_name, stream={"on_invalidate": "restart"})
     with running(mongodb_uri, [handler]) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
@@ -418,6 +426,9 @@ def test_restart_after_invalidate_when_configured(mongodb_uri, client, db_name):
         assert connector.status()["orders"].state == StreamState.RUNNING
     # Opened again right after the invalidate event: nothing before it comes twice.
     assert seen == [("insert", 1), ("drop", None), ("invalidate", None), ("insert", 2)]
+    assert "stream orders: invalidated; restarting after the invalidate event" in [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+    ]
 
 
 @pytest.mark.parametrize("on_invalidate", ["stop", "restart"])
