@@ -220,6 +220,7 @@ def test_a_failing_filter_is_retried_then_given_up_on_like_a_handler(
         return
     assert seen == [0, 1, 3]
     assert status.events_failed == 1 and status.events_filtered == 0
+    assert status.events_processed == 4  # the one given up on is done with too
     dead = list(client[db_name]["_fw_dlq"].find())
     if outcome is OnError.DEAD_LETTER:
         assert [entry["event"]["documentKey"]["_id"] for entry in dead] == [2]
@@ -256,3 +257,86 @@ def test_snapshot_rows_are_filtered_too(
     assert seen == [("snapshot", 0), ("snapshot", 2), ("snapshot", 4), ("insert", 6)]
     assert status.events_filtered == 4 and status.snapshot is not None and status.snapshot.copied == 6
     assert [r.getMessage() for r in caplog.records] == []  # each row judged at its first call
+
+
+def _judging_class(db: str, judge: Any, seen: list[Any], **policy: Any) -> type:
+    @change_stream("orders", db, name="orders", max_await_time_ms=50, snapshot=Snapshot.INITIAL)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(initial_delay_seconds=0.01, max_delay_seconds=0.01, jitter=0, **policy)
+    class Judged:
+        @event_filter
+        def keep(self, event: ChangeEvent) -> bool:
+            return judge(event)
+
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            seen.append((event.operation_type, event.document_key["_id"]))
+
+    return Judged
+
+
+def test_a_filter_that_fails_then_judges_or_gives_up_completes_rows_and_events_alike(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    """Keys 1 fail once, then are left out; keys 2 always fail and are skipped; the last event is
+    one of those, so only its own completion can move the stored position past it."""
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": f"row-{n}"} for n in range(3)])
+    calls: dict[Any, int] = {}
+
+    def judge(event: ChangeEvent) -> bool:
+        key = event.document_key["_id"]
+        n = int(key.rpartition("-")[2])
+        calls[key] = calls.get(key, 0) + 1
+        if n == 1 and calls[key] == 1:
+            raise Flaky("the filter's lookup failed for now")
+        if n == 2:
+            raise Flaky("the filter cannot judge this one")
+        return n == 0
+
+    seen: list[Any] = []
+    judged = _judging_class(db_name, judge, seen, max_attempts=2, on_exhausted=OnError.SKIP)
+    with running(mongodb_uri, [judged]) as connector:
+        wait_until(
+            lambda: (s := connector.status()["orders"].snapshot) is not None and s.done, what="the copy"
+        )
+        tokens = []
+        with orders.watch(max_await_time_ms=50) as stream:
+            orders.insert_many([{"_id": f"event-{n}"} for n in range(3)])
+            while len(tokens) < 3:
+                if (event := stream.try_next()) is not None:
+                    tokens.append(event["_id"]["_data"])
+        wait_until(lambda: stored_position(client, db_name) == tokens[2], what="the position past the last")
+        status = connector.status()["orders"]
+    assert seen == [("snapshot", "row-0"), ("insert", "event-0")]
+    # Left out after a failure: filtered, rows and events alike; the skipped ones failed.
+    assert status.events_filtered == 2 and status.events_failed == 2
+    assert status.events_processed == 3  # the stream's events; rows are counted by the copy
+    assert status.snapshot is not None and status.snapshot.copied == 3
+
+
+def test_a_stop_while_the_filter_is_retried_leaves_the_event_unfinished(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    asked: list[int] = []
+    judging = {"failing": True}
+
+    def judge(event: ChangeEvent) -> bool:
+        key = event.document_key["_id"]
+        asked.append(key)
+        if key == 1 and judging["failing"]:
+            raise Flaky("the filter's lookup is down")
+        return True
+
+    seen: list[Any] = []
+    judged = _judging_class(db_name, judge, seen, max_attempts=100_000)
+    with running(mongodb_uri, [judged]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="its opening position")
+        tokens = inserted(client, db_name, 3)
+        wait_until(lambda: asked.count(1) >= 3, what="the filter retried")
+    assert seen == [("insert", 0)]
+    assert stored_position(client, db_name) == tokens[0]  # before the event in the filter's hands
+    judging["failing"] = False
+    with running(mongodb_uri, [judged]):
+        wait_until(lambda: len(seen) == 3, what="the event asked about again, and the one after it")
+    assert seen == [("insert", 0), ("insert", 1), ("insert", 2)]
