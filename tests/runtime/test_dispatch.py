@@ -14,6 +14,7 @@ from flowwarden import (
     checkpoint,
     on_batch,
     on_change,
+    on_delete,
     on_insert,
     retry_policy,
 )
@@ -228,3 +229,28 @@ def test_the_stream_reads_the_next_batch_while_a_method_works_and_stores_its_end
     assert batches == [list(range(10)), list(range(10, 20))]
     doc = checkpoint_doc(client, db_name, "orders")
     assert doc["lastProcessedToken"] == tokens[19]
+
+
+def test_async_and_concurrent_methods_get_the_events_of_their_operation_type(mongodb_uri, client, db_name):
+    seen: list[tuple[str, int]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50, max_concurrency=2)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class PerType:
+        @on_insert
+        async def created(self, event: ChangeEvent) -> None:
+            seen.append(("created", event.document_key["_id"]))
+
+        @on_delete
+        async def deleted(self, event: ChangeEvent) -> None:
+            seen.append(("deleted", event.document_key["_id"]))
+
+    orders = client[db_name]["orders"]
+    with running(mongodb_uri, [PerType]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        orders.insert_one({"_id": 1})
+        orders.update_one({"_id": 1}, {"$set": {"x": 1}})  # no method: passed, in its place
+        orders.delete_one({"_id": 1})
+        wait_until(lambda: connector.status()["orders"].events_processed == 3, what="three events")
+    assert seen == [("created", 1), ("deleted", 1)]
+    assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 3
