@@ -14,6 +14,9 @@ from typing import IO, Any
 
 import pymongo
 import pytest
+from bson.codec_options import TypeDecoder
+from bson.decimal128 import Decimal128
+from bson.errors import InvalidBSON
 from prometheus_client.parser import text_string_to_metric_families
 
 from flowwarden import Connector
@@ -145,3 +148,14 @@ def fail_command(client: pymongo.MongoClient[Any]) -> Iterator[FailCommand]:
         yield fail_point
     finally:
         fail_point.off()
+
+
+class PoisonDecimal(TypeDecoder):
+    """Refuses to decode the amount 666, as a codec does with a value it cannot read."""
+
+    bson_type = Decimal128
+
+    def transform_bson(self, value: Decimal128) -> Decimal128:
+        if value == Decimal128("666"):
+            raise InvalidBSON("cannot decode the amount of this order")
+        return value

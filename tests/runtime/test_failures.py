@@ -14,9 +14,8 @@ from typing import Any
 
 import pymongo
 import pytest
-from bson.codec_options import TypeDecoder, TypeRegistry
+from bson.codec_options import TypeRegistry
 from bson.decimal128 import Decimal128
-from bson.errors import InvalidBSON
 from pymongo import monitoring
 
 from flowwarden import (
@@ -42,6 +41,7 @@ from flowwarden.runtime.opening import describe_token
 from flowwarden.testing import EmbeddedReplicaSet
 from helpers import checkpoint_doc, running, wait_until, wait_until_async
 
+from .conftest import PoisonDecimal
 from .handlers import recording_handler
 
 # ------------------------------------------------------------------------------------------------
@@ -460,22 +460,11 @@ def test_a_batch_forming_when_the_stream_is_invalidated_is_handed_over_first(
 # events that cannot be decoded
 
 
-class _PoisonDecimal(TypeDecoder):
-    """Refuses to decode the amount 666, as a codec does with a value it cannot read."""
-
-    bson_type = Decimal128
-
-    def transform_bson(self, value: Decimal128) -> Decimal128:
-        if value == Decimal128("666"):
-            raise InvalidBSON("cannot decode the amount of this order")
-        return value
-
-
 def _undecodable_run(mongodb_uri, client, db_name, on_exhausted: OnError):
     """Ten orders in one batch; order 5 cannot be decoded by the connector's client."""
     calls: list[int] = []
     handler = failing_handler(db_name, on_exhausted, poison=-1, calls=calls)
-    registry = TypeRegistry([_PoisonDecimal()])
+    registry = TypeRegistry([PoisonDecimal()])
 
     async def run() -> Connector:
         async_client = pymongo.AsyncMongoClient(mongodb_uri, type_registry=registry)

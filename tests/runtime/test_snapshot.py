@@ -25,8 +25,7 @@ from typing import Any
 import pymongo
 import pytest
 from bson import Decimal128, MinKey, json_util
-from bson.codec_options import TypeDecoder, TypeRegistry
-from bson.errors import InvalidBSON
+from bson.codec_options import TypeRegistry
 
 from flowwarden import (
     ChangeEvent,
@@ -53,6 +52,8 @@ from flowwarden.mongo.buckets import partition_name
 from flowwarden.runtime.opening import describe_token
 from flowwarden.testing import EmbeddedReplicaSet
 from helpers import checkpoint_doc, complete_lines, running, wait_until, wait_until_async
+
+from .conftest import PoisonDecimal
 
 WORKER = Path(__file__).with_name("snapshot_worker.py")
 
@@ -1069,17 +1070,6 @@ def test_a_database_stream_over_no_collection_finishes_an_empty_copy(
     )
 
 
-class _PoisonDecimal(TypeDecoder):
-    """Refuses to decode the amount 666, as a codec does with a value it cannot read."""
-
-    bson_type = Decimal128
-
-    def transform_bson(self, value: Decimal128) -> Decimal128:
-        if value == Decimal128("666"):
-            raise InvalidBSON("cannot decode the amount of this order")
-        return value
-
-
 def test_a_document_the_copy_cannot_decode_is_dead_lettered_and_the_copy_goes_on(
     mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
 ) -> None:
@@ -1096,7 +1086,7 @@ def test_a_document_the_copy_cannot_decode_is_dead_lettered_and_the_copy_goes_on
             seen.append(event.document_key["_id"])
 
     async def run() -> None:
-        async_client = pymongo.AsyncMongoClient(mongodb_uri, type_registry=TypeRegistry([_PoisonDecimal()]))
+        async_client = pymongo.AsyncMongoClient(mongodb_uri, type_registry=TypeRegistry([PoisonDecimal()]))
         connector = Connector(async_client, [Orders])
         task = asyncio.create_task(connector.run_async())
         try:
