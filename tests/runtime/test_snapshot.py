@@ -1103,3 +1103,50 @@ def test_a_document_the_copy_cannot_decode_is_dead_lettered_and_the_copy_goes_on
     (letter,) = client[db_name]["_fw_dlq"].find()
     assert letter["event"]["documentKey"] == {"_id": 2} and letter["event"]["operationType"] == "snapshot"
     assert letter["errorType"] == "bson.errors.InvalidBSON"
+
+
+def test_concurrent_methods_copy_every_row_once_and_a_stop_in_a_row_leaves_its_chunk_to_the_next_run(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(10)])
+    store = _RecordingStore()
+    seen: list[int] = []
+    refuse = threading.Event()
+    refuse.set()
+    started: set[int] = set()
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        snapshot=Snapshot.INITIAL,
+        snapshot_chunk_size=4,
+        max_concurrency=3,
+        max_await_time_ms=50,
+    )
+    @retry_policy(max_attempts=10_000, initial_delay_seconds=0.02, max_delay_seconds=0.02, jitter=0)
+    class Orders:
+        @on_snapshot
+        async def copied(self, event: ChangeEvent) -> None:
+            key = event.document_key["_id"]
+            started.add(key)
+            # Chunks of 4 go three rows at a time: the first of each three waits for the others.
+            others = {0: {1, 2}, 4: {5, 6}, 8: {9}}.get(key, set())
+            await wait_until_async(lambda: others <= started, timeout=5, what="rows handed over together")
+            if key == 6 and refuse.is_set():
+                raise ValueError("not yet")
+            seen.append(key)
+
+    with running(mongodb_uri, [Orders], checkpoint_store=store):
+        # Rows go three at a time: 4 and 5 beside the refused 6; 7 waits for the three.
+        wait_until(lambda: 4 in seen and 5 in seen, what="the rows beside the refused one")
+    stored = store.load("orders")
+    assert stored is not None and stored.snapshot is not None
+    # Chunk 2 (_id 4 to 7) was in hand when the stop came: planned, not finished.
+    assert (stored.snapshot.chunk, stored.snapshot.chunk_end, stored.snapshot.copied) == (2, 7, 4)
+    assert sorted(seen) == [0, 1, 2, 3, 4, 5]
+    refuse.clear()
+    seen.clear()
+    with running(mongodb_uri, [Orders], checkpoint_store=store) as connector:
+        wait_until(lambda: _copied(connector), what="the copy")
+    assert sorted(seen) == [4, 5, 6, 7, 8, 9]  # the chunk in hand again, then the rest, once each
