@@ -20,6 +20,8 @@ from flowwarden import (
 )
 from helpers import checkpoint_doc, running, wait_until
 
+from .conftest import samples, value
+
 
 async def _wait(event: asyncio.Event | threading.Event, deadline: float) -> None:
     """Wait in a handler for ``event``; give up at ``deadline``, so that a broken build fails the
@@ -246,11 +248,16 @@ def test_async_and_concurrent_methods_get_the_events_of_their_operation_type(mon
             seen.append(("deleted", event.document_key["_id"]))
 
     orders = client[db_name]["orders"]
-    with running(mongodb_uri, [PerType]) as connector:
+    with running(mongodb_uri, [PerType], metrics_port=0) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
         orders.insert_one({"_id": 1})
         orders.update_one({"_id": 1}, {"$set": {"x": 1}})  # no method: passed, in its place
         orders.delete_one({"_id": 1})
         wait_until(lambda: connector.status()["orders"].events_processed == 3, what="three events")
+        found = samples(connector)
     assert seen == [("created", 1), ("deleted", 1)]
+    for operation in ("insert", "update", "delete"):
+        assert (
+            value(found, "flowwarden_events_total", stream="orders", operation=operation, outcome="ok") == 1
+        )
     assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 3

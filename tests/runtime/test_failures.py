@@ -578,6 +578,38 @@ def test_a_stop_during_a_batch_retry_leaves_the_batch_to_the_next_run(mongodb_ur
     assert seen[:5] == [("insert", i) for i in range(5)]
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_stop_during_an_events_retry_leaves_it_to_the_next_run(mongodb_uri, client, db_name, concurrency):
+    handled: list[int] = []
+    attempts: list[int] = []
+    failing = threading.Event()
+    failing.set()
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50, max_concurrency=concurrency)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(max_attempts=10_000, initial_delay_seconds=0.02, max_delay_seconds=0.02, jitter=0)
+    class Failing:
+        @on_change
+        def handle(self, event: ChangeEvent) -> None:
+            key = event.document_key["_id"]
+            attempts.append(key)
+            if key == 1 and failing.is_set():
+                raise RuntimeError("sink down")
+            handled.append(key)
+
+    with running(mongodb_uri, [Failing]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name].orders.insert_one({"_id": 0})
+        wait_until(lambda: handled == [0], what="the first event")
+        client[db_name].orders.insert_one({"_id": 1})
+        wait_until(lambda: attempts.count(1) >= 3, what="retries of the second")
+        # The stop interrupts the retries.
+    assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 1
+    failing.clear()
+    with running(mongodb_uri, [Failing]):
+        wait_until(lambda: handled == [0, 1], what="the event again")
+
+
 class _EmptyGetMores(monitoring.CommandListener):
     """Counts the getMores that came back without events (each gives the stream an empty read)."""
 
