@@ -30,6 +30,7 @@ from flowwarden import (
     change_stream,
     checkpoint,
     dead_letter_queue,
+    event_filter,
     on_batch,
     on_change,
     retry_policy,
@@ -43,6 +44,7 @@ from helpers import checkpoint_doc, running, wait_until, wait_until_async
 
 from .conftest import PoisonDecimal
 from .handlers import recording_handler
+from .test_raw_strings import ten_orders
 
 # ------------------------------------------------------------------------------------------------
 # history lost
@@ -491,6 +493,50 @@ def _undecodable_run(mongodb_uri, client, db_name, on_exhausted: OnError):
         return connector
 
     return asyncio.run(run()), calls
+
+
+def test_the_events_read_with_an_undecodable_one_go_through_the_filter_and_hashing_in_order(
+    mongodb_uri, client, db_name, monkeypatch
+):
+    """Ten events in one batch (written while the stream was stopped), the sixth holding text
+    that is not UTF-8: the client cannot decode the batch, so the events are read again one by
+    one, and the five before that one reach the methods as any event does, through the filter
+    and with their hashed fields hashed."""
+    monkeypatch.setenv("FW_TEST_SALT", "pepper")
+    calls: list[tuple[int, str]] = []
+    asked: list[int] = []
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        max_await_time_ms=50,
+        hash_fields=["name"],
+        hash_salt_env="FW_TEST_SALT",
+    )
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(on_exhausted=OnError.SKIP)
+    class Orders:
+        @event_filter
+        def keep(self, event: ChangeEvent) -> bool:
+            asked.append(event.document_key["_id"])
+            return event.document_key["_id"] % 2 == 0
+
+        @on_change
+        async def handle(self, event: ChangeEvent) -> None:  # not inline: the general path
+            calls.append((event.document_key["_id"], event.full_document["name"]))
+
+    with running(mongodb_uri, [Orders]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="its opening position")
+    client[db_name].orders.insert_many(ten_orders())
+    with running(mongodb_uri, [Orders]) as connector:
+        wait_until(lambda: connector.status()["orders"].events_processed == 10, what="the ten events")
+        status = connector.status()["orders"]
+    assert [key for key, _ in calls] == [0, 2, 4, 6, 8]
+    assert all(name != f"n{key}" and len(name) == 64 for key, name in calls)  # hashed
+    assert asked == [0, 1, 2, 3, 4, 6, 7, 8, 9]  # the undecodable one is given up on, not asked about
+    assert (status.events_filtered, status.events_failed) == (4, 1)
+    assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 10
 
 
 def test_undecodable_event_with_skip_is_skipped_and_its_batch_mates_handled(mongodb_uri, client, db_name):

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from bson.codec_options import CodecOptions
+from bson.errors import InvalidBSON
 from pymongo.errors import OperationFailure, PyMongoError
 
 from flowwarden.checkpoints import Checkpoint, CheckpointCommitter
@@ -268,6 +269,11 @@ class StreamOpener:
         try:
             try:
                 stream = await open_change_stream(target, **kwargs)
+            except InvalidBSON:
+                # The first batch holds an event this client cannot decode, and nothing read at
+                # an open is handed to the read loop: open again with an empty first batch, so
+                # that the event comes in a getMore, where the loop gives up on it alone.
+                stream = await open_change_stream(target, **{**kwargs, "batch_size": 0})
             except OperationFailure as error:
                 if error.code == codes.INVALID_RESUME_TOKEN and "resume_after" in kwargs:
                     # The token is an invalidate notification's: only startAfter may start after it.
