@@ -24,7 +24,7 @@ def _script() -> ModuleType:
 
 def test_every_module_and_test_of_the_table_exists() -> None:
     script = _script()
-    for module, tests in script.TESTS.items():
+    for module, tests in [*script.TESTS.items(), *script.SPARK_TESTS.items()]:
         assert (ROOT / "src" / "flowwarden" / module).is_file(), module
         for test in tests:
             path = test.removeprefix("--deselect=").split("::")[0]
@@ -95,3 +95,52 @@ def test_again_runs_the_survivors_of_unchanged_functions_and_every_mutant_of_cha
             "flowwarden.m.x\u01c1Box\u01c1method__mutmut_1",
         ]
     )
+
+
+def test_the_spark_pass_runs_the_survivors_and_its_results_replace_theirs_except_no_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _script()
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "SCRATCH", tmp_path / ".mutation")
+    monkeypatch.setattr(script, "TESTS", {"m.py": ["tests/test_m.py"]})
+    monkeypatch.setattr(script, "SPARK_TESTS", {"m.py": ["tests/test_m_spark.py"]})
+    monkeypatch.setattr(script, "one_line_diff", lambda work, target, name: "")
+    (tmp_path / "src" / "flowwarden").mkdir(parents=True)
+    (tmp_path / "src" / "flowwarden" / "m.py").write_text(NEW)
+    first = {
+        "flowwarden.m.x_kept__mutmut_1": 1,  # killed: not run again
+        "flowwarden.m.x_kept__mutmut_2": 0,  # survived: the Spark tests kill it
+        "flowwarden.m.x_changed__mutmut_1": 0,  # survived: the Spark tests never reach it
+        "flowwarden.m.x_changed__mutmut_2": 33,  # no tests: the Spark tests let it survive
+        "flowwarden.m.x_added__mutmut_1": 36,  # timeout: not run again
+    }
+    second = {
+        "flowwarden.m.x_kept__mutmut_2": 1,
+        "flowwarden.m.x_changed__mutmut_1": 33,
+        "flowwarden.m.x_changed__mutmut_2": 0,
+    }
+    calls = []
+
+    def mutate(module, work, tests, names, *, forkserver):
+        calls.append((work.name, tests, sorted(names), forkserver))
+        codes = first if not forkserver else {name: None for name in first} | second
+        meta = work / "mutants" / "src" / "flowwarden" / "m.py.meta"
+        meta.parent.mkdir(parents=True)
+        meta.write_text(json.dumps({"exit_code_by_key": codes}))
+        return dict(codes)
+
+    monkeypatch.setattr(script, "mutate", mutate)
+    row = script.run_module("m.py")
+    assert calls == [
+        ("m", ["tests/test_m.py"], [], False),
+        ("m__spark", ["tests/test_m_spark.py"], sorted(second), True),
+    ]
+    counted = (row["mutants"], row["killed"], row["survived"], row["no tests"], row["timeout"])
+    assert counted == (5, 2, 2, 0, 1)
+    # What the next --again goes on from.
+    stored = tmp_path / ".mutation" / "m" / "mutants" / "src" / "flowwarden" / "m.py.meta"
+    assert json.loads(stored.read_text())["exit_code_by_key"] == first | {
+        "flowwarden.m.x_kept__mutmut_2": 1,
+        "flowwarden.m.x_changed__mutmut_2": 0,
+    }
