@@ -47,29 +47,31 @@ async def committer(store: Any) -> None:
     assert await made.close() is True
 
 
-ENTRY_POINTS: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "@checkpoint(store=...)": (decorated, "store"),
-    "Connector(checkpoint_store=...)": (connector, "checkpoint_store"),
-    "CheckpointCommitter(store)": (committer, "store"),
+# Each entry: how a store comes in, the option it comes in by, and whose option that is.
+ENTRY_POINTS: dict[str, tuple[Callable[[Any], Any], str, str]] = {
+    "@checkpoint(store=...)": (decorated, "store", "handlers.<locals>.Orders"),
+    "Connector(checkpoint_store=...)": (connector, "checkpoint_store", "Connector"),
+    "CheckpointCommitter(store)": (committer, "store", "CheckpointCommitter('orders')"),
 }
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 async def test_a_store_lacking_methods_is_refused_where_it_comes_in_naming_them(entry: str) -> None:
-    apply, option = ENTRY_POINTS[entry]
+    apply, option, owner = ENTRY_POINTS[entry]
     with pytest.raises(ConfigurationError) as refused:
         result = apply(NoBatchEndNoRewind())
         if result is not None:
             await result
     message = str(refused.value)
-    assert refused.value.option == option
+    assert (refused.value.owner, refused.value.option) == (owner, option)
+    assert message.startswith(f"{owner}, option {option!r}: ")
     assert "NoBatchEndNoRewind is not a checkpoint store: it lacks save_batch_end, rewind" in message
     assert message.count("lacks") == 1
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 async def test_a_store_class_instead_of_an_instance_is_refused(entry: str) -> None:
-    apply, _ = ENTRY_POINTS[entry]
+    apply, _, _ = ENTRY_POINTS[entry]
     with pytest.raises(ConfigurationError, match=r"pass an instance, e.g. InMemoryCheckpointStore\(\.\.\.\)"):
         result = apply(InMemoryCheckpointStore)
         if result is not None:
@@ -78,7 +80,7 @@ async def test_a_store_class_instead_of_an_instance_is_refused(entry: str) -> No
 
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 async def test_a_whole_store_is_taken_at_every_entry(entry: str) -> None:
-    apply, _ = ENTRY_POINTS[entry]
+    apply, _, _ = ENTRY_POINTS[entry]
     result = apply(InMemoryCheckpointStore())
     if result is not None:
         await result
