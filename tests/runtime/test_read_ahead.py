@@ -122,3 +122,48 @@ def test_waiting_on_a_reader_that_ended_without_a_last_item_raises() -> None:
             await reader.close()
 
     asyncio.run(main())
+
+
+def test_close_abandons_a_reader_whose_cancelled_read_waits_for_a_server_that_is_gone() -> None:
+    """What PyMongo's change stream does when its read is cancelled: it closes its cursor before
+    it ends, and closing waits for a server, for as long as server selection lasts. The close
+    does not wait for that: it abandons the reader, whose second cancellation ends the wait."""
+
+    class Unreachable(ScriptedStream):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.closing = asyncio.Event()
+
+        async def try_next(self) -> Any:
+            try:
+                await asyncio.Event().wait()  # a getMore that no server answers
+            except BaseException:
+                self.closing.set()
+                await asyncio.Event().wait()  # closing the cursor: no server to select
+                raise
+            return None
+
+    async def main() -> tuple[float, bool, list[asyncio.Task[Any]], list[dict[str, Any]]]:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: errors.append(context))
+        stream = Unreachable()
+        reader = ReadAhead(stream, limit=5)
+        await asyncio.sleep(0.01)
+        started = loop.time()
+        try:
+            await asyncio.wait_for(reader.close(timeout=0.2), 10)
+            took = loop.time() - started
+            await asyncio.sleep(0.01)
+            left = [t for t in asyncio.all_tasks() if t.get_name() == "flowwarden-read-ahead"]
+        finally:  # a close that waited: the reader is still closing, and would hold asyncio.run
+            for task in asyncio.all_tasks():
+                if task.get_name() == "flowwarden-read-ahead":
+                    task.cancel()
+        return took, stream.closing.is_set(), left, errors
+
+    took, closing, left, errors = asyncio.run(main())
+    assert closing, "the read was cancelled, and its stream began closing"
+    assert 0.2 <= took < 5
+    assert left == [], "the abandoned reader ends once cancelled again"
+    assert errors == []

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flowwarden._abandoning import abandon
 from flowwarden.mongo.raw_events import lean
 
 
@@ -120,8 +121,19 @@ class ReadAhead:
         self.items.append(EmptyRead(None, True))
         self._ready.set()
 
-    async def close(self) -> None:
-        """Stop reading; what was read ahead and not taken is dropped (read again from the checkpoint)."""
-        self._task.cancel()
-        await asyncio.wait({self._task})  # never raises the reader's CancelledError; ours, yes
+    async def close(self, timeout: float = 2.0) -> None:
+        """Stop reading; what was read ahead and not taken is dropped (read again from the checkpoint).
+
+        A change stream whose read is cancelled closes its cursor before it ends, and that waits
+        for a server: with the deployment out of reach, for as long as server selection lasts.
+        The reader gets ``timeout`` seconds to end; then it is abandoned, cancelled once more (which
+        ends the close it is in) and its outcome read whenever it ends (the server drops an
+        abandoned cursor after its idle timeout).
+        """
+        task = self._task
+        task.cancel()
+        # wait(), not await: never raises the reader's CancelledError; ours, yes.
+        ended, _ = await asyncio.wait({task}, timeout=timeout)
+        if not ended:
+            abandon(task)
         self.items.clear()

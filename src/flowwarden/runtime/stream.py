@@ -618,7 +618,7 @@ class StreamRunner:
                 read_ended.set()
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
-            await reader.close()
+            await reader.close(self._stop_io_timeout())
 
     def _set_halt(self) -> None:
         """The lease is lost, or the bucket handed over: stop reading at once."""
