@@ -596,6 +596,41 @@ def test_snapshot_gauges_follow_the_rows_the_method_finished(mongodb_uri, client
     assert outcomes_shown(end, "orders") == {("snapshot", "ok"): 10, ("insert", "ok"): 2}
 
 
+
+def test_snapshot_rows_a_batch_method_finished_count_as_snapshot_events_in_batches(
+    mongodb_uri, client, db_name
+):
+    orders = client[db_name].orders
+    orders.insert_many([{"_id": i} for i in range(7)])
+    calls: list[list[tuple[str, int]]] = []
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        snapshot=Snapshot.INITIAL,
+        snapshot_chunk_size=3,
+        max_await_time_ms=50,
+    )
+    class Orders:
+        @on_batch(max_events=3, max_wait_seconds=0.05)
+        def handle(self, events: list[ChangeEvent]) -> None:
+            calls.append([(event.operation_type, event.document_key["_id"]) for event in events])
+
+    with running(mongodb_uri, [Orders], metrics_port=0) as connector:
+        wait_until(lambda: sum(len(rows) for rows in calls) == 7, what="every row")
+        orders.insert_one({"_id": 7})
+        wait_until(lambda: calls[-1] == [("insert", 7)], what="the change after the copy")
+        wait_until(lambda: connector.status()["orders"].events_processed == 1, what="the change counted")
+        found = samples(connector)
+
+    # One batch per chunk of three rows, then the change in a batch of its own.
+    chunks = [[0, 1, 2], [3, 4, 5], [6]]
+    assert calls == [[("snapshot", i) for i in chunk] for chunk in chunks] + [[("insert", 7)]]
+    assert outcomes_shown(found, "orders") == {("snapshot", "ok"): 7, ("insert", "ok"): 1}
+    shown = histogram(found, "flowwarden_batch_events", "orders")
+    assert (shown.count, shown.sum) == (4, 8)
+
 def test_lease_held_and_stream_state_follow_the_lease_document(mongodb_uri, client, db_name):
     locks = client[db_name]["_fw_locks"]
     now = datetime.now(timezone.utc)
