@@ -1150,3 +1150,36 @@ def test_concurrent_methods_copy_every_row_once_and_a_stop_in_a_row_leaves_its_c
     with running(mongodb_uri, [Orders], checkpoint_store=store) as connector:
         wait_until(lambda: _copied(connector), what="the copy")
     assert sorted(seen) == [4, 5, 6, 7, 8, 9]  # the chunk in hand again, then the rest, once each
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_an_async_method_gets_as_many_rows_at_once_as_the_streams_concurrency(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, concurrency: int
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(6)])
+    in_method: set[int] = set()
+    together: list[int] = []
+    seen: list[int] = []
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        snapshot=Snapshot.INITIAL,
+        max_concurrency=concurrency,
+        max_await_time_ms=50,
+    )
+    class Orders:
+        @on_snapshot
+        async def copied(self, event: ChangeEvent) -> None:
+            key = event.document_key["_id"]
+            in_method.add(key)
+            together.append(len(in_method))
+            await asyncio.sleep(0.02)  # the loop is free: any other row handed over runs meanwhile
+            in_method.discard(key)
+            seen.append(key)
+
+    with running(mongodb_uri, [Orders]) as connector:
+        wait_until(lambda: _copied(connector), what="the copy")
+    assert sorted(seen) == list(range(6))
+    assert max(together) == concurrency

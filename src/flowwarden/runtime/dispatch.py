@@ -446,7 +446,7 @@ class EventDispatch:
     async def deliver_snapshot(self, rows: list[Any], batch_id: str) -> None:
         """Hand one chunk of initial-snapshot rows to the methods; return once every row was
         handled, left out by the filter or given up on (see :mod:`flowwarden.runtime.snapshot`).
-        A stop that interrupts a row sets :attr:`halt` and returns early: the chunk is then not
+        A stop that interrupts a row returns early; the stop set :attr:`halt`, so the chunk is not
         finished."""
         if self._hasher is not None or self._keep is not None:
             screened = []
@@ -460,21 +460,18 @@ class EventDispatch:
             if not rows:
                 return
         if self.batch is not None:
-            if not await self.batch.deliver_rows(rows, batch_id):
-                self.halt = True
+            await self.batch.deliver_rows(rows, batch_id)
             return
         width = max(1, self._concurrency)
         if width == 1:
             for row in rows:  # one at a time: no task per row
                 if not await self._snapshot_row(row):
-                    self.halt = True
                     return
             return
         for start in range(0, len(rows), width):
             # Each document appears once in a snapshot: its rows need no order among themselves.
             done = await asyncio.gather(*(self._snapshot_row(row) for row in rows[start : start + width]))
             if not all(done):
-                self.halt = True
                 return
 
     async def _snapshot_row(self, row: Any) -> bool:
@@ -486,7 +483,7 @@ class EventDispatch:
     async def _poison(
         self,
         committer: CheckpointCommitter,
-        position: Mapping[str, Any] | None,
+        position: Mapping[str, Any],
         error: InvalidBSON,
         halted: Callable[[], Stopped | LostOwnership],
     ) -> Invalidated | Reopen | LostOwnership | None:
@@ -509,8 +506,7 @@ class EventDispatch:
             tzinfo=strict.tzinfo,
             unicode_decode_error_handler="surrogateescape",
         )
-        start = {"resume_after": position} if position is not None else dict(self._opener.opened_with)
-        stream = await self._opener.open(start, codec_options=raw_options)
+        stream = await self._opener.open({"resume_after": position}, codec_options=raw_options)
         try:
             while not self.halt:
                 raw = await stream.try_next()

@@ -85,7 +85,6 @@ class StreamOpener:
         self.forced_start: dict[str, Any] | None = None
         self.history_audit: dict[str, Any] | None = None
         self.replay_end: dict[str, Any] | None = None
-        self.opened_with: dict[str, Any] = {}
 
     # -- the position --------------------------------------------------------------------------
 

@@ -545,7 +545,6 @@ class StreamRunner:
                 self._last_processed_time = checkpoint.last_processed_at
                 self._dispatch.last_seen_time = checkpoint.last_seen_at
             start, new = await opener.position(checkpoint)
-            opener.opened_with = start
             stream = await opener.open(start, codec_options=opener.read_options())
             if new:
                 # Stored once the server holds the cursor (so the start point cannot leave the
