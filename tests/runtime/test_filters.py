@@ -247,7 +247,8 @@ def test_snapshot_rows_are_filtered_too(
         def handle(self, event: ChangeEvent) -> None:
             seen.append((event.operation_type, event.document_key["_id"]))
 
-    with running(mongodb_uri, [Copied]) as connector:
+    # With metrics: a row or an event left out is counted there too.
+    with running(mongodb_uri, [Copied], metrics_port=0) as connector:
         wait_until(lambda: len(seen) == 3, what="the copy")
         client[db_name].orders.insert_many([{"_id": 6}, {"_id": 7}])
         wait_until(lambda: len(seen) == 4, what="the change after the copy")
@@ -256,6 +257,7 @@ def test_snapshot_rows_are_filtered_too(
         status = connector.status()["orders"]
     assert seen == [("snapshot", 0), ("snapshot", 2), ("snapshot", 4), ("insert", 6)]
     assert status.events_filtered == 4 and status.snapshot is not None and status.snapshot.copied == 6
+    assert (status.restarts, status.last_error) == (0, None)
     assert [r.getMessage() for r in caplog.records] == []  # each row judged at its first call
 
 
@@ -296,7 +298,8 @@ def test_a_filter_that_fails_then_judges_or_gives_up_completes_rows_and_events_a
 
     seen: list[Any] = []
     judged = _judging_class(db_name, judge, seen, max_attempts=2, on_exhausted=OnError.SKIP)
-    with running(mongodb_uri, [judged]) as connector:
+    # With metrics: a row or an event left out is counted there too.
+    with running(mongodb_uri, [judged], metrics_port=0) as connector:
         wait_until(
             lambda: (s := connector.status()["orders"].snapshot) is not None and s.done, what="the copy"
         )
@@ -313,6 +316,9 @@ def test_a_filter_that_fails_then_judges_or_gives_up_completes_rows_and_events_a
     assert status.events_filtered == 2 and status.events_failed == 2
     assert status.events_processed == 3  # the stream's events; rows are counted by the copy
     assert status.snapshot is not None and status.snapshot.copied == 3
+    # Each completed where it was judged: no error re-opened the stream and judged it again.
+    assert (status.restarts, status.last_error) == (0, None)
+    assert calls == {"row-0": 1, "row-1": 2, "row-2": 2, "event-0": 1, "event-1": 2, "event-2": 2}
 
 
 def test_a_stop_while_the_filter_is_retried_leaves_the_event_unfinished(
