@@ -544,6 +544,37 @@ def test_the_events_read_with_an_undecodable_one_go_through_the_filter_and_hashi
     assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 10
 
 
+
+def test_a_batch_methods_events_before_an_undecodable_one_are_handed_over_before_it_is_given_up_on(
+    mongodb_uri, client, db_name, caplog
+):
+    """A batch stream: the events before the undecodable one, read again one by one, wait in the
+    batch being formed; they are handed over and committed before the stream gives up on it."""
+    caplog.set_level(logging.ERROR, logger="flowwarden")
+    batches: list[list[int]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(on_exhausted=OnError.SKIP)
+    class Orders:
+        @on_batch(max_events=100, max_wait_seconds=3600)  # due by neither count nor time here
+        def handle(self, events: list[ChangeEvent]) -> None:
+            batches.append([event.document_key["_id"] for event in events])
+
+    with running(mongodb_uri, [Orders]):
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="its opening position")
+    client[db_name].orders.insert_many(ten_orders())
+    with running(mongodb_uri, [Orders]) as connector:
+        wait_until(lambda: batches[:1] == [[0, 1, 2, 3, 4]], what="the events before the undecodable one")
+        # Re-opened past it: the rest form a batch of their own, due at its hundredth event.
+        client[db_name].orders.insert_many([{"_id": i, "name": f"n{i}"} for i in range(10, 106)])
+        wait_until(lambda: len(batches) == 2, what="the events after it")
+        status = connector.status()["orders"]
+    assert batches == [[0, 1, 2, 3, 4], [6, 7, 8, 9, *range(10, 106)]]
+    assert (status.events_failed, status.restarts, status.last_error) == (1, 0, None)
+    lines = [r.getMessage() for r in caplog.records if "cannot be decoded" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("stream orders: an event cannot be decoded: ")
+
 def test_undecodable_event_with_skip_is_skipped_and_its_batch_mates_handled(mongodb_uri, client, db_name):
     _, calls = _undecodable_run(mongodb_uri, client, db_name, OnError.SKIP)
     assert calls == [0, 1, 2, 3, 4, 6, 7, 8, 9]
