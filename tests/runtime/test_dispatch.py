@@ -125,6 +125,30 @@ def test_each_concurrent_call_reads_its_own_events_attempt_after_an_await(mongod
     assert attempts == {i: [(1, 1), (2, 2), (3, 3)] for i in range(8)}
 
 
+
+def test_an_inline_method_that_failed_gets_its_context_again_on_each_retry(mongodb_uri, client, db_name):
+    # A sync method with one event at a time runs on the event loop: its first call is inline,
+    # and the retries after it get the same context, its attempt counted on.
+    calls: list[tuple[int, int, str]] = []
+
+    @change_stream("orders", db_name, name="orders", max_await_time_ms=50)
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    @retry_policy(max_attempts=3, initial_delay_seconds=0.001, max_delay_seconds=0.001, jitter=0)
+    class Flaky:
+        @on_change
+        def handle(self, event: ChangeEvent, ctx: StreamContext) -> None:
+            calls.append((event.document_key["_id"], ctx.attempt, ctx.stream))
+            if ctx.attempt < 3:
+                raise RuntimeError("fails twice")
+
+    with running(mongodb_uri, [Flaky]) as connector:
+        wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
+        client[db_name]["orders"].insert_many([{"_id": i} for i in range(2)])
+        wait_until(lambda: connector.status()["orders"].events_processed == 2, what="both events")
+        status = connector.status()["orders"]
+    assert calls == [(i, attempt, "orders") for i in range(2) for attempt in (1, 2, 3)]
+    assert status.events_failed == 0
+
 def test_on_batch_delivers_bounded_batches_and_commits_after_return(mongodb_uri, client, db_name):
     batches: list[list[int]] = []
     saved_before: list[int] = []  # the stored eventsProcessed when each batch was handed over
