@@ -39,6 +39,7 @@ from flowwarden import (
     checkpoint,
     on_batch,
     on_change,
+    on_delete,
     on_insert,
     on_snapshot,
     pipeline,
@@ -1183,3 +1184,25 @@ def test_an_async_method_gets_as_many_rows_at_once_as_the_streams_concurrency(
         wait_until(lambda: _copied(connector), what="the copy")
     assert sorted(seen) == list(range(6))
     assert max(together) == concurrency
+
+
+
+def test_a_class_without_a_method_for_rows_copies_them_as_done_and_goes_on_to_its_changes(
+    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str
+) -> None:
+    client[db_name].orders.insert_many([{"_id": i} for i in range(5)])
+    deleted: list[int] = []
+
+    @change_stream("orders", db_name, name="orders", snapshot=Snapshot.INITIAL, max_await_time_ms=50)
+    class Deletions:
+        @on_delete
+        def gone(self, event: ChangeEvent) -> None:
+            deleted.append(event.document_key["_id"])
+
+    with running(mongodb_uri, [Deletions], metrics_port=0) as connector:
+        wait_until(lambda: _copied(connector), what="the copy")
+        client[db_name].orders.delete_one({"_id": 3})
+        wait_until(lambda: deleted == [3], what="the delete after the copy")
+        status = connector.status()["orders"]
+    assert status.snapshot is not None and status.snapshot.copied == 5
+    assert (status.restarts, status.last_error) == (0, None)
