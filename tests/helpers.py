@@ -1,5 +1,6 @@
 """Helpers every test folder shares: waiting with a deadline, reading a stored checkpoint, a
-connector running for the length of a block, and a command's one-line error.
+connector running for the length of a block, the events its metrics counted, and a command's
+one-line error.
 
 Import them as ``from helpers import ...`` (tests/ is on the path of every test module).
 """
@@ -12,10 +13,13 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from flowwarden import Connector
 
@@ -99,3 +103,18 @@ def one_error_line(stderr: str, *, logged: bool = False) -> str:
     assert len(errors) == 1, stderr
     assert not others or (logged and all(_LOG_LINE.match(line) for line in others)), stderr
     return errors[0]
+
+
+def events_counted(connector: Connector) -> dict[tuple[str, str], float]:
+    """``flowwarden_events_total`` of a connector serving metrics (``metrics_port=0``):
+    (operation, outcome) -> events, zeros left out."""
+    assert connector.metrics_address is not None, "start the connector with metrics_port=0"
+    host, port = connector.metrics_address
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as reply:
+        body = reply.read().decode()
+    return {
+        (sample.labels["operation"], sample.labels["outcome"]): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "flowwarden_events_total" and sample.value
+    }

@@ -135,7 +135,7 @@ def test_dropmalformed_dead_letters_what_does_not_fit(spark, mongodb_uri, client
         def write(self, df: Any) -> None:
             seen.extend(r["full_document"]["qty"] for r in df.collect())
 
-    connector = Connector(mongodb_uri, [Strict], spark=spark)
+    connector = Connector(mongodb_uri, [Strict], spark=spark, metrics_port=0)
     connector.start()
     try:
         wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
@@ -148,10 +148,13 @@ def test_dropmalformed_dead_letters_what_does_not_fit(spark, mongodb_uri, client
         )
         wait_until(lambda: checkpoint_doc(client, db_name).get("eventsProcessed") == 3, what="the batch")
         status = connector.status()["orders"]
+        counted = helpers.events_counted(connector)
     finally:
         connector.stop()
     assert sorted(seen) == [1, 3]
     assert status.events_failed == 1
+    # Each event once: the one left out of the DataFrame under its own outcome only.
+    assert counted == {("insert", "ok"): 2, ("insert", "dead_lettered"): 1}
     (letter,) = client[db_name]["_fw_dlq"].find()
     assert letter["event"]["documentKey"] == {"_id": 2}
     assert "qty" in letter["message"]

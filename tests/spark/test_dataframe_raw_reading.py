@@ -19,7 +19,7 @@ import helpers
 from flowwarden import Connector, OnError, StreamState, change_stream, checkpoint, on_dataframe, retry_policy
 from flowwarden.errors import UndecodableEventError
 from flowwarden.mongo.raw_events import RawEvent
-from helpers import checkpoint_doc
+from helpers import checkpoint_doc, events_counted
 
 pytestmark = pytest.mark.spark
 
@@ -153,10 +153,15 @@ def event_three_undecodable(monkeypatch):
     monkeypatch.setattr(flowwarden.spark, "events_to_dataframe", refusing)
 
 
-def _run_with_poison(spark, mongodb_uri, client, db_name, on_exhausted: OnError) -> tuple[Any, list[Any]]:
+def _run_with_poison(
+    spark, mongodb_uri, client, db_name, on_exhausted: OnError
+) -> tuple[Any, list[Any], dict[tuple[str, str], float]]:
     rows: list[Any] = []
     connector = Connector(
-        mongodb_uri, [frames_handler(db_name, rows, on_exhausted=on_exhausted)], spark=spark
+        mongodb_uri,
+        [frames_handler(db_name, rows, on_exhausted=on_exhausted)],
+        spark=spark,
+        metrics_port=0,
     )
     connector.start()
     try:
@@ -170,19 +175,23 @@ def _run_with_poison(spark, mongodb_uri, client, db_name, on_exhausted: OnError)
             what="the batch or the failure",
         )
         status = connector.status()["orders"]
+        # A connector whose every stream failed has stopped serving its metrics.
+        counted = {} if status.state == StreamState.FAILED else events_counted(connector)
     finally:
         connector.stop()
-    return status, rows
+    return status, rows, counted
 
 
 def test_an_undecodable_event_is_dead_lettered_alone(
     spark, mongodb_uri, client, db_name, event_three_undecodable
 ):
-    status, rows = _run_with_poison(spark, mongodb_uri, client, db_name, OnError.DEAD_LETTER)
+    status, rows, counted = _run_with_poison(spark, mongodb_uri, client, db_name, OnError.DEAD_LETTER)
     assert [r["full_document"] for r in rows] == [
         f'{{"_id":{{"$numberInt":"{i}"}},"name":"n{i}"}}' for i in (0, 1, 2, 4, 5)
     ]
     assert status.events_failed == 1
+    # Each event once: the undecodable one under its own outcome, not also with its batch.
+    assert counted == {("insert", "ok"): 5, ("insert", "dead_lettered"): 1}
     (letter,) = client[db_name]["_fw_dlq"].find()
     assert letter["event"]["documentKey"] == {"_id": 3}
     assert letter["event"]["fullDocument"] == {"_id": 3, "name": "n3"}
@@ -193,7 +202,7 @@ def test_an_undecodable_event_is_dead_lettered_alone(
 def test_an_undecodable_event_with_stop_stops_before_the_batch(
     spark, mongodb_uri, client, db_name, event_three_undecodable
 ):
-    status, rows = _run_with_poison(spark, mongodb_uri, client, db_name, OnError.STOP)
+    status, rows, _ = _run_with_poison(spark, mongodb_uri, client, db_name, OnError.STOP)
     assert status.state == StreamState.FAILED and "UndecodableEventError" in (status.last_error or "")
     assert rows == []  # the method never saw the batch
     assert checkpoint_doc(client, db_name).get("eventsProcessed", 0) == 0

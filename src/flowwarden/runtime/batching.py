@@ -288,10 +288,11 @@ class BatchDelivery:
         """The method on one batch under the retry policy, or ``on_exhausted`` once it gave up;
         False when the stream stopped while a failed call waited for its next attempt."""
         try:
-            calls, dropped = await self._hand_over(changes, ctx, prepared)
+            calls, dropped, alone = await self._hand_over(changes, ctx, prepared)
             outcome = "ok" if calls == 1 else "retried"
             if dropped:
                 await self._giving_up.park_malformed(dropped)
+                alone += [change for change, _ in dropped]
         except Exhausted as exhausted:
             await self._giving_up.give_up(changes, exhausted.error, exhausted.attempts)
             outcome = ""  # counted by giving_up
@@ -300,6 +301,8 @@ class BatchDelivery:
         if self._metrics is not None:
             self._metrics.batch_events.observe(len(changes))
             if outcome:
+                # The events given up on alone were counted then, with their own outcome.
+                operations = operations - Counter(str(change.get("operationType", "")) for change in alone)
                 for operation, count in operations.items():
                     self._metrics.handled(operation, outcome, count)
         return True
@@ -375,33 +378,35 @@ class BatchDelivery:
         changes: list[Mapping[str, Any]],
         ctx: StreamContext | None,
         prepared: asyncio.Task[Any] | None = None,
-    ) -> tuple[int, list[tuple[Mapping[str, Any], Any]]]:
+    ) -> tuple[int, list[tuple[Mapping[str, Any], Any]], list[Mapping[str, Any]]]:
         """Hand the batch to the method (with its retry policy).
 
-        Returns the calls it took, and the events a DROPMALFORMED DataFrame conversion left out,
-        each with its ``MalformedRow`` (field and error), for the caller to dead-letter; raises
+        Returns the calls it took; the events a DROPMALFORMED DataFrame conversion left out,
+        each with its ``MalformedRow`` (field and error), for the caller to dead-letter; and what
+        could be read of the events given up on as undecodable (already counted). Raises
         :class:`Exhausted` when the batch failed for good. An event of a DataFrame batch whose
         BSON cannot be decoded is given up on alone (on_exhausted at once: decoding again cannot
         help), and the rest of the batch is converted without it. ``prepared``: the batch's
         DataFrame, already under way (:meth:`_prepare`).
         """
         if not self._dataframe:
-            return await self._invoker([ChangeEvent(change) for change in changes], ctx), []
+            return await self._invoker([ChangeEvent(change) for change in changes], ctx), [], []
         raws = list(changes)
+        undecodable: list[Mapping[str, Any]] = []
         while True:
             try:
                 frame, malformed = await (prepared if prepared is not None else self._frame(raws))
                 break
             except UndecodableEventError as error:
                 prepared = None
-                await self._giving_up.undecodable(raws[error.index], error, in_batch=True)
+                undecodable.append(await self._giving_up.undecodable(raws[error.index], error, in_batch=True))
                 del raws[error.index]
                 if not raws:
-                    return 1, []
+                    return 1, [], undecodable
         calls = await self._invoker(frame, ctx)
         if self._mode != SchemaMode.DROPMALFORMED:
-            return calls, []  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
-        return calls, [(raws[m.index], m) for m in malformed]
+            return calls, [], undecodable  # PERMISSIVE rows stayed in the DataFrame, with _corrupt_record
+        return calls, [(raws[m.index], m) for m in malformed], undecodable
 
     async def _frame(self, raws: list[Mapping[str, Any]]) -> Any:
         """``raws`` as a DataFrame, with the events a DROPMALFORMED conversion left out.
