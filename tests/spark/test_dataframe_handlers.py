@@ -78,6 +78,7 @@ def test_dataframe_batches_carry_the_events_and_checkpoint_after_return(
         release.set()
         connector.stop()
     assert [r["operation_type"] for r in rows] == ["insert"] * 5
+    assert "_rescued_data" not in rows[0].asDict()  # a schema given as is: nothing to rescue
     assert [r["full_document"]["qty"] for r in rows] == [0, 1, 2, 3, 4]
     assert [r["full_document"]["sku"] for r in rows] == ["s0", "s1", "s2", "s3", "s4"]
     assert all(r["database"] == db_name and r["collection"] == "orders" for r in rows)
@@ -337,6 +338,7 @@ def test_an_inferred_schema_is_sampled_once_shown_in_the_status_and_sampled_agai
     monkeypatch.setattr(infer, "infer_document_spec_async", failing_once)
     caplog.set_level(logging.INFO, logger="flowwarden.runtime.batching")
     frames: list[tuple[str, list[Any]]] = []
+    columns: list[list[str]] = []
 
     @change_stream(
         "orders",
@@ -352,6 +354,7 @@ def test_an_inferred_schema_is_sampled_once_shown_in_the_status_and_sampled_agai
         def write(self, df: Any) -> None:
             full = df.schema["full_document"].dataType
             frames.append((full.simpleString(), [r["full_document"]["qty"] for r in df.collect()]))
+            columns.append(df.columns)
 
     with helpers.running(mongodb_uri, [Frames], spark=spark) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name), what="initial checkpoint")
@@ -361,6 +364,8 @@ def test_an_inferred_schema_is_sampled_once_shown_in_the_status_and_sampled_agai
     # The failed sampling failed the stream's first batch; it re-opened and sampled again, once.
     assert samplings == [50, 50] and status.restarts >= 1
     assert frames == [("struct<_id:int,qty:int,sku:string>", [3, 4])]
+    # An inferred schema keeps what does not fit it: the batch has the rescued-data column.
+    assert columns[0][-1] == "_rescued_data"
     assert status.inferred_schema == "`_id` INT, `qty` INT, `sku` STRING"
     lines = [r.getMessage() for r in caplog.records if r.name == "flowwarden.runtime.batching"]
     assert lines == [

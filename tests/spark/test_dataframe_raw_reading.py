@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from decimal import Decimal
 from typing import Any
 
@@ -183,9 +184,12 @@ def _run_with_poison(
 
 
 def test_an_undecodable_event_is_dead_lettered_alone(
-    spark, mongodb_uri, client, db_name, event_three_undecodable
+    spark, mongodb_uri, client, db_name, event_three_undecodable, caplog
 ):
+    caplog.set_level(logging.ERROR, logger="flowwarden")
     status, rows, counted = _run_with_poison(spark, mongodb_uri, client, db_name, OnError.DEAD_LETTER)
+    (line,) = [r.getMessage() for r in caplog.records if "cannot be decoded" in r.getMessage()]
+    assert line.startswith("stream orders: an event of a DataFrame batch cannot be decoded: ")
     assert [r["full_document"] for r in rows] == [
         f'{{"_id":{{"$numberInt":"{i}"}},"name":"n{i}"}}' for i in (0, 1, 2, 4, 5)
     ]
