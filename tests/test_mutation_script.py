@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -144,3 +145,52 @@ def test_the_spark_pass_runs_the_survivors_and_its_results_replace_theirs_except
         "flowwarden.m.x_kept__mutmut_2": 1,
         "flowwarden.m.x_changed__mutmut_2": 0,
     }
+
+
+def test_a_run_stopped_in_its_spark_pass_keeps_both_passes_results_for_the_next_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _script()
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "SCRATCH", tmp_path / ".mutation")
+    monkeypatch.setattr(script, "TESTS", {"m.py": ["tests/test_m.py"]})
+    monkeypatch.setattr(script, "SPARK_TESTS", {"m.py": ["tests/test_m_spark.py"]})
+    target = "src/flowwarden/m.py"
+    (tmp_path / target).parent.mkdir(parents=True)
+    (tmp_path / target).write_text(NEW)
+    work = tmp_path / ".mutation" / "m"
+    last = {  # the last run's results: kept_1 was killed, so --again does not run it
+        "flowwarden.m.x_kept__mutmut_1": 1,
+        "flowwarden.m.x_kept__mutmut_2": 0,
+        "flowwarden.m.x_kept__mutmut_3": 0,
+    }
+    (work / "mutants" / target).parent.mkdir(parents=True)
+    (work / target).parent.mkdir(parents=True)
+    (work / target).write_text(NEW)
+    (work / "mutants" / (target + ".meta")).write_text(json.dumps({"exit_code_by_key": last}))
+
+    def mutate(module, work, tests, names, *, forkserver):
+        meta = work / "mutants" / (target + ".meta")
+        if not forkserver:  # the first pass: a fresh scratch project, the unnamed mutants not run
+            assert sorted(names) == ["flowwarden.m.x_kept__mutmut_2", "flowwarden.m.x_kept__mutmut_3"]
+            (work / target).parent.mkdir(parents=True, exist_ok=True)
+            (work / target).write_text(NEW)
+            codes = {"flowwarden.m.x_kept__mutmut_1": None, "flowwarden.m.x_kept__mutmut_2": 0}
+            codes["flowwarden.m.x_kept__mutmut_3"] = 0
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            meta.write_text(json.dumps({"exit_code_by_key": codes}))
+            return codes
+        # The Spark pass measured one mutant (mutmut saves as each ends), then the run stopped.
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        partial = {name: None for name in last} | {"flowwarden.m.x_kept__mutmut_2": 1}
+        meta.write_text(json.dumps({"exit_code_by_key": partial}))
+        first = work.with_name("m") / "mutants" / (target + ".meta")
+        os.utime(meta, (first.stat().st_mtime + 1, first.stat().st_mtime + 1))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(script, "mutate", mutate)
+    with pytest.raises(KeyboardInterrupt):
+        script.run_module("m.py", again=True)
+    kept, names = script.still_open("m.py", work, target)
+    assert kept == {"flowwarden.m.x_kept__mutmut_1": 1, "flowwarden.m.x_kept__mutmut_2": 1}
+    assert names == ["flowwarden.m.x_kept__mutmut_3"]
