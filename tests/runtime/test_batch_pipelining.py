@@ -4,6 +4,7 @@ next one only after it was committed, and reading ahead stops at the byte bound.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from typing import Any
@@ -12,7 +13,7 @@ import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
 
-from flowwarden import change_stream, on_batch, retry_policy
+from flowwarden import change_stream, on_batch, on_dataframe, retry_policy
 from flowwarden.cli.logs import JsonFormatter
 from flowwarden.config.spec import stream_spec
 from flowwarden.runtime import batching
@@ -339,3 +340,92 @@ async def test_reading_ahead_waits_once_the_batch_holds_the_bound_and_not_a_byte
     assert not second.done() and batches.pending == 2
     second.cancel()
     in_flight.cancel()
+
+
+class SaveRefused(Committer):
+    """A committer whose store refuses to store the second batch's end."""
+
+    async def save_batch_end(self, token: Any) -> None:
+        if token["_data"] == "0004":
+            raise RuntimeError("the store refused the write")
+        await super().save_batch_end(token)
+
+
+class ArrowSession:
+    """A stand-in SparkSession: ``createDataFrame`` returns the Arrow table it is given."""
+
+    def createDataFrame(self, table: Any, schema: Any) -> Any:  # SparkSession's name
+        return table
+
+
+async def test_a_failed_conversion_made_ahead_of_a_batch_that_never_ran_leaves_asyncio_nothing_to_report(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The second batch is converted while the first is in its method, and its conversion fails;
+    the save before the second batch fails too, so that batch never reaches its method and its
+    conversion is never awaited: what the conversion raised must not surface later, when the task
+    is collected, as asyncio's "Task exception was never retrieved"."""
+    import flowwarden.spark
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    convert = flowwarden.spark.events_to_dataframe
+    conversions: list[int] = []
+
+    def converting(spark: Any, events: Any, **options: Any) -> Any:
+        conversions.append(events[0]["documentKey"]["_id"])
+        if events[0]["documentKey"]["_id"] == 3:
+            raise RuntimeError("the second batch's conversion failed")
+        return convert(spark, events, **options)
+
+    monkeypatch.setattr(flowwarden.spark, "events_to_dataframe", converting)
+    gate = asyncio.Event()
+    tables: list[Any] = []
+
+    @change_stream("orders", "shop", name="orders")
+    @retry_policy(max_attempts=1)
+    class Frames:
+        @on_dataframe(max_events=2, max_wait_seconds=3600)
+        async def write(self, table: Any) -> None:
+            tables.append(table)
+            await gate.wait()
+
+    spec = stream_spec(Frames)
+    invoker = Invoker(
+        Frames().write,
+        is_async=True,
+        wants_ctx=False,
+        stream="orders",
+        policy=spec.retry,
+        stopping=asyncio.Event(),
+        threaded=False,
+    )
+    delivered: list[int] = []
+    batches = BatchDelivery(
+        spec,
+        invoker=invoker,
+        spark_provider=ArrowSession,
+        giving_up=None,  # nothing here gives up: the failed save fails the batch first
+        delivered=delivered.append,
+        failed=lambda: None,
+    )
+    committer = SaveRefused()
+    await batches.offer(1, change(1), committer)
+    await batches.offer(2, change(2), committer)
+    await batches.offer(3, change(3), committer)
+    fourth = asyncio.ensure_future(batches.offer(4, change(4), committer))  # due: waits for the first
+    for _ in range(500):
+        if conversions == [1, 3] and tables:
+            break
+        await asyncio.sleep(0.01)
+    assert conversions == [1, 3] and len(tables) == 1, "the second batch was not converted ahead"
+    gate.set()
+    await fourth
+    await batches.wait_in_flight()
+    assert isinstance(batches.failure, RuntimeError) and str(batches.failure) == "the store refused the write"
+    assert delivered == [2] and len(tables) == 1
+    # The failure's traceback holds the frames that held the dropped conversion, and the loop's
+    # pending callbacks hold the tasks until they ran.
+    del batches, fourth
+    await settle_loop()
+    gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

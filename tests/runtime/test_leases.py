@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta, timezone
 
-from flowwarden import ChangeEvent, StreamState, change_stream, checkpoint, on_change
+from flowwarden import ChangeEvent, StreamState, change_stream, checkpoint, on_batch, on_change
 from helpers import checkpoint_doc, running, wait_until
 
 
@@ -209,3 +209,44 @@ def test_a_lease_lost_during_the_initial_snapshot_stands_by_instead_of_stopping(
             what="the stream to stand by, saying why",
         )
     assert "instance 'b'" in status.reason
+
+
+def test_a_batch_stream_whose_lease_was_taken_stands_by_without_a_restart(mongodb_uri, client, db_name):
+    batches: list[list[int]] = []
+
+    @change_stream(
+        "orders",
+        db_name,
+        name="orders",
+        deployment="single_leader",
+        lease_ttl_seconds=1.5,
+        max_await_time_ms=50,
+    )
+    @checkpoint(save_every_n=1, save_interval_seconds=0.1)
+    class Leader:
+        @on_batch(max_events=10, max_wait_seconds=0.1)
+        def handle(self, events: list[ChangeEvent]) -> None:
+            batches.append([event.document_key["_id"] for event in events])
+
+    with running(mongodb_uri, [Leader], instance_id="a") as a:
+        wait_until(lambda: a.status()["orders"].state == StreamState.RUNNING, what="a leads")
+        client[db_name]["orders"].insert_one({"_id": 0})
+        wait_until(lambda: batches, what="the first batch")
+        locks = client[db_name]["_fw_locks"]
+        taken = locks.find_one({"_id": "orders"})["epoch"] + 1
+        locks.update_one(
+            {"_id": "orders"},
+            {
+                "$set": {
+                    "owner": "z",
+                    "ownerToken": "host-z:1:0000",
+                    "epoch": taken,
+                    "expiresAt": datetime.now(timezone.utc) + timedelta(hours=1),
+                }
+            },
+        )
+        wait_until(lambda: a.status()["orders"].state == StreamState.STANDBY, what="a to stand by")
+        status = a.status()["orders"]
+    # Losing the lease is no failure of the stream: it stood by at once, with no error to report.
+    assert status.restarts == 0 and status.last_error is None
+    assert batches == [[0]]
