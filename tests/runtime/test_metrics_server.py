@@ -4,6 +4,8 @@ threads it uses stay few, and idle connections are closed."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import logging
 import socket
 import subprocess
 import sys
@@ -122,6 +124,21 @@ def test_close_ends_the_serving_thread_and_drops_the_connections_still_open():
             socket.create_connection(("127.0.0.1", server.port), timeout=5)
 
 
+def test_close_ends_every_connection_before_its_loop_closes(monkeypatch, caplog):
+    """A connection still open at close() ends on the server's loop, not later when collected
+    on a closed loop ("Event loop is closed", "Task was destroyed but it is pending")."""
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
+    with idle_connections(server, 3):
+        wait_until(lambda: len(server._open) == 3, what="the server to hold the three connections")
+        server.close()
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert [f"{u.exc_type.__name__}: {u.exc_value} ({u.object!r})" for u in unraisable] == []
+
+
 def test_close_neither_waits_for_answers_being_made_nor_makes_the_queued_ones():
     entered = threading.Semaphore(0)
     release = threading.Event()
@@ -150,6 +167,9 @@ def test_close_neither_waits_for_answers_being_made_nor_makes_the_queued_ones():
         closing.start()
         closing.join(20)
         assert not closing.is_alive(), "close() waited for the answers being made"
+        # The answers are still being made, and the server's loop has ended all the same.
+        serving = [t for t in threading.enumerate() if t.name == "flowwarden-metrics" and t.is_alive()]
+        assert serving == [], "the server's loop waits for the answers being made"
     finally:
         release.set()
     server._answers.shutdown(wait=True)  # what was left to run has run

@@ -349,7 +349,7 @@ class MetricsServer:
         self.host, self.port = self._socket.getsockname()[:2]
         self._answers = ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="flowwarden-metrics-answer")
         self._reading: dict[asyncio.StreamWriter, None] = {}  # oldest first: still sending a request
-        self._open: set[asyncio.StreamWriter] = set()
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}  # each with its task
         self._loop = asyncio.new_event_loop()
         self._stopped: asyncio.Event | None = None
         self._serving = threading.Event()
@@ -385,23 +385,32 @@ class MetricsServer:
             await self._stopped.wait()
         finally:
             server.close()
-            for writer in list(self._open):
+            # Every connection ends here, on this loop: one left pending would be finalised when
+            # collected, after the loop closed.
+            connections = list(self._open.items())
+            for writer, task in connections:
                 writer.transport.abort()
+                task.cancel()
+            await asyncio.gather(*(task for _, task in connections), return_exceptions=True)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._open) >= MAX_CONNECTIONS and self._reading:
             oldest = next(iter(self._reading))
             self._reading.pop(oldest)
             oldest.transport.abort()
-        self._open.add(writer)
+        task = asyncio.current_task()
+        assert task is not None  # start_server runs each connection as a task
+        self._open[writer] = task
         self._reading[writer] = None
         try:
             await asyncio.wait_for(self._exchange(reader, writer), CONNECTION_TIMEOUT_SECONDS)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass  # a client that went away, stalled or sent too much: nothing to answer
+        except asyncio.CancelledError:
+            pass  # the server is closing (_serve): the connection ends as any dropped one does
         finally:
             self._reading.pop(writer, None)
-            self._open.discard(writer)
+            self._open.pop(writer, None)
             writer.close()
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
