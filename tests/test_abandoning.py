@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flowwarden._abandoning import unless_given_up
+from flowwarden._abandoning import cancel_within, unless_given_up
 
 
 def run(scenario: Any) -> tuple[Any, list[dict[str, Any]]]:
@@ -101,3 +101,72 @@ def test_a_waiter_cancelled_abandons_the_work() -> None:
 
     cancelled, unhandled = run(scenario)
     assert cancelled and unhandled == []
+
+
+def test_a_task_that_ends_when_cancelled_is_waited_for_and_its_error_read() -> None:
+    async def scenario() -> list[str]:
+        steps: list[str] = []
+
+        async def renewing() -> None:  # ends at once when cancelled, with an error of its own
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                steps.append("cancelled")
+                raise RuntimeError("the renewal was interrupted") from None
+
+        task = asyncio.ensure_future(renewing())
+        await asyncio.sleep(0)
+        await cancel_within(task, 10)
+        steps.append("returned" if task.done() else "returned before the task ended")
+        return steps
+
+    steps, unhandled = run(scenario)
+    assert steps == ["cancelled", "returned"]
+    gc.collect()
+    assert unhandled == [], "the task's error was left unretrieved"
+
+
+def test_a_task_whose_cancellation_waits_is_abandoned_after_the_bound() -> None:
+    async def scenario() -> tuple[list[str], bool]:
+        steps: list[str] = []
+
+        async def closing_a_cursor() -> None:  # as PyMongo closing a cursor with no server to reach
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                steps.append("cancelled")
+                await asyncio.Event().wait()  # the close: ended only by a second cancellation
+            raise AssertionError("unreachable")
+
+        task = asyncio.ensure_future(closing_a_cursor())
+        await asyncio.sleep(0)
+        await cancel_within(task, 0.05)
+        returned_while_closing = not task.done()
+        await asyncio.sleep(0)  # the abandoned task's second cancellation ends it
+        await asyncio.sleep(0)
+        steps.append("ended" if task.done() else "still running")
+        return steps, returned_while_closing
+
+    (steps, returned_while_closing), unhandled = run(scenario)
+    assert returned_while_closing and steps == ["cancelled", "ended"]
+    assert unhandled == []
+
+
+def test_the_callers_cancellation_is_raised() -> None:
+    async def scenario() -> bool:
+        async def stubborn() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.5)
+
+        task = asyncio.ensure_future(stubborn())
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(cancel_within(task, 10))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return True
+
+    assert run(scenario)[0]

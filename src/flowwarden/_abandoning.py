@@ -4,7 +4,8 @@ A stream stops waiting for the deployment when it stops, and a committer when it
 interrupted. The work waited for is then abandoned, not awaited: PyMongo may go on retrying a
 write through its cancellation, and a server that holds a request without answering would
 otherwise hold whoever waits for as long. An abandoned task is cancelled and its outcome read
-whenever it ends, so asyncio does not warn about it.
+whenever it ends, so asyncio does not warn about it. A task being ended is given a bound to end
+in (:func:`cancel_within`) for the same reason.
 """
 
 from __future__ import annotations
@@ -42,6 +43,23 @@ async def unless_given_up(work: Awaitable[T], give_up: asyncio.Event) -> asyncio
     return None
 
 
+async def cancel_within(task: asyncio.Future[Any], timeout: float) -> None:
+    """Cancel ``task`` and give it ``timeout`` seconds to end; then it is abandoned (see
+    :func:`abandon`). Its outcome is read either way, never raised; the caller's cancellation is.
+
+    For a task whose cancellation may itself wait for a server: PyMongo closes a change stream's
+    or a cursor's server-side cursor when the read that holds it is cancelled, and with the
+    deployment out of reach that close waits as long as server selection lasts.
+    """
+    task.cancel()
+    # wait(), not await: never raises the task's CancelledError; the caller's, yes.
+    ended, _ = await asyncio.wait({task}, timeout=timeout)
+    if ended:
+        _consume_outcome(task)
+    else:
+        abandon(task)
+
+
 def abandon(task: asyncio.Future[Any]) -> None:
     """Cancel ``task``, which nobody awaits any more, and retrieve its outcome whenever it ends
     so that asyncio does not warn."""
@@ -54,4 +72,4 @@ def _consume_outcome(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-__all__ = ["abandon", "unless_given_up"]
+__all__ = ["abandon", "cancel_within", "unless_given_up"]

@@ -48,7 +48,7 @@ def test_events_empty_reads_and_the_end_arrive_in_stream_order() -> None:
         try:
             return await drain(reader, 4)
         finally:
-            await reader.close()
+            await reader.close(timeout=2.0)
 
     first, empty, second, end = asyncio.run(main())
     assert first == {"n": 1} and second == {"n": 2}
@@ -67,7 +67,7 @@ def test_an_error_comes_after_the_events_read_before_it_and_ends_the_reading() -
             await asyncio.sleep(0.01)
             return items, stream.calls
         finally:
-            await reader.close()
+            await reader.close(timeout=2.0)
 
     items, calls = asyncio.run(main())
     assert items[:2] == [{"n": 1}, {"n": 2}]
@@ -86,7 +86,7 @@ def test_the_reader_pauses_at_the_limit_and_goes_on_when_the_queue_empties() -> 
             items = await drain(reader, 10)
             return paused_at, waiting, items
         finally:
-            await reader.close()
+            await reader.close(timeout=2.0)
 
     paused_at, waiting, items = asyncio.run(main())
     assert (paused_at, waiting) == (3, 3)
@@ -98,7 +98,7 @@ def test_close_stops_a_read_in_flight_and_drops_what_was_not_taken() -> None:
         stream = ScriptedStream([{"n": i} for i in range(100)])
         reader = ReadAhead(stream, limit=5)
         await asyncio.sleep(0.01)
-        await reader.close()
+        await reader.close(timeout=2.0)
         calls = stream.calls
         await asyncio.sleep(0.01)
         return calls, len(reader.items) + stream.calls - calls
@@ -119,7 +119,7 @@ def test_waiting_on_a_reader_that_ended_without_a_last_item_raises() -> None:
             with pytest.raises(RuntimeError, match="ended without a last item"):
                 await reader.wait()
         finally:
-            await reader.close()
+            await reader.close(timeout=2.0)
 
     asyncio.run(main())
 

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flowwarden._abandoning import abandon
+from flowwarden._abandoning import cancel_within
 from flowwarden.mongo.raw_events import lean
 
 
@@ -121,19 +121,13 @@ class ReadAhead:
         self.items.append(EmptyRead(None, True))
         self._ready.set()
 
-    async def close(self, timeout: float = 2.0) -> None:
+    async def close(self, timeout: float) -> None:
         """Stop reading; what was read ahead and not taken is dropped (read again from the checkpoint).
 
         A change stream whose read is cancelled closes its cursor before it ends, and that waits
-        for a server: with the deployment out of reach, for as long as server selection lasts.
-        The reader gets ``timeout`` seconds to end; then it is abandoned, cancelled once more (which
-        ends the close it is in) and its outcome read whenever it ends (the server drops an
-        abandoned cursor after its idle timeout).
+        for a server: the reader gets ``timeout`` seconds to end, then it is abandoned, cancelled
+        once more (which ends the close it is in) and its outcome read whenever it ends (the
+        server drops an abandoned cursor after its idle timeout).
         """
-        task = self._task
-        task.cancel()
-        # wait(), not await: never raises the reader's CancelledError; ours, yes.
-        ended, _ = await asyncio.wait({task}, timeout=timeout)
-        if not ended:
-            abandon(task)
+        await cancel_within(self._task, timeout)
         self.items.clear()

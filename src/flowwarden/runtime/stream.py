@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from pymongo.errors import OperationFailure
 
+from flowwarden._abandoning import cancel_within
 from flowwarden.checkpoints import CheckpointCommitter
 from flowwarden.checkpoints.store import AwaitableStore
 from flowwarden.config import Snapshot
@@ -275,8 +276,7 @@ class StreamRunner:
                     # The lease is kept while the outcome is acted on (a restart's backoff included).
                     go_on = await self._go_on_after(await self._cycle())
                 finally:
-                    keeper.cancel()
-                    await asyncio.gather(keeper, return_exceptions=True)
+                    await cancel_within(keeper, self._stop_io_timeout())
                 if ownership.handing_over:
                     # Its checkpoint saved: the member the fleet gives the bucket to may take it.
                     await ownership.hand_over(self._stop_io_timeout())
@@ -615,8 +615,7 @@ class StreamRunner:
             self._reader = None
             if watching is not None:
                 read_ended.set()
-                watching.cancel()
-                await asyncio.gather(watching, return_exceptions=True)
+                await cancel_within(watching, self._stop_io_timeout())
             await reader.close(self._stop_io_timeout())
 
     def _set_halt(self) -> None:
