@@ -1,6 +1,6 @@
 """Helpers every test folder shares: waiting with a deadline, reading a stored checkpoint, a
-connector running for the length of a block, the events its metrics counted, and a command's
-one-line error.
+connector running for the length of a block, its /metrics scraped (and the events they counted),
+and a command's one-line error.
 
 Import them as ``from helpers import ...`` (tests/ is on the path of every test module).
 """
@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,16 +106,43 @@ def one_error_line(stderr: str, *, logged: bool = False) -> str:
     return errors[0]
 
 
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+"""A scrape of /metrics: (sample name, its labels) -> value."""
+
+
+def get(connector: Connector, path: str) -> tuple[int, bytes]:
+    """GET ``path`` from the connector's metrics server: (status, body), errors included."""
+    address = connector.metrics_address
+    assert address is not None, "the connector serves no metrics: start it with metrics_port=0"
+    try:
+        with urllib.request.urlopen(f"http://{address[0]}:{address[1]}{path}", timeout=5) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def samples(connector: Connector) -> Samples:
+    """``/metrics`` parsed as Prometheus parses it."""
+    status, body = get(connector, "/metrics")
+    assert status == 200
+    found = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def value(found: Samples, name: str, **labels: str) -> float | None:
+    """The sample ``name`` with exactly ``labels``; None when it is not there."""
+    return found.get((name, frozenset(labels.items())))
+
+
 def events_counted(connector: Connector) -> dict[tuple[str, str], float]:
     """``flowwarden_events_total`` of a connector serving metrics (``metrics_port=0``):
     (operation, outcome) -> events, zeros left out."""
-    assert connector.metrics_address is not None, "start the connector with metrics_port=0"
-    host, port = connector.metrics_address
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as reply:
-        body = reply.read().decode()
-    return {
-        (sample.labels["operation"], sample.labels["outcome"]): sample.value
-        for family in text_string_to_metric_families(body)
-        for sample in family.samples
-        if sample.name == "flowwarden_events_total" and sample.value
-    }
+    counted = {}
+    for (name, labels), number in samples(connector).items():
+        if name == "flowwarden_events_total" and number:
+            labelled = dict(labels)
+            counted[(labelled["operation"], labelled["outcome"])] = number
+    return counted

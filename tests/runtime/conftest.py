@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -17,40 +15,8 @@ import pytest
 from bson.codec_options import TypeDecoder
 from bson.decimal128 import Decimal128
 from bson.errors import InvalidBSON
-from prometheus_client.parser import text_string_to_metric_families
 
-from flowwarden import Connector
 from helpers import wait_until
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-"""A scrape of /metrics: (sample name, its labels) -> value."""
-
-
-def get(connector: Connector, path: str) -> tuple[int, bytes]:
-    """GET ``path`` from the connector's metrics server: (status, body), errors included."""
-    address = connector.metrics_address
-    assert address is not None, "the connector serves no metrics: start it with metrics_port=0"
-    try:
-        with urllib.request.urlopen(f"http://{address[0]}:{address[1]}{path}", timeout=5) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
-def samples(connector: Connector) -> Samples:
-    """``/metrics`` parsed as Prometheus parses it."""
-    status, body = get(connector, "/metrics")
-    assert status == 200
-    found = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return found
-
-
-def value(found: Samples, name: str, **labels: str) -> float | None:
-    """The sample ``name`` with exactly ``labels``; None when it is not there."""
-    return found.get((name, frozenset(labels.items())))
 
 
 def run_connector(

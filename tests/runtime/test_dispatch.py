@@ -19,9 +19,7 @@ from flowwarden import (
     on_insert,
     retry_policy,
 )
-from helpers import checkpoint_doc, running, wait_until
-
-from .conftest import samples, value
+from helpers import checkpoint_doc, running, samples, value, wait_until
 
 
 async def _wait(event: asyncio.Event | threading.Event, deadline: float) -> None:

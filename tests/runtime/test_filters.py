@@ -26,9 +26,8 @@ from flowwarden import (
     on_change,
     retry_policy,
 )
-from helpers import checkpoint_doc, running, wait_until
+from helpers import checkpoint_doc, running, samples, value, wait_until
 
-from .conftest import samples, value
 from .test_processes import handled, start_worker
 
 

@@ -28,9 +28,8 @@ from flowwarden import (
     on_change,
 )
 from flowwarden.runtime.fleet import assign
-from helpers import wait_until
+from helpers import get, wait_until
 
-from .conftest import get
 from .test_partition_crashes import (
     bucket_names,
     buckets_of,

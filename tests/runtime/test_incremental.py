@@ -37,9 +37,7 @@ from flowwarden.mongo.initial_copy import copy_filter, document_key
 from flowwarden.mongo.signals import insert_request, request_document
 from flowwarden.runtime import incremental as incremental_module
 from flowwarden.runtime.incremental import ChunkWindow, IncrementalSnapshot
-from helpers import checkpoint_doc, running, wait_until, wait_until_async
-
-from .conftest import samples, value
+from helpers import checkpoint_doc, running, samples, value, wait_until, wait_until_async
 
 Row = tuple[str, Any]
 

@@ -25,9 +25,7 @@ from flowwarden import (
     retry_policy,
 )
 from flowwarden.runtime import observability
-from helpers import wait_until
-
-from .conftest import get, samples, value
+from helpers import get, samples, value, wait_until
 
 shipped = Counter("shop_orders_shipped", "Orders the handler shipped (a handler's own metric).")
 

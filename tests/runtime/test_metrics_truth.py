@@ -43,9 +43,9 @@ from flowwarden.checkpoints import InMemoryCheckpointStore, MongoCheckpointStore
 from flowwarden.checkpoints.model import Checkpoint, SaveResult, SnapshotProgress
 from flowwarden.events import ResumeToken
 from flowwarden.runtime import observability
-from helpers import checkpoint_doc, running, wait_until
+from helpers import Samples, checkpoint_doc, get, running, samples, value, wait_until
 
-from .conftest import FailCommand, Samples, get, samples, value
+from .conftest import FailCommand
 
 WINDOW = "flowwarden_oplog_window_hours"
 GIVEN_UP = {OnError.DEAD_LETTER: "dead_lettered", OnError.SKIP: "skipped", OnError.STOP: "failed"}
