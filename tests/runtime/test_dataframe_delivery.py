@@ -21,6 +21,7 @@ import flowwarden.spark.infer as infer
 from flowwarden import (
     Connector,
     OnError,
+    StreamContext,
     change_stream,
     checkpoint,
     on_dataframe,
@@ -49,7 +50,8 @@ class Named(BaseModel):
 def frames(
     db: str, tables: list[Any], *, on_exhausted: OnError = OnError.DEAD_LETTER, **dataframe: Any
 ) -> type:
-    """An @on_dataframe class on ``db.orders`` that keeps every table it gets."""
+    """An @on_dataframe class on ``db.orders`` that keeps every table it gets (and needs the
+    batch's context to)."""
     options = {"max_events": 100, "max_wait_seconds": 0.3, **dataframe}
 
     @change_stream(
@@ -64,7 +66,8 @@ def frames(
     @retry_policy(max_attempts=3, initial_delay_seconds=0.01, on_exhausted=on_exhausted)
     class Frames:
         @on_dataframe(**options)
-        def write(self, table: Any) -> None:
+        def write(self, table: Any, ctx: StreamContext) -> None:
+            assert ctx.batch_id, "a DataFrame batch's context names it by its first event"
             tables.append(table)
 
     return Frames
@@ -166,12 +169,13 @@ def test_a_batch_with_an_undecodable_and_a_malformed_event_counts_each_event_onc
 
 @pytest.fixture
 def samplings(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every sampling a stream makes to infer its schema: the collection's codec options."""
+    """Every sampling a stream makes to infer its schema: the collection's codec options, and
+    the sample's size."""
     made: list[Any] = []
     sample = infer.infer_document_spec_async
 
     async def counted(collection: Any, **options: Any) -> Any:
-        made.append(collection.codec_options)
+        made.append((collection.codec_options, options.get("sample_size")))
         return await sample(collection, **options)
 
     monkeypatch.setattr(infer, "infer_document_spec_async", counted)
@@ -179,20 +183,33 @@ def samplings(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def test_an_inferred_schema_takes_the_hints_over_what_the_sample_found(
-    mongodb_uri: str, client: pymongo.MongoClient[Any], db_name: str, samplings: list[Any]
+    mongodb_uri: str,
+    client: pymongo.MongoClient[Any],
+    db_name: str,
+    samplings: list[Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     client[db_name].orders.insert_many([{"_id": i, "qty": i, "sku": f"s{i}"} for i in range(3)])
     tables: list[Any] = []
-    handler = frames(db_name, tables, schema="infer", schema_hints="qty BIGINT")
+    handler = frames(db_name, tables, schema="infer", schema_hints="qty BIGINT", sample_size=50)
+    caplog.set_level(logging.INFO, logger="flowwarden.runtime.batching")
     with running(mongodb_uri, [handler], spark=ArrowSession()) as connector:
         wait_until(lambda: checkpoint_doc(client, db_name, "orders"), what="initial checkpoint")
         client[db_name].orders.insert_one({"_id": 3, "qty": 3, "sku": "s3"})
         wait_until(lambda: tables, what="the batch")
         status = connector.status()["orders"]
     assert status.inferred_schema == "`_id` INT, `qty` BIGINT, `sku` STRING"
-    full = tables[0].schema.field("full_document").type
+    (table,) = tables
+    full = table.schema.field("full_document").type
     assert str(full.field("qty").type) == "int64" and str(full.field("_id").type) == "int32"
-    assert len(samplings) == 1
+    # An inferred schema keeps what does not fit it: the batch has the rescued-data column.
+    assert table.column_names[-1] == "_rescued_data"
+    assert [sample_size for _, sample_size in samplings] == [50]
+    lines = [r.getMessage() for r in caplog.records if r.name == "flowwarden.runtime.batching"]
+    assert lines == [
+        "stream orders: full_document schema inferred from a sample of up to 50 documents: "
+        "`_id` INT, `qty` BIGINT, `sku` STRING"
+    ]
 
 
 class DecimalsAsFloats(TypeDecoder):
@@ -235,7 +252,7 @@ def test_the_sample_reads_plain_bson_whatever_the_clients_type_registry(
     (table,) = tables
     (document,) = table.column("full_document").to_pylist()
     assert document == {"_id": 3, "amount": Decimal("3.25")}
-    (options,) = samplings
+    ((options, _),) = samplings
     assert options.type_registry == TypeRegistry()
 
 
