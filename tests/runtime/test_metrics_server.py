@@ -130,11 +130,15 @@ def test_close_ends_every_connection_before_its_loop_closes(monkeypatch, caplog)
     caplog.set_level(logging.ERROR, logger="asyncio")
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
-    with idle_connections(server, 3):
-        wait_until(lambda: len(server._open) == 3, what="the server to hold the three connections")
-        server.close()
-        gc.collect()
+
+    def serve_then_close() -> None:  # the server goes with this frame, and whatever it still holds
+        server = MetricsServer("127.0.0.1", 0, alive=lambda: True, not_ready=dict)
+        with idle_connections(server, 3):
+            wait_until(lambda: len(server._open) == 3, what="the server to hold the three connections")
+            server.close()
+
+    serve_then_close()
+    gc.collect()
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
     assert [f"{u.exc_type.__name__}: {u.exc_value} ({u.object!r})" for u in unraisable] == []
 
