@@ -411,3 +411,23 @@ def test_type_takes_aliases_codes_and_arrays_of_them(client: pymongo.MongoClient
     with pytest.raises(pymongo.errors.OperationFailure) as refused:
         coll.find_one({"v": {"$type": "no such type"}})
     assert refused.value.code == 2
+
+
+def test_regex_options_take_the_letters_mongod_knows_and_refuse_others(
+    client: pymongo.MongoClient, db_name: str
+) -> None:
+    coll = client[db_name].names
+    coll.insert_many([{"_id": 1, "v": "Alpha"}, {"_id": 2, "v": "beta\nALPHA"}, {"_id": 3, "v": "gamma"}])
+
+    def ids(options: str) -> list[int]:
+        found = coll.find({"v": {"$regex": "^alpha", "$options": options}}, sort=[("_id", 1)])
+        return [d["_id"] for d in found]
+
+    assert ids("") == []
+    assert ids("i") == [1]
+    assert ids("im") == [1, 2]
+    assert ids("iu") == [1]
+    with pytest.raises(OperationFailure) as refused:
+        ids("ig")  # g is JavaScript's, not mongod's
+    assert refused.value.code == 51108
+    assert "invalid flag in regex options: g" in str(refused.value)

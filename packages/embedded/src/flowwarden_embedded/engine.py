@@ -57,7 +57,14 @@ def command_error(exc: BaseException, code: int = 2) -> CommandError:
 
 
 _PRIVATE_API: dict[Any, tuple[str, ...]] = {
-    _filtering: ("_get_compare_type", "filter_applies", "resolve_sort_key", "_filterer_inst", "NOTHING"),
+    _filtering: (
+        "_get_compare_type",
+        "_combine_regex_options",
+        "filter_applies",
+        "resolve_sort_key",
+        "_filterer_inst",
+        "NOTHING",
+    ),
     _helpers: ("get_value_by_dot",),
     _aggregate: ("_parse_expression", "process_pipeline", "_Parser"),
     _collection: ("BSON",),
@@ -70,7 +77,8 @@ _PRIVATE_API: dict[Any, tuple[str, ...]] = {
         "_discard_operators",
     ),
 }
-"""The mongomock functions this module calls (or, for ``_get_compare_type``, extends)."""
+"""The mongomock functions this module calls (or, for ``_get_compare_type`` and
+``_combine_regex_options``, extends)."""
 
 
 def _check_private_api() -> None:
@@ -204,6 +212,39 @@ def _extend_type_operator() -> None:
 
 
 _extend_type_operator()
+
+
+REGEX_OPTIONS = "imsux"
+"""The ``$options`` letters mongod takes (``u`` is accepted and changes nothing: its regular
+expressions are UTF-8 anyway)."""
+
+
+def _refuse_unknown_regex_options() -> None:
+    """``$regex`` with ``$options`` as mongod takes it: a letter outside :data:`REGEX_OPTIONS` is
+    refused (Location51108), where the engine would skip it and match as if it were not there.
+
+    Why a replacement: the engine combines ``$options`` into the pattern in one module function,
+    looked up on every filter that has both; wrapping it reaches every query.
+    """
+    original = _filtering._combine_regex_options
+    if getattr(original, "_flowwarden_checked", False):
+        return
+
+    def combine(search: Any) -> Any:
+        options = search["$options"]
+        if isinstance(options, str):  # another type: the engine's own error
+            for letter in options:
+                if letter not in REGEX_OPTIONS:
+                    raise CommandError(
+                        51108, f"invalid flag in regex options: {letter}", code_name="Location51108"
+                    )
+        return original(search)  # type: ignore[no-untyped-call]
+
+    combine._flowwarden_checked = True  # type: ignore[attr-defined]
+    _filtering._combine_regex_options = combine
+
+
+_refuse_unknown_regex_options()
 
 
 def _extend_expressions() -> None:
