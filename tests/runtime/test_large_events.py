@@ -329,7 +329,7 @@ def test_an_empty_read_between_fragments_carries_no_position() -> None:
         try:
             return [reader.items.popleft() if reader.items else await reader.wait() for _ in range(5)]
         finally:
-            await reader.close()
+            await reader.close(timeout=2.0)
 
     first, empty, whole, after, end = asyncio.run(main())
     assert first["operationType"] == "insert"
