@@ -190,3 +190,13 @@ def spark() -> Iterator[SparkSession]:
         register(session)  # scripts/oldest-pyspark runs the DataFrame tests on a PySpark without it
     yield session
     session.stop()
+
+
+@pytest.fixture
+def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's local time nine hours ahead of UTC: a local time stored as UTC shows."""
+    monkeypatch.setenv("TZ", "JST-9")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

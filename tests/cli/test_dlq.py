@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import textwrap
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -183,6 +185,64 @@ def test_two_replays_at_once_never_take_the_same_entry(
         d["event"]["documentKey"]["_id"]: d.get("replayCount") for d in client[db_name]["_fw_dlq"].find()
     }
     assert counts == {1: 1, 3: 1, 4: None}
+
+
+def test_a_replay_takes_entries_whose_claim_lapsed_and_leaves_those_another_replay_holds(
+    capsys, dead_letters, monkeypatch, far_from_utc, mongodb_uri, client, db_name
+):
+    # Entries 1 and 4 are held by a live replay elsewhere; the replay that claimed 3 was killed
+    # and its claim lapsed. The process's local time is nine hours from UTC: claims are in UTC.
+    from dlq_handlers import Orders  # type: ignore[import-not-found]
+
+    from flowwarden.cli.dlq import CLAIM_SECONDS
+
+    monkeypatch.setenv("FW_TEST_SINK", "fixed")
+    letters = client[db_name]["_fw_dlq"]
+    now = datetime.now(timezone.utc)
+    for key, until in (
+        (1, now + timedelta(hours=1)),
+        (4, now + timedelta(minutes=1)),
+        (3, now - timedelta(minutes=1)),
+    ):
+        claim = {"by": "elsewhere:1:0000", "until": until}
+        letters.update_one({"event.documentKey._id": key}, {"$set": {"replayClaim": claim}})
+    claims: list[dict] = []
+    created = Orders.created
+
+    def created_noting_the_claim(self, event):  # type: ignore[no-untyped-def]
+        claims.append(letters.find_one({"event.documentKey._id": event.document_key["_id"]})["replayClaim"])
+        created(self, event)
+
+    monkeypatch.setattr(Orders, "created", created_noting_the_claim)
+    replay = [
+        "dlq",
+        "replay",
+        "--uri",
+        mongodb_uri,
+        "--database",
+        db_name,
+        "--handler",
+        "dlq_handlers:Orders",
+    ]
+    assert main(replay) == ExitCode.CLEAN_STOP
+    out = capsys.readouterr().out
+    held = {d["event"]["documentKey"]["_id"]: d["_id"] for d in letters.find()}
+    assert f"  {held[1]}: taken by another replay, or replayed since" in out
+    assert f"  {held[4]}: taken by another replay, or replayed since" in out
+    assert "replayed 1, failed 0, 2 taken by another replay" in out
+    assert dead_letters.read_text().splitlines()[-1] == "insert 3"
+    # While 3 was replayed, this replay held it: in its own name, for CLAIM_SECONDS from then.
+    (claim,) = claims
+    assert claim["by"].startswith(f"{socket.gethostname()}:{os.getpid()}:")
+    until = claim["until"].replace(tzinfo=timezone.utc)
+    assert (
+        now + timedelta(seconds=CLAIM_SECONDS - 60)
+        < until
+        < datetime.now(timezone.utc) + timedelta(seconds=CLAIM_SECONDS)
+    )
+    # The others' claims stand; this replay's is gone with its entry replayed.
+    assert letters.find_one({"event.documentKey._id": 1})["replayClaim"]["by"] == "elsewhere:1:0000"
+    assert "replayClaim" not in letters.find_one({"event.documentKey._id": 3})
 
 
 def test_replay_refuses_another_streams_class(capsys, dead_letters, mongodb_uri, db_name):

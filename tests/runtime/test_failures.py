@@ -177,16 +177,6 @@ def test_history_lost_resume_from_oplog_start_goes_on_now_and_says_so_when_the_o
     ]
 
 
-@pytest.fixture
-def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The process's local time nine hours ahead of UTC: a local time stored as UTC shows."""
-    monkeypatch.setenv("TZ", "JST-9")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
 @pytest.mark.embedded_only
 def test_history_lost_resume_from_now_skips_the_gap(caplog, far_from_utc):
     # Under a lease: its checkpoints carry an epoch.
@@ -544,7 +534,6 @@ def test_the_events_read_with_an_undecodable_one_go_through_the_filter_and_hashi
     assert checkpoint_doc(client, db_name, "orders")["eventsProcessed"] == 10
 
 
-
 def test_a_batch_methods_events_before_an_undecodable_one_are_handed_over_before_it_is_given_up_on(
     mongodb_uri, client, db_name, caplog
 ):
@@ -574,6 +563,7 @@ def test_a_batch_methods_events_before_an_undecodable_one_are_handed_over_before
     assert (status.events_failed, status.restarts, status.last_error) == (1, 0, None)
     lines = [r.getMessage() for r in caplog.records if "cannot be decoded" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("stream orders: an event cannot be decoded: ")
+
 
 def test_undecodable_event_with_skip_is_skipped_and_its_batch_mates_handled(mongodb_uri, client, db_name):
     _, calls = _undecodable_run(mongodb_uri, client, db_name, OnError.SKIP)
