@@ -32,7 +32,7 @@ def test_every_module_and_test_of_the_table_exists() -> None:
             assert (ROOT / path).is_file(), f"{module}: {test}"
 
 
-OLD = '''
+OLD = """
 def kept(x):
     return x + 1
 
@@ -44,9 +44,9 @@ def changed(x):
 class Box:
     def method(self):
         return 1
-'''
+"""
 
-NEW = '''
+NEW = """
 def kept(x):
     return x + 1
 
@@ -62,7 +62,7 @@ def added(x):
 class Box:
     def method(self):
         return 1
-'''
+"""
 
 
 def test_again_runs_the_survivors_of_unchanged_functions_and_every_mutant_of_changed_ones(
@@ -98,14 +98,20 @@ def test_again_runs_the_survivors_of_unchanged_functions_and_every_mutant_of_cha
     )
 
 
-def test_the_spark_pass_runs_the_survivors_and_its_results_replace_theirs_except_no_tests(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _two_pass_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The script with one module, m.py, under ``tmp_path``, whose tests have a Spark pass."""
     script = _script()
     monkeypatch.setattr(script, "ROOT", tmp_path)
     monkeypatch.setattr(script, "SCRATCH", tmp_path / ".mutation")
     monkeypatch.setattr(script, "TESTS", {"m.py": ["tests/test_m.py"]})
     monkeypatch.setattr(script, "SPARK_TESTS", {"m.py": ["tests/test_m_spark.py"]})
+    return script
+
+
+def test_the_spark_pass_runs_the_survivors_and_its_results_replace_theirs_except_no_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _two_pass_script(tmp_path, monkeypatch)
     monkeypatch.setattr(script, "one_line_diff", lambda work, target, name: "")
     (tmp_path / "src" / "flowwarden").mkdir(parents=True)
     (tmp_path / "src" / "flowwarden" / "m.py").write_text(NEW)
@@ -150,11 +156,7 @@ def test_the_spark_pass_runs_the_survivors_and_its_results_replace_theirs_except
 def test_a_run_stopped_in_its_spark_pass_keeps_both_passes_results_for_the_next_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = _script()
-    monkeypatch.setattr(script, "ROOT", tmp_path)
-    monkeypatch.setattr(script, "SCRATCH", tmp_path / ".mutation")
-    monkeypatch.setattr(script, "TESTS", {"m.py": ["tests/test_m.py"]})
-    monkeypatch.setattr(script, "SPARK_TESTS", {"m.py": ["tests/test_m_spark.py"]})
+    script = _two_pass_script(tmp_path, monkeypatch)
     target = "src/flowwarden/m.py"
     (tmp_path / target).parent.mkdir(parents=True)
     (tmp_path / target).write_text(NEW)

@@ -104,19 +104,15 @@ def test_show_prints_the_whole_entry(capsys, dead_letters, mongodb_uri, db_name)
     assert "24 hex digits" in one_error_line(capsys.readouterr().err)
 
 
+def replay_command(uri: str, db: str) -> list[str]:
+    """``dlq replay`` of every entry through ``dlq_handlers:Orders``."""
+    return ["dlq", "replay", "--uri", uri, "--database", db, "--handler", "dlq_handlers:Orders"]
+
+
 def test_replay_runs_entries_through_the_class_and_marks_them(
     capsys, dead_letters, monkeypatch, mongodb_uri, client, db_name
 ):
-    replay = [
-        "dlq",
-        "replay",
-        "--uri",
-        mongodb_uri,
-        "--database",
-        db_name,
-        "--handler",
-        "dlq_handlers:Orders",
-    ]
+    replay = replay_command(mongodb_uri, db_name)
     # The sink still refuses: both inserts fail again, and so does the delete.
     assert main(replay) == ExitCode.FAILED
     out = capsys.readouterr().out
@@ -214,16 +210,7 @@ def test_a_replay_takes_entries_whose_claim_lapsed_and_leaves_those_another_repl
         created(self, event)
 
     monkeypatch.setattr(Orders, "created", created_noting_the_claim)
-    replay = [
-        "dlq",
-        "replay",
-        "--uri",
-        mongodb_uri,
-        "--database",
-        db_name,
-        "--handler",
-        "dlq_handlers:Orders",
-    ]
+    replay = replay_command(mongodb_uri, db_name)
     assert main(replay) == ExitCode.CLEAN_STOP
     out = capsys.readouterr().out
     held = {d["event"]["documentKey"]["_id"]: d["_id"] for d in letters.find()}

@@ -22,6 +22,8 @@ from flowwarden.runtime.invoke import Invoker
 from flowwarden.runtime.metrics import StreamMetrics
 from flowwarden.runtime.opening import describe_token
 
+from .test_dataframe_delivery import ArrowSession
+
 
 class Committer:
     """What BatchDelivery asks of the checkpoint committer, written down in order."""
@@ -349,13 +351,6 @@ class SaveRefused(Committer):
         if token["_data"] == "0004":
             raise RuntimeError("the store refused the write")
         await super().save_batch_end(token)
-
-
-class ArrowSession:
-    """A stand-in SparkSession: ``createDataFrame`` returns the Arrow table it is given."""
-
-    def createDataFrame(self, table: Any, schema: Any) -> Any:  # SparkSession's name
-        return table
 
 
 async def test_a_failed_conversion_made_ahead_of_a_batch_that_never_ran_leaves_asyncio_nothing_to_report(

@@ -47,9 +47,7 @@ class Named(BaseModel):
     name: str
 
 
-def frames(
-    db: str, tables: list[Any], *, on_exhausted: OnError = OnError.DEAD_LETTER, **dataframe: Any
-) -> type:
+def frames(db: str, tables: list[Any], **dataframe: Any) -> type:
     """An @on_dataframe class on ``db.orders`` that keeps every table it gets (and needs the
     batch's context to)."""
     options = {"max_events": 100, "max_wait_seconds": 0.3, **dataframe}
@@ -63,7 +61,7 @@ def frames(
         restart_max_delay_seconds=0.1,
     )
     @checkpoint(save_every_n=1, save_interval_seconds=0.1)
-    @retry_policy(max_attempts=3, initial_delay_seconds=0.01, on_exhausted=on_exhausted)
+    @retry_policy(max_attempts=3, initial_delay_seconds=0.01, on_exhausted=OnError.DEAD_LETTER)
     class Frames:
         @on_dataframe(**options)
         def write(self, table: Any, ctx: StreamContext) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from flowwarden import ChangeEvent, StreamState, change_stream, checkpoint, on_batch, on_change
 from helpers import checkpoint_doc, running, wait_until
@@ -20,6 +21,24 @@ def leader_handler(db: str, seen: list[tuple[str, int]], instance: str) -> type:
             seen.append((instance, event.document_key["_id"]))
 
     return Leader
+
+
+def take_the_lease(locks: Any) -> int:
+    """Another instance, "z", takes the orders lease with the next epoch (as after a long pause of
+    the holder), for longer than a test needs it; returns that epoch."""
+    taken = int(locks.find_one({"_id": "orders"})["epoch"]) + 1
+    locks.update_one(
+        {"_id": "orders"},
+        {
+            "$set": {
+                "owner": "z",
+                "ownerToken": "host-z:1:0000",
+                "epoch": taken,
+                "expiresAt": datetime.now(timezone.utc) + timedelta(hours=1),
+            }
+        },
+    )
+    return taken
 
 
 def test_one_instance_processes_and_a_standby_takes_over_after_a_graceful_stop(mongodb_uri, client, db_name):
@@ -64,19 +83,7 @@ def test_a_leader_whose_lease_was_taken_is_fenced_and_stands_by(mongodb_uri, cli
         # Another instance took the stream over (as after a long pause of this one): a newer epoch
         # in the lease and in the checkpoint, and a lease that stays live while this test needs it.
         locks = client[db_name]["_fw_locks"]
-        lock = locks.find_one({"_id": "orders"})
-        taken = lock["epoch"] + 1
-        locks.update_one(
-            {"_id": "orders"},
-            {
-                "$set": {
-                    "owner": "z",
-                    "ownerToken": "host-z:1:0000",
-                    "epoch": taken,
-                    "expiresAt": datetime.now(timezone.utc) + timedelta(hours=1),
-                }
-            },
-        )
+        taken = take_the_lease(locks)
         client[db_name]["_fw_checkpoints"].update_one({"_id": "orders"}, {"$set": {"epoch": taken}})
         wait_until(lambda: a.status()["orders"].state == StreamState.STANDBY, what="a to stand by")
         orders.insert_one({"_id": 1})
@@ -232,19 +239,7 @@ def test_a_batch_stream_whose_lease_was_taken_stands_by_without_a_restart(mongod
         wait_until(lambda: a.status()["orders"].state == StreamState.RUNNING, what="a leads")
         client[db_name]["orders"].insert_one({"_id": 0})
         wait_until(lambda: batches, what="the first batch")
-        locks = client[db_name]["_fw_locks"]
-        taken = locks.find_one({"_id": "orders"})["epoch"] + 1
-        locks.update_one(
-            {"_id": "orders"},
-            {
-                "$set": {
-                    "owner": "z",
-                    "ownerToken": "host-z:1:0000",
-                    "epoch": taken,
-                    "expiresAt": datetime.now(timezone.utc) + timedelta(hours=1),
-                }
-            },
-        )
+        take_the_lease(client[db_name]["_fw_locks"])
         wait_until(lambda: a.status()["orders"].state == StreamState.STANDBY, what="a to stand by")
         status = a.status()["orders"]
     # Losing the lease is no failure of the stream: it stood by at once, with no error to report.
